@@ -1,0 +1,1 @@
+"""The `luce` command line: one module per command, loaded only when that command runs."""

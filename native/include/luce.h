@@ -1,0 +1,143 @@
+/*
+ * luce.h — the C ABI of the luce native runtime, and the only boundary Python sees.
+ *
+ * Conventions
+ *   - Every function that can fail returns a luce_status (0 = LUCE_OK). On failure a one-line,
+ *     human-readable reason is available from luce_last_error() on the same thread.
+ *   - Handles are opaque; each *_create/*_load has a matching *_free that accepts NULL.
+ *   - No C++ exception crosses this boundary.
+ *   - This header is fed to cffi verbatim between the CDEF markers, so declarations use no macros.
+ */
+#ifndef LUCE_H
+#define LUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* LUCE_CDEF_BEGIN */
+
+typedef enum {
+    LUCE_OK = 0,
+    LUCE_ERR_INVALID_ARGUMENT = 1, /* a caller-side mistake: bad option, token out of range, ... */
+    LUCE_ERR_IO = 2,               /* file missing, unreadable, mmap failed */
+    LUCE_ERR_FORMAT = 3,           /* not a GGUF, malformed or crafted file, inconsistent shapes */
+    LUCE_ERR_UNSUPPORTED = 4,      /* well-formed but unsupported: architecture, quant type, ... */
+    LUCE_ERR_OUT_OF_MEMORY = 5,
+    LUCE_ERR_CONTEXT_FULL = 6,     /* prompt or generation does not fit the session's context */
+    LUCE_ERR_DEVICE = 7,           /* GPU backend missing, no device, device memory exhausted */
+    LUCE_ERR_CANCELLED = 8,        /* the token callback asked to stop */
+    LUCE_ERR_INTERNAL = 9
+} luce_status;
+
+typedef enum {
+    LUCE_DEVICE_CPU = 0,
+    LUCE_DEVICE_GPU = 1
+} luce_device;
+
+const char *luce_version(void);
+/* The reason of the last failure on this thread ("" if none). Valid until the next luce call. */
+const char *luce_last_error(void);
+
+/* ---- target model --------------------------------------------------------------------- */
+
+typedef struct luce_model luce_model;
+
+typedef struct {
+    int32_t device;     /* luce_device */
+    int32_t n_threads;  /* CPU worker threads; 0 = one per core */
+    int32_t gpu_index;  /* which GPU when device == LUCE_DEVICE_GPU */
+} luce_model_params;
+
+typedef struct {
+    int32_t n_vocab;
+    int32_t n_embd;
+    int32_t n_layer;          /* main layers (an MTP block, if present, is not counted) */
+    int32_t n_full_attention; /* gated full-attention layers */
+    int32_t n_recurrent;      /* Gated DeltaNet layers */
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_ff;
+    int32_t n_ctx_train;
+    int64_t n_params;         /* parameters of the main model (embedding included) */
+    int64_t weight_bytes;     /* bytes of weights kept by the backend */
+} luce_model_info;
+
+/* Loads a qwen35 GGUF (memory-mapped; quantized weights stay in their encoding). Every field
+   of the file is validated before use; a malformed file gives LUCE_ERR_FORMAT. */
+luce_status luce_model_load(const char *path, const luce_model_params *params, luce_model **out);
+void luce_model_free(luce_model *model);
+luce_status luce_model_get_info(const luce_model *model, luce_model_info *out);
+
+/* ---- session: one sequence's KV cache and recurrent state -------------------------------- */
+
+typedef struct luce_session luce_session;
+
+luce_status luce_session_create(luce_model *model, int32_t n_ctx, luce_session **out);
+void luce_session_free(luce_session *session);
+luce_status luce_session_reset(luce_session *session);
+/* Number of tokens already in the session. */
+int32_t luce_session_n_past(const luce_session *session);
+
+/* Appends tokens to the session (prefill in chunks). If logits is not NULL it receives the
+   logits of the last n_logit_rows positions, row-major [n_logit_rows][n_vocab]. */
+luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
+                              float *logits, int32_t n_logit_rows);
+
+/* ---- drafter (issue 4) --------------------------------------------------------------------- */
+
+typedef struct luce_drafter luce_drafter;
+
+/* ---- generation ---------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t max_tokens;
+    float temperature;         /* 0 = greedy */
+    int32_t top_k;             /* 0 = off */
+    float top_p;               /* 1 = off */
+    uint64_t seed;
+    int32_t ignore_eos;
+    const int32_t *stop_ids;   /* end-of-generation token ids */
+    int32_t n_stop_ids;
+} luce_generate_params;
+
+typedef struct {
+    int32_t n_prompt;
+    int32_t n_generated;
+    double prefill_seconds;
+    double decode_seconds;
+    int32_t stopped_by_eos;
+} luce_generate_stats;
+
+/* Called with newly committed tokens as they are produced; return nonzero to stop early. */
+typedef int32_t (*luce_token_callback)(void *user_data, const int32_t *tokens, int32_t n_tokens);
+
+/* Evaluates the prompt in the session (which must be empty or hold a prefix the caller
+   manages), then decodes. out_tokens (capacity out_capacity >= max_tokens) receives the
+   generated ids; drafter may be NULL for plain decoding. */
+luce_status luce_generate(luce_session *session, luce_drafter *drafter,
+                          const int32_t *prompt, int32_t n_prompt,
+                          const luce_generate_params *params,
+                          luce_token_callback callback, void *user_data,
+                          int32_t *out_tokens, int32_t out_capacity,
+                          luce_generate_stats *stats);
+
+/* ---- test hooks: quantized blocks against gguf.quants ---------------------------------------- */
+
+/* Dequantizes n elements of ggml type `type` from data (nbytes long) into out. */
+luce_status luce_dequantize(int32_t type, const void *data, size_t nbytes, float *out, int64_t n);
+/* y[r] = sum_c W[r][c] * x[c] with W in ggml type `type`, rows of n_cols elements. */
+luce_status luce_matvec(int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
+                        int64_t n_cols, const float *x, float *y);
+
+/* LUCE_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LUCE_H */

@@ -1,0 +1,50 @@
+// quants.h — ggml weight encodings: block layouts, dequantization and dot products.
+//
+// The eight types real Qwen3.5-family GGUFs use are kept in their GGUF encoding and consumed
+// here directly; no whole-model dequantization. Layouts follow ggml exactly (spec/qwen35.md §4).
+// Every function accumulates in fp32. Callers validate sizes; these kernels trust n/rows/cols.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace luce {
+
+// ggml type ids as stored in GGUF tensor infos.
+enum GgmlType : int32_t {
+    GGML_F32 = 0,
+    GGML_F16 = 1,
+    GGML_Q8_0 = 8,
+    GGML_Q4_K = 12,
+    GGML_Q5_K = 13,
+    GGML_Q6_K = 14,
+    GGML_IQ4_XS = 23,
+    GGML_BF16 = 30,
+};
+
+struct TypeTraits {
+    const char *name;     // ggml's name: "q4_K", "iq4_xs", ...
+    int64_t block_elems;  // elements per block (1 for float types)
+    int64_t block_bytes;  // bytes per block
+    bool supported;       // weights of this type can be computed with
+};
+
+// Traits for any ggml type id known to the format (also unsupported ones, so that a
+// per-type histogram can name them); nullptr for ids ggml does not define.
+const TypeTraits *type_traits(int32_t type);
+bool is_supported_weight_type(int32_t type);
+
+// Bytes of a row of n elements; throws luce::Error(LUCE_ERR_FORMAT) if n is not a multiple
+// of the block size or the type is unknown.
+int64_t row_bytes(int32_t type, int64_t n);
+
+// dst[0..n) = dequantized src (n a multiple of the block size).
+void dequantize_row(int32_t type, const void *src, float *dst, int64_t n);
+
+// y[t * ldy + r] = dot(W row r, x[t * n_cols ..]) for r in [row_begin, row_end), t in [0, n_tok).
+// W is row-major with rows of n_cols elements in `type`; each weight row is read once for all
+// n_tok activations (the decode/verify/prefill matmul). Thread-safe; callers split rows.
+void matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
+                 const float *x, int64_t n_tok, float *y, int64_t ldy);
+
+}  // namespace luce
