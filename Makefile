@@ -14,7 +14,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: venv build test demo bench lint clean
+.PHONY: venv build test demo bench peer lint clean
 
 $(VENV)/.ready: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,8 +37,24 @@ test: build
 demo: build
 	$(VENV)/bin/luce --version
 
-bench: build
-	$(VENV)/bin/luce bench --help
+# CPU benchmark against llama.cpp on a synthetic qwen35 file of a stated shape (docs/benchmarks.md).
+BENCH_SHAPE ?= 0.8b
+BENCH_MIX   ?= q8_0
+BENCH_MODEL ?= models/work/synthetic-$(BENCH_SHAPE)-$(BENCH_MIX).gguf
+PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+  -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
+  -DGGML_AVX512_BF16=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+
+$(BENCH_MODEL): models/synthetic_qwen35.py | venv
+	@mkdir -p $(dir $@)
+	$(PY) models/synthetic_qwen35.py --shape $(BENCH_SHAPE) --mix $(BENCH_MIX) -o $@
+
+peer: venv
+	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(PEER_CMAKE_ARGS)" \
+	  CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q ".[bench]"
+
+bench: build peer $(BENCH_MODEL)
+	$(VENV)/bin/luce bench -m $(BENCH_MODEL) -p 512 -n 128 -t $(JOBS) -r 3 --peer llama.cpp
 
 lint: venv
 	$(PY) -m compileall -q cli converters src native/binding tests
