@@ -182,14 +182,18 @@ def byte_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
             cs.append(256 + n)
             n += 1
     byte_tokens = [chr(c) for _, c in sorted(zip(bs, cs))]
-    tokens = byte_tokens + [f"[PAD{i}]" for i in range(256, n_vocab)]
-    types = [1] * 256 + [5] * (n_vocab - 256)
+    # A few real merges (llama.cpp refuses a BPE vocabulary without any).
+    letters = "etaoinshrdlu"
+    merges = [f"{a} {b}" for a in letters for b in letters]
+    merged = [m.replace(" ", "") for m in merges]
+    tokens = byte_tokens + merged + [f"[PAD{i}]" for i in range(256 + len(merged), n_vocab)]
+    types = [1] * (256 + len(merged)) + [5] * (n_vocab - 256 - len(merged))
     specials = {248044: "<|endoftext|>", 248045: "<|im_start|>", 248046: "<|im_end|>"}
     if n_vocab <= 248046:
         specials = {n_vocab - 3: "<|endoftext|>", n_vocab - 2: "<|im_start|>", n_vocab - 1: "<|im_end|>"}
     for i, text in specials.items():
         tokens[i], types[i] = text, 3
-    return tokens, types, []
+    return tokens, types, merges
 
 
 def write(path: Path, shape: Shape, mix_name: str, seed: int = 0, mtp: bool = True, log=print) -> Path:
