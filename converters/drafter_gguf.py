@@ -204,7 +204,7 @@ def _order(t: PlannedTensor):
     # (the reference producer appends them in its aux pass).
     group = schema.ROLE[t.role].group
     if group == "dspark":
-        return (3, 0, t.gguf_name)
+        return (3, schema.ROLES.index(schema.ROLE[t.role]), t.gguf_name)   # w1, w2, weight, bias
     if t.layer is not None:
         return (2, t.layer, t.gguf_name)
     return (1 if t.role == "output_norm" else 0, 0, t.gguf_name)
