@@ -153,7 +153,7 @@ def plan_drafter(ckpt: Checkpoint, kind: str, layout: str = "lucebox",
         raise LuceError(f"unknown outtype {outtype!r}; choose one of {', '.join(schema.OUTTYPES)}")
     cfg = normalise(ckpt.config, kind, no_yarn=no_yarn)
     mapped, dropped = _map_main(ckpt, kind)
-    warnings = list(cfg.warnings) + list(ckpt.warnings)
+    warnings = list(ckpt.warnings)
 
     by_role = {(role, layer): t for role, layer, t in mapped}
     layers = sorted({layer for _, layer, _ in mapped if layer is not None})

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
 H, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 256, 2, 8, 4, 32, 512, 4096
 TAPS, BLOCK, MASK = [1, 8, 15, 22], 16, 4000
