@@ -55,7 +55,8 @@ class Preset:
     regen_prompt_len: int             # ... of prompt_len + gen_len tokens
     regen_gen_len: int
     regen_batch: int
-    eval_prompt_len: int              # held-out code prompts: their last P tokens
+    eval_prompts: int                 # at most this many held-out code prompts ...
+    eval_prompt_len: int              # ... cut to their last P tokens
     eval_steps: int                   # anchors scored per prompt
 
 
@@ -84,22 +85,22 @@ REAL = Preset(
                                   warmup=20, gamma=4.0),
     },
     regen_prompts=2048, regen_prompt_len=64, regen_gen_len=448, regen_batch=1024,
-    eval_prompt_len=96, eval_steps=128,
+    eval_prompts=48, eval_prompt_len=96, eval_steps=128,
 )
 
 SMOKE = Preset(
     vocab=512, corpus_limit=40,
     target=tt.TargetShape(vocab=512, hidden=64, intermediate=128, layers=4, heads=2, kv_heads=1,
                           head_dim=32, lin_k_heads=2, lin_v_heads=4, lin_head_dim=16),
-    target_train=tt.TargetTrain(seq_len=64, batch=4, lr=3e-3, budget_s=1e9, max_steps=30,
+    target_train=tt.TargetTrain(seq_len=64, batch=4, lr=3e-3, budget_s=1e9, max_steps=10,
                                 warmup=3, valid_windows=4),
     drafter=_drafter_shape(512, 64, 128, 1, 2, 1, 32, 8, (1, 2), 4,
                            selector_rank=16, selector_top_k=8, markov_rank=16),
     dflash2_block=8, dspark_block=7,
-    drafter_train={k: td.DrafterTrain(batch=4, anchors=8, lr=3e-3, budget_s=1e9, max_steps=25,
-                                      warmup=3, gamma=4.0) for k in dr.KINDS},
-    regen_prompts=8, regen_prompt_len=16, regen_gen_len=48, regen_batch=8,
-    eval_prompt_len=16, eval_steps=12,
+    drafter_train={k: td.DrafterTrain(batch=4, anchors=8, lr=3e-3, budget_s=1e9, max_steps=10,
+                                      warmup=2, gamma=4.0) for k in dr.KINDS},
+    regen_prompts=4, regen_prompt_len=16, regen_gen_len=32, regen_batch=4,
+    eval_prompts=4, eval_prompt_len=16, eval_steps=8,
 )
 
 PRESETS = {"real": REAL, "smoke": SMOKE}
@@ -121,7 +122,7 @@ def eval_sequences(target, tok_dir: Path, p: Preset, device) -> torch.Tensor:
     tok = tk.load(tok_dir)
     prompts = [r["prompt"] for r in corpus_mod.read_jsonl(PROMPTS_DIR / "code.jsonl")]
     ids = [tok.encode(t, add_special_tokens=False).ids for t in prompts]
-    rows = [x[-p.eval_prompt_len:] for x in ids if len(x) >= p.eval_prompt_len]
+    rows = [x[-p.eval_prompt_len:] for x in ids if len(x) >= p.eval_prompt_len][:p.eval_prompts]
     prompts_t = torch.tensor(rows, device=device)
     longest = max(p.drafter.block_size, p.dflash2_block, p.dspark_block)
     return td.greedy_continue(target, prompts_t, p.eval_steps + longest + 1, p.regen_batch)
@@ -137,26 +138,35 @@ def train_all_drafters(target, data, evals, p: Preset, work: Path, device) -> di
     reports, parent = {}, None
     blocks = {"dflash": p.drafter.block_size, "dflash2": p.dflash2_block, "dspark": p.dspark_block}
     for kind in dr.KINDS:
-        shape = dr.with_kind(p.drafter, kind, blocks[kind])
-        torch.manual_seed(1)
-        model = dr.Drafter(shape, p.target.hidden)
-        if parent is not None:
-            dr.warm_start(model, parent)
-        model.to(device)
-        t = time.perf_counter()
-        rep = td.train(model, target, data, p.drafter_train[kind], device)
-        rep["acceptance_code"] = td.acceptance(model, target, evals, p.eval_prompt_len, p.eval_steps)
-        rep["params"] = sum(x.numel() for x in model.parameters())
-        rep["shape"] = dr.shape_dict(shape)
-        rep["warm_started_from"] = "dflash" if parent is not None else None
-        rep["wall_seconds"] = round(time.perf_counter() - t, 1)
-        log.info("%s: %s", kind, json.dumps({"last10": rep["last10"], **rep["acceptance_code"]}))
-        dr.save(model.cpu(), work / kind)
-        model.to(device)
+        try:
+            reports[kind], model = train_one_drafter(kind, blocks[kind], parent, target, data,
+                                                     evals, p, work, device)
+        except Exception as e:  # one shot on the GPU: keep the other kinds and the target
+            log.exception("%s failed", kind)
+            reports[kind] = {"error": f"{type(e).__name__}: {e}"}
+            continue
         if kind == "dflash":
             parent = model
-        reports[kind] = rep
     return reports
+
+
+def train_one_drafter(kind, block, parent, target, data, evals, p: Preset, work: Path, device):
+    shape = dr.with_kind(p.drafter, kind, block)
+    torch.manual_seed(1)
+    model = dr.Drafter(shape, p.target.hidden)
+    if parent is not None:
+        dr.warm_start(model, parent)
+    model.to(device)
+    t = time.perf_counter()
+    rep = td.train(model, target, data, p.drafter_train[kind], device)
+    rep["acceptance_code"] = td.acceptance(model, target, evals, p.eval_prompt_len, p.eval_steps)
+    rep["params"] = sum(x.numel() for x in model.parameters())
+    rep["shape"] = dr.shape_dict(shape)
+    rep["warm_started_from"] = "dflash" if parent is not None else None
+    rep["wall_seconds"] = round(time.perf_counter() - t, 1)
+    log.info("%s: %s", kind, json.dumps({"last10": rep["last10"], **rep["acceptance_code"]}))
+    dr.save(model.cpu(), work / kind)
+    return rep, model.to(device)
 
 
 # ----------------------------------------------------------------------------- cards, pack
@@ -218,9 +228,8 @@ def pack(work: Path, out: Path, names: list[str]) -> list[str]:
 
 # ----------------------------------------------------------------------------- main
 
-def run(preset: str, corpus_dir: Path, work: Path, out: Path | None, device: str,
+def run(p: Preset, preset: str, corpus_dir: Path, work: Path, out: Path | None, device: str,
         target_seconds: float | None, drafter_seconds: float | None, command: str) -> dict:
-    p = PRESETS[preset]
     if target_seconds is not None:
         p = replace(p, target_train=replace(p.target_train, budget_s=target_seconds))
     if drafter_seconds is not None:
@@ -259,7 +268,7 @@ def run(preset: str, corpus_dir: Path, work: Path, out: Path | None, device: str
              report["regen_seconds"])
     report["drafters"] = train_all_drafters(target, data, evals, p, work, device)
 
-    names = ["target", *dr.KINDS]
+    names = ["target", *[k for k in dr.KINDS if "error" not in report["drafters"][k]]]
     for name in names:
         (work / name / "MODEL_CARD.md").write_text(model_card(name, report, command))
     report["total_seconds"] = round(time.perf_counter() - t_start, 1)
@@ -272,7 +281,8 @@ def run(preset: str, corpus_dir: Path, work: Path, out: Path | None, device: str
             (out / "pipeline.log").write_bytes(log_file.read_bytes()[-PACK_CHUNK:])
     log.info("done in %.0fs: %s", report["total_seconds"], json.dumps(
         {"valid_loss": report["target"]["valid_loss"],
-         **{k: v["acceptance_code"]["tau"] for k, v in report["drafters"].items()}}))
+         **{k: v.get("acceptance_code", v).get("tau", v.get("error"))
+            for k, v in report["drafters"].items()}}))
     return report
 
 
@@ -306,8 +316,11 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         handlers=[logging.StreamHandler(), logging.FileHandler(work / "pipeline.log", "w")])
     command = "python -m models.pipeline " + " ".join(argv if argv is not None else sys.argv[1:])
-    run(args.preset, args.corpus, work, args.out, args.device, args.target_seconds,
-        args.drafter_seconds, command)
+    report = run(PRESETS[args.preset], args.preset, args.corpus, work, args.out, args.device,
+                 args.target_seconds, args.drafter_seconds, command)
+    failed = [k for k, v in report["drafters"].items() if "error" in v]
+    if failed:
+        sys.exit(f"error: drafters failed: {', '.join(failed)} (the rest is packed; see pipeline.log)")
 
 
 if __name__ == "__main__":

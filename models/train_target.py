@@ -154,7 +154,8 @@ def train(shape: TargetShape, cfg: TargetTrain, tokenizer_dir: Path, train_strea
         "tokens_seen": step * cfg.batch * cfg.seq_len,
         "seconds_per_step": sched.seconds_per_step, "train_seconds": round(train_s, 1),
         "tokens_per_second": round((step - 1) * cfg.batch * cfg.seq_len / max(train_s, 1e-9)),
-        "train_loss_first": losses[0], "train_loss_last10": sum(losses[-10:]) / len(losses[-10:]),
+        "train_loss_first": losses[0],
+        "loss_curve": [round(x, 4) for x in losses[::max(1, len(losses) // 100)]], "train_loss_last10": sum(losses[-10:]) / len(losses[-10:]),
         "valid_loss": validation_loss(model, valid, cfg.valid_windows, cfg.batch, device),
         "shape": asdict(shape), "train": asdict(cfg),
     }
