@@ -158,7 +158,7 @@ def train_one_drafter(kind, block, parent, target, data, evals, p: Preset, work:
         dr.warm_start(model, parent)
     model.to(device)
     t = time.perf_counter()
-    rep = td.train(model, target, data, p.drafter_train[kind], device)
+    rep = td.train(model, target, data, p.drafter_train[kind], device, p.regen_prompt_len - 1)
     rep["acceptance_code"] = td.acceptance(model, target, evals, p.eval_prompt_len, p.eval_steps)
     rep["params"] = sum(x.numel() for x in model.parameters())
     rep["shape"] = dr.shape_dict(shape)

@@ -153,15 +153,19 @@ def losses(drafter: Drafter, target, ids, feats, tgt_logits, anchors, gamma: flo
     return out
 
 
-def sample_anchors(n: int, a: int, seq_len: int, block: int, gen: torch.Generator, device):
-    """(n, a) distinct anchors in [1, S-B-1]: every label a+1..a+B exists and the context
-    holds at least one row."""
-    span = seq_len - block - 1
-    return (torch.rand(n, span, generator=gen).argsort(1)[:, :min(a, span)] + 1).to(device)
+def sample_anchors(n: int, a: int, seq_len: int, block: int, first: int, gen: torch.Generator,
+                   device):
+    """(n, a) distinct anchors in [first, S-B-1]: every label a+1..a+B exists, the context holds
+    at least one row, and (first = prompt_len - 1) every label is a token the target generated."""
+    first = max(1, first)
+    span = seq_len - block - first
+    return (torch.rand(n, span, generator=gen).argsort(1)[:, :min(a, span)] + first).to(device)
 
 
-def train(drafter: Drafter, target, data: torch.Tensor, cfg: DrafterTrain, device) -> dict:
-    """data (M, S) regenerated sequences on the device. Returns the training report."""
+def train(drafter: Drafter, target, data: torch.Tensor, cfg: DrafterTrain, device,
+          first_anchor: int = 1) -> dict:
+    """data (M, S) regenerated sequences on the device, the target's own tokens from
+    first_anchor + 1 on. Returns the training report."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     drafter.to(device).train()
@@ -175,7 +179,8 @@ def train(drafter: Drafter, target, data: torch.Tensor, cfg: DrafterTrain, devic
         rows = torch.randint(0, len(data), (cfg.batch,), generator=gen).to(device)
         ids = data[rows]
         feats, tgt_logits = target_pass(target, ids, s.target_layer_ids, s.kind == "dspark")
-        anchors = sample_anchors(cfg.batch, cfg.anchors, ids.shape[1], s.block_size, gen, device)
+        anchors = sample_anchors(cfg.batch, cfg.anchors, ids.shape[1], s.block_size,
+                                 first_anchor, gen, device)
         with autocast(device):
             parts = losses(drafter, target, ids, feats, tgt_logits, anchors, cfg.gamma)
         opt.zero_grad(set_to_none=True)
