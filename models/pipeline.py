@@ -311,6 +311,7 @@ def main(argv=None) -> None:
     ap.add_argument("--drafter-seconds", type=float, default=None,
                     help="DFlash 2 / DSpark budget each; DFlash gets 1.4x (real preset: 50)")
     args = ap.parse_args(argv)
+    torch.set_float32_matmul_precision("high")  # TF32 for the fp32 matmuls outside autocast
     work = args.work or Path("models/work") / args.preset
     work.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",

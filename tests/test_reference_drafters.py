@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # models/ is a repo folder, not part of the wheel
 
 from models import drafters as dr  # noqa: E402
-from models.train_drafters import walk  # noqa: E402
+from models.train_drafters import acceptance, gold, losses, target_pass, walk  # noqa: E402
 
 H, V = 64, 300
 
@@ -166,3 +166,63 @@ def test_walk_follows_the_greedy_speculative_loop():
     # anchor is offset 3; it accepts 0 -> offset 4; accepts 5 -> offset 10, past the end.
     assert walk([2, 9, 9, 0, 5, 9, 9, 9, 9, 9]) == [3, 1, 6]
     assert walk([0, 0, 0]) == [1, 1, 1]
+
+
+def tiny_target(vocab: int):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    torch.manual_seed(0)
+    cfg = Qwen3_5TextConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+        linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25,
+                         "mrope_section": [1, 1, 0], "mrope_interleaved": True})
+    return Qwen3_5ForCausalLM(cfg).eval().requires_grad_(False)
+
+
+def test_gold_labels_follow_each_kinds_slot_meaning():
+    ids = torch.arange(100)[None] * 3
+    anchors = torch.tensor([[10, 40]])
+    assert gold(ids, anchors, 4, 0)[0, 0].tolist() == [30, 33, 36, 39]     # DFlash: slot j -> a+j
+    assert gold(ids, anchors, 4, 1)[0, 1].tolist() == [123, 126, 129, 132]  # DSpark: slot j -> a+j+1
+    assert (shape("dflash").first_slot, shape("dflash").label_shift) == (1, 0)
+    assert (shape("dspark").first_slot, shape("dspark").label_shift) == (0, 1)
+
+
+def test_dspark_next_token_slots_through_losses_and_acceptance():
+    """A DSpark whose backbone output is zeroed and whose Markov head encodes "next = prev + 1"
+    is a perfect drafter for a counting sequence IF slot j is scored against position p+j+1 and
+    the chain starts at the anchor: CE ~ 0 and the greedy walk accepts every draft
+    (tau = B + 1). A same-position misalignment would give CE ~ 100 and tau 1."""
+    v, b = 40, 5
+    target = tiny_target(v)
+    s = dr.DrafterShape(kind="dspark", hidden=32, intermediate=64, layers=1, heads=2, kv_heads=1,
+                        head_dim=16, block_size=b, target_layer_ids=(1, 2), num_target_layers=4,
+                        vocab=v, mask_token_id=v - 1, markov_rank=v)
+    m = dr.Drafter(s, 32)
+    with torch.no_grad():
+        m.norm.weight.zero_()                                   # h = 0 -> lm_head(h) = 0
+        m.markov_head.markov_w1.weight.copy_(torch.eye(v))
+        nxt = (torch.arange(v) + 1) % (v - 1)                   # successor in the counting alphabet
+        w2 = torch.zeros(v, v)
+        w2[nxt, torch.arange(v)] = 100.0                        # bias(prev) = 100 * onehot(prev+1)
+        m.markov_head.markov_w2.weight.copy_(w2)
+    seqs = (torch.randint(0, v - 1, (3, 1)) + torch.arange(40)) % (v - 1)
+    feats, tgt_logits = target_pass(target, seqs, s.target_layer_ids, True)
+    anchors = torch.tensor([[3, 10, 20]] * 3)
+    with torch.no_grad():
+        parts = losses(m, target, seqs, feats, tgt_logits, anchors, 4.0)
+    assert parts["ce"].item() < 1e-3
+    acc = acceptance(m, target, seqs, 8, 16)
+    assert acc["tau"] == b + 1 and acc["acceptance_rate"] == 1.0
+
+
+def test_regenerated_data_is_the_targets_plain_greedy_decoding():
+    """generate() with the hybrid cache (what the pipeline uses) and the cache-free fallback
+    (full recomputation per token) produce the same tokens: the drafters train on exactly the
+    target's greedy continuations."""
+    from models.train_drafters import _greedy_no_cache, greedy_continue
+    target = tiny_target(50)
+    prompts = torch.randint(0, 49, (3, 7))
+    assert torch.equal(greedy_continue(target, prompts, 10, 3), _greedy_no_cache(target, prompts, 10))
