@@ -24,7 +24,7 @@ import logging
 import sys
 import tarfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch

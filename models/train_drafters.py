@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from models.data import autocast, sync
-from models.drafters import Drafter, DrafterShape, decay_weights, packed_blocks
+from models.drafters import Drafter, decay_weights, packed_blocks
 from models.schedule import TimedCosine
 
 log = logging.getLogger("models.drafters")
