@@ -44,7 +44,7 @@ _FLAGS = _cpu_flags()
 KERNEL_LEVELS = {
     "scalar": True,
     "avx2": {"avx2", "fma", "f16c"} <= _FLAGS,
-    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= _FLAGS,
+    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "bmi2"} <= _FLAGS,
 }
 
 
