@@ -7,6 +7,8 @@
 //   - AVX-512 has no sign_epi8: signed weight codes (Q8_0, IQ4_XS) use |w| and negate the
 //     activation under the mask of negative weights (_mm512_mask_sub_epi8).
 // Tiles of up to 4 tokens; everything else as in quants_avx2.cpp.
+// The whole file is x86-64 only (other targets build the scalar level alone).
+#if defined(__x86_64__)
 #include <immintrin.h>
 
 #include <cstring>
@@ -419,3 +421,5 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
 
 }  // namespace avx512
 }  // namespace luce
+
+#endif  // __x86_64__
