@@ -218,6 +218,17 @@ def test_dequantize_random_blocks_bit_exact(qtype):
     assert_bits_equal(qtype, ours, gguf_dequantize(raw, qtype), raw)
 
 
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
+def test_dequantize_every_16_bit_pattern(qtype):
+    """All 2^16 encodings (zeros, subnormals, infinities; NaNs left out: their payloads say
+    nothing about the format) widen exactly as gguf-py widens them."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    exp_mask, mant_mask = (0x7C00, 0x03FF) if qtype == T.F16 else (0x7F80, 0x007F)
+    bits = bits[~(((bits & exp_mask) == exp_mask) & ((bits & mant_mask) != 0))]
+    raw = bits.view(np.uint8)
+    assert_bits_equal(qtype, dequantize(qtype, raw, bits.size), gguf_dequantize(raw, qtype), raw)
+
+
 @pytest.mark.parametrize("qtype", LIBGGUF_TYPES + [T.Q8_0], ids=lambda t: t.name)
 def test_dequantize_llama_cpp_quantized_bit_exact(qtype):
     """Blocks as llama.cpp writes them (libgguf for K/IQ types, gguf-py for Q8_0, both
