@@ -4,7 +4,7 @@
  * Conventions
  *   - Every function that can fail returns a luce_status (0 = LUCE_OK). On failure a one-line,
  *     human-readable reason is available from luce_last_error() on the same thread.
- *   - Handles are opaque; each *_create/*_load has a matching *_free that accepts NULL.
+ *   - Handles are opaque; each create/load function has a matching free function (NULL is fine).
  *   - No C++ exception crosses this boundary.
  *   - This header is fed to cffi verbatim between the CDEF markers, so declarations use no macros.
  */

@@ -71,7 +71,7 @@ luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce
 
     const int64_t V = s.model->hp.n_vocab;
     Backend &be = *s.model->backend;
-    std::vector<float> logits(size_t(V));  // one host row, reused every step
+    std::vector<float> logits(static_cast<size_t>(V));  // one host row, reused every step
     Sampler sampler(SamplerParams{p.temperature, p.top_k, p.top_p}, p.seed, int(V));
     auto choose = [&]() -> int32_t {
         return p.temperature == 0.f ? be.argmax(logits.data(), V) : sampler.sample(logits.data());

@@ -363,7 +363,7 @@ std::vector<int64_t> GgufFile::get_int_per_layer(const std::string &key, int64_t
     if (!is_integer(v->elem_type))
         fail(LUCE_ERR_FORMAT, "key '%s': expected an integer array, found %s elements", key.c_str(),
              type_name(v->elem_type));
-    std::vector<int64_t> out(size_t(n));
+    std::vector<int64_t> out(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) out[size_t(i)] = array_int(*v, uint64_t(i), key);
     return out;
 }
@@ -376,7 +376,7 @@ std::vector<bool> GgufFile::get_bool_array(const std::string &key, int64_t n) co
     if (v->count != uint64_t(n))
         fail(LUCE_ERR_FORMAT, "key '%s': per-layer array has %llu entries, expected %lld", key.c_str(),
              (unsigned long long)v->count, (long long)n);
-    std::vector<bool> out(size_t(n));
+    std::vector<bool> out(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i)
         out[size_t(i)] = v->elem_type == GgufType::BOOL ? v->data[i] != 0 : array_int(*v, uint64_t(i), key) != 0;
     return out;

@@ -187,7 +187,7 @@ struct Binder {
             fail(LUCE_ERR_FORMAT, "tensor %s has %lld elements, expected %lld", name.c_str(),
                  (long long)t.n_elements, (long long)n_elements);
         count(t);
-        std::vector<float> out(size_t(n_elements));
+        std::vector<float> out(static_cast<size_t>(n_elements));
         dequantize_row(t.type, t.data, out.data(), n_elements);
         return out;
     }
