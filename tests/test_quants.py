@@ -28,6 +28,35 @@ F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_
 U = 2.0 ** -24  # unit roundoff of fp32
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# Matmul kernel levels (native/src/quants_dispatch.cpp); each is run where the CPU has it.
+_FLAGS = _cpu_flags()
+KERNEL_LEVELS = {
+    "scalar": True,
+    "avx2": {"avx2", "fma", "f16c"} <= _FLAGS,
+    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= _FLAGS,
+}
+
+
+@pytest.fixture(params=list(KERNEL_LEVELS))
+def kernel_level(request, monkeypatch):
+    """Caps the SIMD level of luce's matmul for one test (LUCE_CPU_KERNELS is read per call)."""
+    if not KERNEL_LEVELS[request.param]:
+        pytest.skip(f"this CPU has no {request.param}")
+    monkeypatch.setenv("LUCE_CPU_KERNELS", request.param)
+    return request.param
+
+
 # ------------------------------------------------------------------------------------------------
 # data
 
@@ -212,7 +241,7 @@ SHAPES = [(1, 256, 1), (7, 512, 1), (33, 768, 3), (64, 1024, 8), (16, 512, 32), 
 
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_rows,n_cols,n_tok", SHAPES, ids=lambda v: str(v))
-def test_matmul_random_blocks_close_to_float64(qtype, n_rows, n_cols, n_tok):
+def test_matmul_random_blocks_close_to_float64(qtype, n_rows, n_cols, n_tok, kernel_level):
     rng = np.random.default_rng(n_rows * 1000 + n_cols + n_tok + int(qtype))
     block, size = GGML_QUANT_SIZES[qtype]
     raw = matmul_raw(qtype, n_rows * n_cols // block, rng)
@@ -223,7 +252,7 @@ def test_matmul_random_blocks_close_to_float64(qtype, n_rows, n_cols, n_tok):
 
 
 @pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q8_0], ids=lambda t: t.name)
-def test_matmul_rows_not_multiple_of_256(qtype):
+def test_matmul_rows_not_multiple_of_256(qtype, kernel_level):
     """Row lengths that are a multiple of the block but not of 256 (tails of every loop)."""
     rng = np.random.default_rng(77 + int(qtype))
     n_rows, n_cols = 9, 32 * 13 if qtype == T.Q8_0 else 301
@@ -235,7 +264,7 @@ def test_matmul_rows_not_multiple_of_256(qtype):
 
 
 @pytest.mark.parametrize("qtype", LIBGGUF_TYPES, ids=lambda t: t.name)
-def test_matmul_llama_cpp_quantized_close_to_float64(qtype):
+def test_matmul_llama_cpp_quantized_close_to_float64(qtype, kernel_level):
     rng = np.random.default_rng(3000 + int(qtype))
     w = realistic_rows(48, 1536, rng)
     raw = libgguf_quantize(w, qtype)
@@ -250,7 +279,7 @@ def test_matmul_llama_cpp_quantized_close_to_float64(qtype):
         assert np.all(np.abs(ours - exact) <= bound)
 
 
-def test_matmul_tokens_are_independent():
+def test_matmul_tokens_are_independent(kernel_level):
     """Each output row t depends on x[t] only: a batch equals its rows run one at a time."""
     rng = np.random.default_rng(5)
     raw = random_raw(T.Q4_K, 8 * 512 // 256, rng)
