@@ -20,9 +20,9 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from fixtures.random_qwen35_gguf import K_QUANT_TINY, SPEC_TINY, write_random_qwen35
+from fixtures.native_eval import assert_logits_close, decode_step_logits
+from fixtures.random_qwen35_gguf import K_QUANT_TINY, write_random_qwen35
 from luce import Engine
-from luce.binding import check, ffi, lib
 
 FLOAT_TOL = 1e-4
 QUANT_TOL = 4e-2
@@ -69,7 +69,6 @@ class Case:
         self.ids = [int(i) for i in np.random.default_rng(7).integers(0, self.n_vocab, N_PROMPT)]
         with torch.no_grad():
             self.ref = self.hf(torch.tensor([self.ids])).logits[0].double().numpy()
-        self.scale = float(np.abs(self.ref).max())
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -77,18 +76,10 @@ def case(request, tmp_path_factory):
     return Case(tmp_path_factory.mktemp(request.param), request.param)
 
 
-def _report(ours, ref, tol_abs, what):
-    diff = np.abs(ours - ref)
-    worst = np.unravel_index(np.argmax(diff), diff.shape)
-    assert diff.max() <= tol_abs, (f"{what}: max |diff| {diff.max():.3g} > {tol_abs:.3g} at "
-                                   f"{worst}: ours {ours[worst]:.6g} ref {ref[worst]:.6g}")
-
-
 def test_prefill_logits(case):
     with Engine(case.path, threads=2, ctx_size=256) as eng:
         ours = eng.logits(case.ids)
-    assert ours.shape == case.ref.shape
-    _report(ours, case.ref, case.tol * case.scale, "prefill")
+    assert_logits_close(ours, case.ref, case.tol, "prefill")
 
 
 def test_step_by_step_decode_logits(case):
@@ -96,20 +87,8 @@ def test_step_by_step_decode_logits(case):
     equal the full-sequence reference at that position (KV cache + DeltaNet state carried)."""
     n_prefill, n_steps = 70, 12
     with Engine(case.path, threads=2, ctx_size=256) as eng:
-        L, session = lib(), eng._session
-        V = eng.info.n_vocab
-        out = np.empty((n_steps + 1, V), dtype=np.float32)
-        ids = np.asarray(case.ids, dtype=np.int32)
-        check(L.luce_session_reset(session))
-        check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", ids[:n_prefill]), n_prefill,
-                                  ffi.from_buffer("float[]", out[0]), 1))
-        for s in range(n_steps):
-            tok = ids[n_prefill + s: n_prefill + s + 1]
-            check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", tok), 1,
-                                      ffi.from_buffer("float[]", out[s + 1]), 1))
-        assert L.luce_session_n_past(session) == n_prefill + n_steps
-    ref = case.ref[n_prefill - 1: n_prefill + n_steps]
-    _report(out, ref, case.tol * case.scale, "decode")
+        ours = decode_step_logits(eng, case.ids, n_prefill, n_steps)
+    assert_logits_close(ours, case.ref[n_prefill - 1: n_prefill + n_steps], case.tol, "decode")
 
 
 @pytest.mark.parametrize("name", ["f32", "f32_tied"])
