@@ -223,7 +223,7 @@ def check_drafter(gf: GGUFFile, report: Report) -> DraftView:
     value_len = k.int(S.VALUE_LENGTH.at(a))
     view.vocab = k.int(S.VOCAB_SIZE.at(a))
     eps = k.float(S.RMS_EPS.at(a))
-    _check_hparams(report, view, eps, a)
+    _check_hparams(report, view, eps, a, gf.kv)
     if value_len is not None and view.head_dim is not None and value_len != view.head_dim:
         report.warn("head-dim", f"value_length {value_len} differs from key_length {view.head_dim}")
 
@@ -244,19 +244,25 @@ def check_drafter(gf: GGUFFile, report: Report) -> DraftView:
     return view
 
 
-def _check_hparams(report, v: DraftView, eps, arch) -> None:
+def _check_hparams(report, v: DraftView, eps, arch, kv) -> None:
+    """Missing or out-of-range hparams are reported once and then treated as unknown (None),
+    so that no shape rule fires on a value that is already known to be wrong."""
     S = schema
-    bounds = [("embedding_length", v.hidden, S.MAX_EMBD), ("block_count", v.n_layer, S.MAX_LAYERS),
-              ("feed_forward_length", v.ff, S.MAX_FF), ("attention.head_count", v.n_head, S.MAX_HEADS),
-              ("attention.head_count_kv", v.n_head_kv, S.MAX_HEADS),
-              ("attention.key_length", v.head_dim, S.MAX_HEAD_DIM), ("vocab_size", v.vocab, 2**31 - 1)]
-    for suffix, value, bound in bounds:
+    bounds = [("hidden", S.EMBEDDING_LENGTH, S.MAX_EMBD), ("n_layer", S.BLOCK_COUNT, S.MAX_LAYERS),
+              ("ff", S.FEED_FORWARD_LENGTH, S.MAX_FF), ("n_head", S.HEAD_COUNT, S.MAX_HEADS),
+              ("n_head_kv", S.HEAD_COUNT_KV, S.MAX_HEADS), ("head_dim", S.KEY_LENGTH, S.MAX_HEAD_DIM),
+              ("vocab", S.VOCAB_SIZE, 2**31 - 1)]
+    for attr, key, bound in bounds:
+        value, name = getattr(v, attr), key.at(arch)
         if value is None:
-            report.error("hparam-missing", f"{arch}.{suffix} is missing")
+            if name not in kv:
+                report.error("hparam-missing", f"{name} is missing")
         elif not 1 <= value <= bound:
-            report.error("hparam-range", f"{arch}.{suffix}={value} is outside 1..{bound}")
+            report.error("hparam-range", f"{name}={value} is outside 1..{bound}")
+            setattr(v, attr, None)
     if eps is None:
-        report.error("hparam-missing", f"{S.RMS_EPS.at(arch)} is missing")
+        if S.RMS_EPS.at(arch) not in kv:
+            report.error("hparam-missing", f"{S.RMS_EPS.at(arch)} is missing")
     elif not 0 < eps < 1:
         report.error("hparam-range", f"{S.RMS_EPS.at(arch)}={eps} is outside (0, 1)")
     if v.n_head and v.n_head_kv and v.n_head % v.n_head_kv:
@@ -267,15 +273,18 @@ def _check_block_and_mask(k: _Keys, report, v: DraftView, a) -> None:
     S = schema
     v.block_size = k.int(S.BLOCK_SIZE.at(a), S.UP_BLOCK_SIZE.at(a))
     if v.block_size is None:
-        report.error("block-size-missing", f"no {S.BLOCK_SIZE.at(a)} (or {S.UP_BLOCK_SIZE.at(a)})")
+        if not {S.BLOCK_SIZE.at(a), S.UP_BLOCK_SIZE.at(a)} & k.gf.kv.keys():
+            report.error("block-size-missing", f"no {S.BLOCK_SIZE.at(a)} (or {S.UP_BLOCK_SIZE.at(a)})")
     elif v.block_size < 2:
         report.error("block-size-range", f"block_size={v.block_size} must be at least 2")
     names = [S.MASK_TOKEN_ID.at(a), S.UP_MASK_TOKEN_ID.at(a), S.UP_MASK_TOKEN_ID.at(S.UPSTREAM_ARCH),
              S.TOKENIZER_MASK_TOKEN_ID.template]
     values = {n: k.int(n) for n in names if n in k.gf.kv}
     values = {n: x for n, x in values.items() if x is not None}
-    if not values:
+    if not values and not any(n in k.gf.kv for n in names):
         report.error("mask-missing", f"no mask token id ({S.MASK_TOKEN_ID.at(a)})")
+        return
+    if not values:
         return
     if len(set(values.values())) > 1:
         report.warn("mask-conflict", "mask token ids disagree: " + ", ".join(f"{n}={x}" for n, x in values.items()))
@@ -346,8 +355,7 @@ def _shape_ok(report, v: DraftView, role: str, layer, expected) -> bool:
 
 def _check_trunk_tensors(report, v: DraftView) -> None:
     required = [("fc", None), ("hidden_norm", None), ("output_norm", None)]
-    required += [(r, i) for i in range(v.n_layer or 0) if v.n_layer <= schema.MAX_LAYERS
-                 for r in schema.LAYER_ROLES]
+    required += [(r, i) for i in range(v.n_layer or 0) for r in schema.LAYER_ROLES]
     missing = [(r, i) for r, i in required if (r, i) not in v.tensors]
     for role, layer in missing[:5]:
         report.error("tensor-missing", f"missing tensor {ROLE[role].name(v.layout, layer)}")
