@@ -97,6 +97,14 @@ int32_t luce_session_n_past(const luce_session *session);
 luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
                               float *logits, int32_t n_logit_rows);
 
+/* As luce_session_eval, and also captures hidden states for drafters: for every evaluated
+   position t and every i < n_layers, hidden[(t * n_layers + i) * n_embd ..] receives the output
+   of main layer layer_ids[i] (the residual stream after that layer, before the final norm).
+   layer_ids: strictly increasing, each in 0 .. n_layer-1. hidden: n_tokens * n_layers * n_embd floats. */
+luce_status luce_session_eval_hidden(luce_session *session, const int32_t *tokens, int32_t n_tokens,
+                                     float *logits, int32_t n_logit_rows,
+                                     const int32_t *layer_ids, int32_t n_layers, float *hidden);
+
 /* ---- drafter (issue 4) --------------------------------------------------------------------- */
 
 typedef struct luce_drafter luce_drafter;

@@ -114,6 +114,16 @@ LUCE_API luce_status luce_session_eval(luce_session *session, const int32_t *tok
     });
 }
 
+LUCE_API luce_status luce_session_eval_hidden(luce_session *session, const int32_t *tokens,
+                                              int32_t n_tokens, float *logits, int32_t n_logit_rows,
+                                              const int32_t *layer_ids, int32_t n_layers, float *hidden) {
+    return guard([&] {
+        require(session, "session");
+        luce::HiddenCapture capture{layer_ids, n_layers, hidden};
+        luce::session_eval(*session->s, tokens, n_tokens, logits, n_logit_rows, &capture);
+    });
+}
+
 LUCE_API luce_status luce_generate(luce_session *session, luce_drafter *drafter, const int32_t *prompt,
                                    int32_t n_prompt, const luce_generate_params *params,
                                    luce_token_callback callback, void *user_data, int32_t *out_tokens,
