@@ -385,3 +385,23 @@ def test_fixture_is_deterministic(tmp_path):
     b, dir_b = build_checkpoint(tmp_path / "b", "tied")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert (dir_a / "tokenizer.json").read_text() == (dir_b / "tokenizer.json").read_text()
+
+
+def test_peak_memory_is_about_one_tensor(tmp_path):
+    """Streaming: the converter holds about one tensor (plus its encoded copy), never the model.
+    tracemalloc sees numpy's buffers; the checkpoint is many times its largest tensor."""
+    import tracemalloc
+
+    from luce.converters.hf_checkpoint import Checkpoint
+
+    _, hf_dir = build_checkpoint(tmp_path / "hf", "base", hidden_size=256, intermediate_size=512)
+    sizes = [4 * int(np.prod(t.shape)) for t in Checkpoint(hf_dir).tensors.values()]
+    total, largest = sum(sizes), max(sizes)
+    assert total > 10 * largest
+    tracemalloc.start()
+    try:
+        convert_qwen35(hf_dir, tmp_path / "m.gguf", outtype="q8_0")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * largest, (peak, largest, total)
