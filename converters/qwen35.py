@@ -37,16 +37,15 @@ from gguf import GGUFWriter, LlamaFileType, MODEL_ARCH_NAMES, MODEL_ARCH, MODEL_
 from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
-from luce.converters.safetensors_source import Checkpoint, open_checkpoint
+from luce.converters.detect import TARGET_ARCHITECTURES, is_target_config
 from luce.converters.output import atomic_output
 from luce.converters.qwen35_vocab import add_tokenizer_metadata
+from luce.converters.safetensors_source import Checkpoint, open_checkpoint
 from luce.errors import LuceError
 
 log = logging.getLogger(__name__)
 
 ARCH = MODEL_ARCH_NAMES[MODEL_ARCH.QWEN35]
-HF_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
-HF_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 
 # --outtype -> (ggml type of 2-D weights, general.file_type)
 OUTTYPES = {
@@ -61,13 +60,8 @@ DEFAULT_OUTTYPE = "f32"
 _DEFAULT_PARTIAL_ROTARY_FACTOR = 0.25
 _DEFAULT_FULL_ATTENTION_INTERVAL = 4
 _DEFAULT_MROPE_SECTION = (11, 11, 10)
+_DEFAULT_CONTEXT_LENGTH = 32768
 _MROPE_SLOTS = 4  # llama.cpp reads exactly four sections (T, H, W, unused)
-
-
-def is_qwen35_config(config: dict) -> bool:
-    """True for the config.json of a Qwen3.5 (dense) checkpoint, the dispatch rule of `luce convert`."""
-    archs = config.get("architectures") or []
-    return any(a in HF_ARCHITECTURES for a in archs) or config.get("model_type") in HF_MODEL_TYPES
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,7 +128,7 @@ class Qwen35Config:
             rope_theta=float(theta),
             rotary_dim=int(round(head_dim * partial)),
             mrope_sections=tuple(sections + [0] * (_MROPE_SLOTS - len(sections))),
-            context_length=get("max_position_embeddings", 32768),
+            context_length=get("max_position_embeddings", _DEFAULT_CONTEXT_LENGTH),
             conv_kernel=need("linear_conv_kernel_dim"),
             key_heads=need("linear_num_key_heads"),
             value_heads=need("linear_num_value_heads"),
@@ -444,8 +438,8 @@ def convert_qwen35(
 
 def _convert(ckpt: Checkpoint, folder: Path, out_path: Path, weight_type: QT, file_type: LlamaFileType,
              progress: Progress | None, force: bool) -> dict:
-    if not is_qwen35_config(ckpt.config):
-        raise LuceError(f"{folder}: config.json is not a Qwen3.5 checkpoint ({', '.join(HF_ARCHITECTURES)})")
+    if not is_target_config(ckpt.config):  # the rule `luce convert` dispatches on
+        raise LuceError(f"{folder}: config.json is not a Qwen3.5 checkpoint ({', '.join(TARGET_ARCHITECTURES)})")
     cfg = Qwen35Config.from_hf(ckpt.config)
     plan, has_mtp = plan_tensors(cfg, ckpt, weight_type)
     transforms = _transforms(cfg)

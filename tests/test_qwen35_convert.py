@@ -274,6 +274,46 @@ def test_bf16_checkpoint_is_widened_exactly(tmp_path_factory, tmp_path):
     assert (want - got).abs().max().item() == 0.0
 
 
+def gguf_tensors(path) -> dict:
+    return {t.name: np.asarray(t.data) for t in GGUFReader(path).tensors}
+
+
+def test_sharded_checkpoint_converts_to_the_same_tensors(tmp_path_factory, tmp_path):
+    """model.safetensors.index.json + two shards, as large checkpoints ship."""
+    from safetensors.numpy import load_file, save_file
+
+    _, gguf_path, hf_dir = tiny_qwen35(tmp_path_factory, "base")
+    shard_dir = tmp_path / "sharded"
+    shard_dir.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf_dir / name, shard_dir / name)
+    tensors = load_file(hf_dir / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, members in shards.items():
+        save_file({n: tensors[n] for n in members}, shard_dir / file)
+    weight_map = {n: file for file, members in shards.items() for n in members}
+    (shard_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    convert_qwen35(shard_dir, tmp_path / "sharded.gguf")
+    want, got = gguf_tensors(gguf_path), gguf_tensors(tmp_path / "sharded.gguf")
+    assert set(got) == set(want) and all(np.array_equal(got[n], want[n]) for n in want)
+
+
+def test_legacy_rope_fields_give_the_same_keys(small_checkpoint, tmp_path):
+    """Older configs keep rope_theta / partial_rotary_factor at the top level and the mRoPE
+    sections in rope_scaling; the GGUF's rope keys must not depend on the spelling."""
+    config = json.loads((small_checkpoint / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config |= {"rope_theta": rope["rope_theta"], "partial_rotary_factor": rope["partial_rotary_factor"],
+               "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]}}
+    (small_checkpoint / "config.json").write_text(json.dumps(config))
+    convert_qwen35(small_checkpoint, tmp_path / "legacy.gguf")
+    reader = GGUFReader(tmp_path / "legacy.gguf")
+    assert reader_value(reader, "qwen35.rope.freq_base")[0] == np.float32(1e7)
+    assert reader_value(reader, "qwen35.rope.dimension_count")[0] == 8
+    assert list(reader_value(reader, "qwen35.rope.dimension_sections")[0]) == [2, 1, 1, 0]
+
+
 # --------------------------------------------------------------------------------------------
 # refusals: one LuceError, no output file
 
