@@ -7,6 +7,7 @@ built from the same GGUF (and its apply_chat_template for --chat).
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -143,6 +144,41 @@ def test_batch_keeps_going_past_a_refused_prompt(tiny, tmp_path):
     assert "1 of 3 prompts failed" in result.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [("error" in line) for line in lines] == [False, True, False]
+
+
+def test_interrupted_batch_keeps_finished_lines(tiny, tmp_path, monkeypatch):
+    """Each result is flushed as it finishes: a run stopped during prompt 2 keeps prompt 1."""
+    from luce.engine import Engine
+
+    _, gguf, _ = tiny
+    real_generate, calls = Engine.generate, []
+
+    def generate_then_interrupt(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", generate_then_interrupt)
+    src, out = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    src.write_text('"one"\n"two"\n"three"\n')
+    result = run("-m", gguf, "--prompts", src, "--output", out, "-n", 2)
+    assert result.exit_code != 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["index"] == 0
+
+
+def test_chat_without_a_template_is_refused(tiny, tmp_path):
+    from luce.converters.qwen35 import convert_qwen35
+
+    _, gguf, _ = tiny
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(gguf.parent / "hf", hf_dir)
+    config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    convert_qwen35(hf_dir, tmp_path / "plain.gguf")
+    assert_one_line_error(run("-m", tmp_path / "plain.gguf", "-p", "hi", "--chat"), 1, "no chat template")
 
 
 # --------------------------------------------------------------------------------------------

@@ -80,8 +80,9 @@ class Tokenizer:
         self._bytes: dict[int, bytes] = {}  # filled on first decode of each id: loading stays fast
         self._ids = {t: i for i, t in enumerate(tokens) if token_types[i] in (TokenType.NORMAL, TokenType.BYTE)}
         self._ranks = _merge_ranks(merges)
-        self._control = {t: i for i, t in enumerate(tokens) if token_types[i] == TokenType.CONTROL}
-        self._user = {t: i for i, t in enumerate(tokens) if token_types[i] == TokenType.USER_DEFINED}
+        # empty texts are skipped: an empty pattern would match between every two characters
+        self._control = {t: i for i, t in enumerate(tokens) if token_types[i] == TokenType.CONTROL and t}
+        self._user = {t: i for i, t in enumerate(tokens) if token_types[i] == TokenType.USER_DEFINED and t}
         self._split_all = _alternation(self._control | self._user)
         self._split_user = _alternation(self._user)
         self.eog_ids = frozenset(
