@@ -85,7 +85,8 @@ typedef enum {
     LUCE_KV_F16 = 1   /* half the memory; keys/values rounded to IEEE half */
 } luce_kv_type;
 
-/* n_ctx positions (1 .. the model's context length); kv_type is a luce_kv_type. */
+/* n_ctx positions (1 .. the model's context length); kv_type is a luce_kv_type.
+   A session uses its model: free every session before luce_model_free. */
 luce_status luce_session_create(luce_model *model, int32_t n_ctx, int32_t kv_type, luce_session **out);
 void luce_session_free(luce_session *session);
 luce_status luce_session_reset(luce_session *session);
