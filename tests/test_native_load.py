@@ -71,6 +71,16 @@ def test_crafted_qwen35_hparams_are_refused(crafted_results, name):
     assert message and "\n" not in message
 
 
+@pytest.mark.parametrize("name", sorted({**CRAFTED, **CRAFTED_QWEN35}))
+def test_crafted_files_through_the_engine(tmp_path, name):
+    """What a user of luce.Engine (and `luce generate`) sees: one LuceError line naming the file,
+    status FORMAT."""
+    path = {**CRAFTED, **CRAFTED_QWEN35}[name](tmp_path / f"{name}.gguf")
+    with pytest.raises(LuceError) as e:
+        Engine(path)
+    assert e.value.status == FORMAT and "\n" not in str(e.value) and path.name in str(e.value)
+
+
 def test_oversized_block_count_names_the_key_and_bound(crafted_results):
     status, message = crafted_results["block_count_2_31"]
     assert "qwen35.block_count" in message and "2147483648" in message
