@@ -244,6 +244,7 @@ def test_missing_model_file(tmp_path):
     (lambda d: ["--prompts", d / "bad.jsonl"], "bad.jsonl:2: not valid JSON"),
     (lambda d: ["--prompts", d / "noprompt.jsonl"], 'noprompt.jsonl:1: expected a JSON string or an object with a "prompt"'),
     (lambda d: ["--prompts", d / "blank.jsonl"], "no prompts"),
+    (lambda d: ["--prompts", d / "bad.jsonl", "--output", d / "missing" / "out.jsonl"], "output folder"),
 ])
 def test_bad_prompt_inputs_fail_before_loading(not_a_gguf, tmp_path, make_args, message):
     (tmp_path / "empty.txt").write_text("\n")
