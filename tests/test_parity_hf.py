@@ -14,7 +14,7 @@ import torch
 
 from fixtures.native_eval import assert_logits_close, decode_step_logits
 from fixtures.tiny_qwen35 import tiny_qwen35
-from luce import Engine
+from luce import Engine, LuceError
 
 REL_TOL = 1e-4
 N_PROMPT = 150
@@ -41,6 +41,31 @@ def test_decode_steps_match_hf(tiny):
     with Engine(path, threads=2, ctx_size=512) as eng:
         ours = decode_step_logits(eng, ids, n_prefill, n_steps)
     assert_logits_close(ours, ref[n_prefill - 1: n_prefill + n_steps], REL_TOL, "decode")
+
+
+def test_hidden_state_capture_matches_hf(tiny):
+    """Captured layer outputs (for drafters) equal HF's hidden_states[i + 1] (the output of
+    decoder layer i) at every position, over several prefill chunks."""
+    model, path, ids, _ = tiny
+    layers = [0, 3, 5, 6]  # both kinds; not the last layer (HF normalises its final entry)
+    with torch.no_grad():
+        hs = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    ref = np.stack([hs[i + 1][0].double().numpy() for i in layers], axis=1)  # [n, layers, E]
+    with Engine(path, threads=2, ctx_size=512) as eng:
+        ours = eng.hidden_states(ids, layers)
+        with pytest.raises(LuceError):
+            eng.hidden_states(ids[:3], [3, 1])
+    assert_logits_close(ours, ref, REL_TOL, "hidden states")
+
+
+def test_f16_kv_cache_stays_close_to_hf(tiny):
+    """The f16 KV cache rounds keys and values to IEEE half (relative error 2^-11): logits move,
+    but by far less than a wrong cache layout would move them."""
+    _, path, ids, ref = tiny
+    with Engine(path, threads=2, ctx_size=512, kv_cache="f16") as eng:
+        ours = eng.logits(ids)
+    assert_logits_close(ours, ref, 5e-3, "prefill with f16 KV")
+    assert np.abs(ours - ref).max() > 0  # the half-precision path really ran
 
 
 def test_greedy_64_tokens_match_hf(tiny):

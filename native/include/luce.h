@@ -80,7 +80,13 @@ luce_status luce_model_get_info(const luce_model *model, luce_model_info *out);
 
 typedef struct luce_session luce_session;
 
-luce_status luce_session_create(luce_model *model, int32_t n_ctx, luce_session **out);
+typedef enum {
+    LUCE_KV_F32 = 0,  /* exact: the reference for parity */
+    LUCE_KV_F16 = 1   /* half the memory; keys/values rounded to IEEE half */
+} luce_kv_type;
+
+/* n_ctx positions (1 .. the model's context length); kv_type is a luce_kv_type. */
+luce_status luce_session_create(luce_model *model, int32_t n_ctx, int32_t kv_type, luce_session **out);
 void luce_session_free(luce_session *session);
 luce_status luce_session_reset(luce_session *session);
 /* Number of tokens already in the session. */
@@ -90,6 +96,14 @@ int32_t luce_session_n_past(const luce_session *session);
    logits of the last n_logit_rows positions, row-major [n_logit_rows][n_vocab]. */
 luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
                               float *logits, int32_t n_logit_rows);
+
+/* As luce_session_eval, and also captures hidden states for drafters: for every evaluated
+   position t and every i < n_layers, hidden[(t * n_layers + i) * n_embd ..] receives the output
+   of main layer layer_ids[i] (the residual stream after that layer, before the final norm).
+   layer_ids: strictly increasing, each in 0 .. n_layer-1. hidden: n_tokens * n_layers * n_embd floats. */
+luce_status luce_session_eval_hidden(luce_session *session, const int32_t *tokens, int32_t n_tokens,
+                                     float *logits, int32_t n_logit_rows,
+                                     const int32_t *layer_ids, int32_t n_layers, float *hidden);
 
 /* ---- drafter (issue 4) --------------------------------------------------------------------- */
 

@@ -79,13 +79,16 @@ LUCE_API luce_status luce_model_get_info(const luce_model *model, luce_model_inf
     });
 }
 
-LUCE_API luce_status luce_session_create(luce_model *model, int32_t n_ctx, luce_session **out) {
+LUCE_API luce_status luce_session_create(luce_model *model, int32_t n_ctx, int32_t kv_type,
+                                         luce_session **out) {
     return guard([&] {
         require(model, "model");
         require(out, "out");
         *out = nullptr;
+        if (kv_type != LUCE_KV_F32 && kv_type != LUCE_KV_F16)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "unknown KV cache type %d", kv_type);
         auto h = std::make_unique<luce_session>();
-        h->s = std::make_unique<luce::Session>(model->m.get(), n_ctx);
+        h->s = std::make_unique<luce::Session>(model->m.get(), n_ctx, kv_type == LUCE_KV_F16);
         *out = h.release();
     });
 }
@@ -108,6 +111,16 @@ LUCE_API luce_status luce_session_eval(luce_session *session, const int32_t *tok
     return guard([&] {
         require(session, "session");
         luce::session_eval(*session->s, tokens, n_tokens, logits, n_logit_rows);
+    });
+}
+
+LUCE_API luce_status luce_session_eval_hidden(luce_session *session, const int32_t *tokens,
+                                              int32_t n_tokens, float *logits, int32_t n_logit_rows,
+                                              const int32_t *layer_ids, int32_t n_layers, float *hidden) {
+    return guard([&] {
+        require(session, "session");
+        luce::HiddenCapture capture{layer_ids, n_layers, hidden};
+        luce::session_eval(*session->s, tokens, n_tokens, logits, n_logit_rows, &capture);
     });
 }
 

@@ -8,7 +8,10 @@ namespace luce {
 
 // Appends n tokens to the session in MAX_STEP chunks; writes the logits of the last n_logit_rows
 // positions (host, row-major) when logits is not null. Validates ids and context first.
-void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n_logit_rows);
+// capture (may be null) receives hidden states of every position: its `out` is the start of a
+// host buffer [n][n_layers][E] for the whole call.
+void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n_logit_rows,
+                  const HiddenCapture *capture = nullptr);
 
 // Prefill the prompt, then decode until max_tokens or an end-of-generation id.
 luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce_generate_params &p,
