@@ -185,6 +185,14 @@ def test_real_vocabulary_tokens_without_a_merge_path(real):
     assert ours.decode(ids) == ours.decode([104328]) == "俱乐部"
 
 
+def test_real_vocabulary_long_runs(real):
+    """Pieces thousands of symbols long (letters, spaces, punctuation, CJK) merge like both oracles."""
+    ours, tiktoken, hf = real
+    for text in ["a" * 3000, " " * 4000 + "x", "hello" * 1500, "人工智能" * 400, "=" * 3000 + "\n"]:
+        ids = ours.encode(text)
+        assert ids == tiktoken.encode(text) == hf.encode(text, add_special_tokens=False)
+
+
 def test_real_vocabulary_long_prompt(real):
     """A ~20k-character mixed prompt (the piece cache keeps this quick) still matches tiktoken."""
     ours, tiktoken, _ = real
