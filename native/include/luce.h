@@ -106,6 +106,17 @@ luce_status luce_session_eval_hidden(luce_session *session, const int32_t *token
                                      float *logits, int32_t n_logit_rows,
                                      const int32_t *layer_ids, int32_t n_layers, float *hidden);
 
+/* Rollback by snapshot and replay (what speculative verification needs after a partial accept):
+   a snapshot holds n_past and the DeltaNet conv + recurrent state of every recurrent layer
+   (attention keys past n_past are never visible, so the KV cache needs no copy). Memory: per
+   DeltaNet layer (Kc-1)*CD + HV*DK*DV floats (3.1 MiB for a 27B layer). Restoring into another
+   session than the one snapshotted is refused. */
+typedef struct luce_snapshot luce_snapshot;
+
+luce_status luce_session_snapshot(const luce_session *session, luce_snapshot **out);
+luce_status luce_session_restore(luce_session *session, const luce_snapshot *snapshot);
+void luce_snapshot_free(luce_snapshot *snapshot);
+
 /* ---- drafter (issue 4) --------------------------------------------------------------------- */
 
 typedef struct luce_drafter luce_drafter;
