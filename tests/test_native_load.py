@@ -120,6 +120,14 @@ def test_wrong_architecture(tmp_path):
     assert err.status == UNSUPPORTED and "'llama'" in str(err)
 
 
+def test_split_gguf_part_is_refused_with_the_reason(tmp_path):
+    parts = qwen35_gguf_parts()
+    parts.kvs += [KV("split.no", VT.UINT16, 0), KV("split.count", VT.UINT16, 2),
+                  KV("split.tensors.count", VT.INT32, len(parts.tensors))]
+    err = _error(lambda: Engine(write_gguf(tmp_path / "m-00001-of-00002.gguf", parts)))
+    assert err.status == UNSUPPORTED and "split GGUF (2 parts)" in str(err)
+
+
 def test_unsupported_weight_types_are_listed_with_counts(tmp_path):
     parts = qwen35_gguf_parts()
     # Q4_0 (block of 32 -> 18 bytes) on every ffn_up, Q4_1 (32 -> 20) on every ffn_down.
