@@ -4,7 +4,7 @@
  * Conventions
  *   - Every function that can fail returns a luce_status (0 = LUCE_OK). On failure a one-line,
  *     human-readable reason is available from luce_last_error() on the same thread.
- *   - Handles are opaque; each *_create/*_load has a matching *_free that accepts NULL.
+ *   - Handles are opaque; each create/load function has a matching free function (NULL is fine).
  *   - No C++ exception crosses this boundary.
  *   - This header is fed to cffi verbatim between the CDEF markers, so declarations use no macros.
  */
@@ -65,6 +65,9 @@ typedef struct {
     int32_t n_ctx_train;
     int64_t n_params;         /* parameters of the main model (embedding included) */
     int64_t weight_bytes;     /* bytes of weights kept by the backend */
+    int32_t eos_token_id;     /* tokenizer.ggml.eos_token_id, -1 if absent */
+    int32_t tied_head;        /* 1 if the output head reuses token_embd */
+    int32_t n_layer_file;     /* block_count as stored (main layers + MTP blocks) */
 } luce_model_info;
 
 /* Loads a qwen35 GGUF (memory-mapped; quantized weights stay in their encoding). Every field
@@ -77,7 +80,14 @@ luce_status luce_model_get_info(const luce_model *model, luce_model_info *out);
 
 typedef struct luce_session luce_session;
 
-luce_status luce_session_create(luce_model *model, int32_t n_ctx, luce_session **out);
+typedef enum {
+    LUCE_KV_F32 = 0,  /* exact: the reference for parity */
+    LUCE_KV_F16 = 1   /* half the memory; keys/values rounded to IEEE half */
+} luce_kv_type;
+
+/* n_ctx positions (1 .. the model's context length); kv_type is a luce_kv_type.
+   A session uses its model: free every session before luce_model_free. */
+luce_status luce_session_create(luce_model *model, int32_t n_ctx, int32_t kv_type, luce_session **out);
 void luce_session_free(luce_session *session);
 luce_status luce_session_reset(luce_session *session);
 /* Number of tokens already in the session. */
@@ -87,6 +97,25 @@ int32_t luce_session_n_past(const luce_session *session);
    logits of the last n_logit_rows positions, row-major [n_logit_rows][n_vocab]. */
 luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
                               float *logits, int32_t n_logit_rows);
+
+/* As luce_session_eval, and also captures hidden states for drafters: for every evaluated
+   position t and every i < n_layers, hidden[(t * n_layers + i) * n_embd ..] receives the output
+   of main layer layer_ids[i] (the residual stream after that layer, before the final norm).
+   layer_ids: strictly increasing, each in 0 .. n_layer-1. hidden: n_tokens * n_layers * n_embd floats. */
+luce_status luce_session_eval_hidden(luce_session *session, const int32_t *tokens, int32_t n_tokens,
+                                     float *logits, int32_t n_logit_rows,
+                                     const int32_t *layer_ids, int32_t n_layers, float *hidden);
+
+/* Rollback by snapshot and replay (what speculative verification needs after a partial accept):
+   a snapshot holds n_past and the DeltaNet conv + recurrent state of every recurrent layer
+   (attention keys past n_past are never visible, so the KV cache needs no copy). Memory: per
+   DeltaNet layer (Kc-1)*CD + HV*DK*DV floats (3.1 MiB for a 27B layer). Restoring into another
+   session than the one snapshotted is refused. */
+typedef struct luce_snapshot luce_snapshot;
+
+luce_status luce_session_snapshot(const luce_session *session, luce_snapshot **out);
+luce_status luce_session_restore(luce_session *session, const luce_snapshot *snapshot);
+void luce_snapshot_free(luce_snapshot *snapshot);
 
 /* ---- drafter (issue 4) --------------------------------------------------------------------- */
 
@@ -110,15 +139,17 @@ typedef struct {
     int32_t n_generated;
     double prefill_seconds;
     double decode_seconds;
-    int32_t stopped_by_eos;
+    int32_t stopped_by_eos;    /* an end-of-generation id ended the loop (it is not in the output) */
 } luce_generate_stats;
 
-/* Called with newly committed tokens as they are produced; return nonzero to stop early. */
+/* Called with newly committed tokens as they are produced; return nonzero to stop early
+   (luce_generate then returns LUCE_ERR_CANCELLED with the tokens so far in out_tokens/stats). */
 typedef int32_t (*luce_token_callback)(void *user_data, const int32_t *tokens, int32_t n_tokens);
 
 /* Evaluates the prompt in the session (which must be empty or hold a prefix the caller
    manages), then decodes. out_tokens (capacity out_capacity >= max_tokens) receives the
-   generated ids; drafter may be NULL for plain decoding. */
+   generated ids; drafter may be NULL for plain decoding. The prompt plus max_tokens must fit
+   the session's context (else LUCE_ERR_CONTEXT_FULL before any work). */
 luce_status luce_generate(luce_session *session, luce_drafter *drafter,
                           const int32_t *prompt, int32_t n_prompt,
                           const luce_generate_params *params,

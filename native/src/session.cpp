@@ -1,0 +1,126 @@
+// session.cpp — allocation of a session's state and step buffers (once, static shapes).
+#include "session.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "errors.h"
+
+namespace luce {
+
+namespace {
+
+template <class T>
+T *take(Session &s, int64_t n) {
+    void *p = s.model->backend->alloc(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
+    s.allocations.push_back(p);
+    return static_cast<T *>(p);
+}
+
+}  // namespace
+
+Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), kv_f16(kv_f16_) {
+    const Hparams &hp = m->hp;
+    if (n_ctx < 1 || n_ctx > hp.n_ctx_train)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "context size %d is not in 1..%d (the model's context length)",
+             n_ctx, hp.n_ctx_train);
+    try {
+        const int64_t T = MAX_STEP, E = hp.n_embd, CD = hp.conv_channels();
+        const int64_t inner = int64_t(hp.ssm_hv) * hp.ssm_dv;
+        kv.resize(size_t(hp.n_layer));
+        recurrent.resize(size_t(hp.n_layer));
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (hp.recurrent[size_t(i)]) {
+                recurrent[size_t(i)].conv = take<float>(*this, int64_t(hp.ssm_conv - 1) * CD);
+                recurrent[size_t(i)].ssm = take<float>(*this, inner * hp.ssm_dk);
+            } else {
+                const int64_t n = int64_t(hp.n_head_kv[size_t(i)]) * n_ctx * hp.head_dim;
+                if (kv_f16) kv[size_t(i)] = KvLayer{take<uint16_t>(*this, n), take<uint16_t>(*this, n), n_ctx, true};
+                else kv[size_t(i)] = KvLayer{take<float>(*this, n), take<float>(*this, n), n_ctx, false};
+            }
+        }
+        buf.tokens = take<int32_t>(*this, T);
+        buf.pos = take<int32_t>(*this, T);
+        buf.x = take<float>(*this, T * E);
+        buf.cur = take<float>(*this, T * E);
+        buf.mix = take<float>(*this, T * E);
+        buf.qg = take<float>(*this, T * 2 * hp.max_q_width());
+        buf.q = take<float>(*this, T * hp.max_q_width());
+        buf.k = take<float>(*this, T * hp.max_kv_width());
+        buf.v = take<float>(*this, T * hp.max_kv_width());
+        buf.attn = take<float>(*this, T * std::max<int64_t>(hp.max_q_width(), inner));
+        buf.qkv = take<float>(*this, T * CD);
+        buf.conv = take<float>(*this, T * CD);
+        buf.z = take<float>(*this, T * inner);
+        buf.b = take<float>(*this, T * hp.ssm_hv);
+        buf.a = take<float>(*this, T * hp.ssm_hv);
+        buf.ff_gate = take<float>(*this, T * hp.max_n_ff());
+        buf.ff_up = take<float>(*this, T * hp.max_n_ff());
+        buf.logits = take<float>(*this, T * hp.n_vocab);
+    } catch (...) {
+        for (void *p : allocations) model->backend->release(p);
+        throw;
+    }
+}
+
+Session::~Session() {
+    for (void *p : allocations) model->backend->release(p);
+}
+
+void Session::reset() {
+    // Attention keys past n_past are never visible, so only the recurrent state needs zeroing.
+    const Hparams &hp = model->hp;
+    const int64_t CD = hp.conv_channels(), inner = int64_t(hp.ssm_hv) * hp.ssm_dv;
+    std::vector<float> zeros;
+    for (int i = 0; i < hp.n_layer; ++i) {
+        if (!hp.recurrent[size_t(i)]) continue;
+        const size_t n_conv = size_t(hp.ssm_conv - 1) * size_t(CD), n_ssm = size_t(inner * hp.ssm_dk);
+        zeros.assign(std::max(n_conv, n_ssm), 0.f);
+        model->backend->upload(recurrent[size_t(i)].conv, zeros.data(), n_conv * sizeof(float));
+        model->backend->upload(recurrent[size_t(i)].ssm, zeros.data(), n_ssm * sizeof(float));
+    }
+    n_past = 0;
+}
+
+namespace {
+
+// Element counts of the two state buffers of a recurrent layer.
+void state_sizes(const Hparams &hp, size_t &n_conv, size_t &n_ssm) {
+    n_conv = size_t(hp.ssm_conv - 1) * size_t(hp.conv_channels());
+    n_ssm = size_t(hp.ssm_hv) * size_t(hp.ssm_dv) * size_t(hp.ssm_dk);
+}
+
+}  // namespace
+
+void Session::snapshot(Snapshot &out) const {
+    const Hparams &hp = model->hp;
+    size_t n_conv, n_ssm;
+    state_sizes(hp, n_conv, n_ssm);
+    out.owner = this;
+    out.n_past = n_past;
+    out.state.clear();
+    for (int i = 0; i < hp.n_layer; ++i) {
+        if (!hp.recurrent[size_t(i)]) continue;
+        const size_t at = out.state.size();
+        out.state.resize(at + n_conv + n_ssm);
+        model->backend->download(out.state.data() + at, recurrent[size_t(i)].conv, n_conv * sizeof(float));
+        model->backend->download(out.state.data() + at + n_conv, recurrent[size_t(i)].ssm, n_ssm * sizeof(float));
+    }
+}
+
+void Session::restore(const Snapshot &in) {
+    if (in.owner != this) fail(LUCE_ERR_INVALID_ARGUMENT, "snapshot belongs to another session");
+    const Hparams &hp = model->hp;
+    size_t n_conv, n_ssm;
+    state_sizes(hp, n_conv, n_ssm);
+    size_t at = 0;
+    for (int i = 0; i < hp.n_layer; ++i) {
+        if (!hp.recurrent[size_t(i)]) continue;
+        model->backend->upload(recurrent[size_t(i)].conv, in.state.data() + at, n_conv * sizeof(float));
+        model->backend->upload(recurrent[size_t(i)].ssm, in.state.data() + at + n_conv, n_ssm * sizeof(float));
+        at += n_conv + n_ssm;
+    }
+    n_past = in.n_past;
+}
+
+}  // namespace luce
