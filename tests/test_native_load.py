@@ -71,6 +71,16 @@ def test_crafted_qwen35_hparams_are_refused(crafted_results, name):
     assert message and "\n" not in message
 
 
+@pytest.mark.parametrize("name", sorted({**CRAFTED, **CRAFTED_QWEN35}))
+def test_crafted_files_through_the_engine(tmp_path, name):
+    """What a user of luce.Engine (and `luce generate`) sees: one LuceError line naming the file,
+    status FORMAT."""
+    path = {**CRAFTED, **CRAFTED_QWEN35}[name](tmp_path / f"{name}.gguf")
+    with pytest.raises(LuceError) as e:
+        Engine(path)
+    assert e.value.status == FORMAT and "\n" not in str(e.value) and path.name in str(e.value)
+
+
 def test_oversized_block_count_names_the_key_and_bound(crafted_results):
     status, message = crafted_results["block_count_2_31"]
     assert "qwen35.block_count" in message and "2147483648" in message
@@ -108,6 +118,14 @@ def test_wrong_architecture(tmp_path):
     parts.kvs[0] = KV("general.architecture", VT.STRING, "llama")
     err = _error(lambda: Engine(write_gguf(tmp_path / "llama.gguf", parts)))
     assert err.status == UNSUPPORTED and "'llama'" in str(err)
+
+
+def test_split_gguf_part_is_refused_with_the_reason(tmp_path):
+    parts = qwen35_gguf_parts()
+    parts.kvs += [KV("split.no", VT.UINT16, 0), KV("split.count", VT.UINT16, 2),
+                  KV("split.tensors.count", VT.INT32, len(parts.tensors))]
+    err = _error(lambda: Engine(write_gguf(tmp_path / "m-00001-of-00002.gguf", parts)))
+    assert err.status == UNSUPPORTED and "split GGUF (2 parts)" in str(err)
 
 
 def test_unsupported_weight_types_are_listed_with_counts(tmp_path):

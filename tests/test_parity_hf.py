@@ -16,6 +16,10 @@ from fixtures.native_eval import assert_logits_close, decode_step_logits
 from fixtures.tiny_qwen35 import tiny_qwen35
 from luce import Engine, LuceError
 
+# Tiny models: torch's intra-op threads only add contention under pytest-xdist (a 64-token
+# generate() took 15 s with them on a busy 2-core machine, 0.4 s without).
+torch.set_num_threads(1)
+
 REL_TOL = 1e-4
 N_PROMPT = 150
 

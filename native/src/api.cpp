@@ -18,6 +18,10 @@ struct luce_session {
     std::unique_ptr<luce::Session> s;
 };
 
+struct luce_snapshot {
+    luce::Session::Snapshot snap;
+};
+
 using luce::fail;
 using luce::guard;
 
@@ -105,6 +109,27 @@ LUCE_API luce_status luce_session_reset(luce_session *session) {
 LUCE_API int32_t luce_session_n_past(const luce_session *session) {
     return session ? session->s->n_past : 0;
 }
+
+LUCE_API luce_status luce_session_snapshot(const luce_session *session, luce_snapshot **out) {
+    return guard([&] {
+        require(session, "session");
+        require(out, "out");
+        *out = nullptr;
+        auto h = std::make_unique<luce_snapshot>();
+        session->s->snapshot(h->snap);
+        *out = h.release();
+    });
+}
+
+LUCE_API luce_status luce_session_restore(luce_session *session, const luce_snapshot *snapshot) {
+    return guard([&] {
+        require(session, "session");
+        require(snapshot, "snapshot");
+        session->s->restore(snapshot->snap);
+    });
+}
+
+LUCE_API void luce_snapshot_free(luce_snapshot *snapshot) { delete snapshot; }
 
 LUCE_API luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
                                        float *logits, int32_t n_logit_rows) {
