@@ -1,0 +1,1 @@
+"""Checkpoint readers and GGUF writers (pure Python: safetensors, gguf, numpy)."""

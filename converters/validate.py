@@ -1,0 +1,615 @@
+"""`luce inspect` rules: a drafter GGUF (either layout), a qwen35 target GGUF, and the pair.
+
+The rules mirror the Lucebox drafter loader (spec/engine.md §3, §11.6) plus luce's own (§9:
+YaRN without an original context, DSpark without sample_from_anchor). Every file is untrusted:
+it is opened with the bounded reader first, so a crafted container never reaches these rules.
+Each rule adds Findings; any error makes the report invalid (exit 1); warnings do not.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gguf.constants import GGMLQuantizationType, Keys, MODEL_TENSOR, TENSOR_NAMES
+
+from luce.converters import schema
+from luce.converters.gguf_reader import FLOAT_TYPES, INTEGER_TYPES, GGUFFile, GGUFValueType
+from luce.converters.schema import ROLE
+
+ERROR, WARNING = "error", "warning"
+TARGET_ARCHS = (schema.TARGET_ARCH,)
+# Weight formats the runtime loads (DESIGN.md §4); anything else is refused at load.
+SUPPORTED_TARGET_TYPES = frozenset(GGMLQuantizationType[n] for n in
+                                   ("F32", "F16", "BF16", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
+
+
+@dataclass
+class Finding:
+    severity: str
+    code: str
+    message: str
+
+
+@dataclass
+class Report:
+    path: str
+    kind: str                       # drafter | target | unknown
+    arch: str | None
+    summary: dict = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    target: "Report | None" = None
+
+    @property
+    def valid(self) -> bool:
+        own = all(f.severity != ERROR for f in self.findings)
+        return own and (self.target is None or self.target.valid)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.valid else 1
+
+    def error(self, code: str, message: str) -> None:
+        self.findings.append(Finding(ERROR, code, message))
+
+    def warn(self, code: str, message: str) -> None:
+        self.findings.append(Finding(WARNING, code, message))
+
+    def to_dict(self) -> dict:
+        out = {"valid": self.valid, "kind": self.kind, "arch": self.arch, "path": self.path,
+               **self.summary, "findings": [f.__dict__ for f in self.findings]}
+        if self.target is not None:
+            out["target"] = self.target.to_dict()
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=_jsonable)
+
+
+def _jsonable(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value)}")
+
+
+def inspect_gguf(path, target=None) -> Report:
+    """Validate one GGUF (and a target, if given). GGUFFormatError (exit 2) if unreadable."""
+    with GGUFFile.open(path) as gf:
+        report, view = _inspect_open(gf)
+        if target is not None:
+            with GGUFFile.open(target) as tf:
+                report.target, _ = _inspect_open(tf)
+            if view is not None:
+                _check_pair(report, report.target, view)
+    return report
+
+
+def _inspect_open(gf: GGUFFile) -> tuple[Report, "DraftView | None"]:
+    arch, view = gf.arch, None
+    if arch in schema.DRAFT_ARCHS:
+        report = Report(str(gf.path), "drafter", arch)
+        view = check_drafter(gf, report)
+    elif arch in TARGET_ARCHS:
+        report = Report(str(gf.path), "target", arch)
+        check_target(gf, report)
+    else:
+        report = Report(str(gf.path), "unknown", arch)
+        report.error("arch", f"unexpected architecture {arch!r}; expected a drafter "
+                             f"({', '.join(schema.DRAFT_ARCHS)}) or a {schema.TARGET_ARCH} target")
+    report.summary["file_size"] = gf.file_size
+    return report, view
+
+
+# ---- typed key access ------------------------------------------------------------------------
+
+class _Keys:
+    """Typed reads with findings instead of exceptions; the first present name wins."""
+
+    def __init__(self, gf: GGUFFile, report: Report):
+        self.gf, self.report = gf, report
+
+    def _find(self, names):
+        return next((n for n in names if n in self.gf.kv), None)
+
+    def int(self, *names):
+        name = self._find(names)
+        if name is None:
+            return None
+        if self.gf.kv_type[name][0] not in INTEGER_TYPES:
+            self.report.error("key-type", f"{name} has type {self.gf.type_name(name)}, expected an integer")
+            return None
+        return int(self.gf.kv[name])
+
+    def float(self, *names):
+        name = self._find(names)
+        if name is None:
+            return None
+        if self.gf.kv_type[name][0] not in FLOAT_TYPES | INTEGER_TYPES:
+            self.report.error("key-type", f"{name} has type {self.gf.type_name(name)}, expected a number")
+            return None
+        return float(self.gf.kv[name])
+
+    def bool(self, *names):
+        name = self._find(names)
+        if name is None:
+            return None
+        if self.gf.kv_type[name][0] != GGUFValueType.BOOL:
+            self.report.error("key-type", f"{name} has type {self.gf.type_name(name)}, expected a bool")
+            return None
+        return bool(self.gf.kv[name])
+
+    def str(self, *names):
+        name = self._find(names)
+        if name is None:
+            return None
+        if self.gf.kv_type[name][0] != GGUFValueType.STRING:
+            self.report.error("key-type", f"{name} has type {self.gf.type_name(name)}, expected a string")
+            return None
+        return self.gf.kv[name]
+
+    def array(self, name, element_types):
+        """(values as a list, or None) for an array of one of element_types."""
+        if name not in self.gf.kv:
+            return None
+        vtype, etype = self.gf.kv_type[name]
+        if vtype != GGUFValueType.ARRAY or etype not in element_types:
+            self.report.error("key-type", f"{name} has type {self.gf.type_name(name)}, expected an array of "
+                                          f"{'/'.join(t.name for t in element_types)}")
+            return None
+        return [v.item() if hasattr(v, "item") else v for v in self.gf.kv[name]]
+
+    def int_or_layer_array(self, name, n_layer):
+        """qwen35 hparams that llama.cpp reads as a scalar or a per-layer array."""
+        if name in self.gf.kv and self.gf.kv_type[name][0] == GGUFValueType.ARRAY:
+            values = self.array(name, INTEGER_TYPES)
+            if values is None:
+                return None
+            if n_layer is not None and len(values) != n_layer:
+                self.report.error("layer-array-length", f"{name} has {len(values)} entries but block_count "
+                                                        f"is {n_layer}")
+                return None
+            return values
+        return self.int(name)
+
+
+# ---- drafter ---------------------------------------------------------------------------------
+
+@dataclass
+class DraftView:
+    """A drafter GGUF in layout-independent terms (values None when absent or invalid)."""
+    layout: str
+    hidden: int | None = None
+    n_layer: int | None = None
+    ff: int | None = None
+    n_head: int | None = None
+    n_head_kv: int | None = None
+    head_dim: int | None = None
+    vocab: int | None = None
+    block_size: int | None = None
+    mask_token_id: int | None = None
+    target_layer_ids: list[int] | None = None
+    n_target_layers: int | None = None
+    tensors: dict = field(default_factory=dict)   # (role, layer) -> TensorInfo
+    selector_vocab: int | None = None
+    selector_top_k: int | None = None
+    markov_vocab: int | None = None
+
+
+def _find_tensors(gf: GGUFFile, n_layer: int | None):
+    """(role, layer) -> TensorInfo for both layouts' names; also the names nobody claimed."""
+    found, claimed = {}, set()
+    layers = range(n_layer) if n_layer else range(0)
+    for role in schema.ROLES:
+        for layer in (layers if role.per_layer else [None]):
+            for layout in schema.LAYOUTS:
+                name = role.name(layout, layer)
+                if name in gf.tensors:
+                    found[(role.role, layer)] = gf.tensors[name]
+                    claimed.add(name)
+                    break
+    return found, [n for n in gf.tensors if n not in claimed]
+
+
+def check_drafter(gf: GGUFFile, report: Report) -> DraftView:
+    a, k = gf.arch, _Keys(gf, report)
+    S = schema
+    view = DraftView(layout="llama.cpp" if a == S.UPSTREAM_ARCH else "lucebox")
+    view.hidden = k.int(S.EMBEDDING_LENGTH.at(a))
+    view.n_layer = k.int(S.BLOCK_COUNT.at(a))
+    view.ff = k.int(S.FEED_FORWARD_LENGTH.at(a))
+    view.n_head = k.int(S.HEAD_COUNT.at(a))
+    view.n_head_kv = k.int(S.HEAD_COUNT_KV.at(a))
+    view.head_dim = k.int(S.KEY_LENGTH.at(a))
+    value_len = k.int(S.VALUE_LENGTH.at(a))
+    view.vocab = k.int(S.VOCAB_SIZE.at(a))
+    eps = k.float(S.RMS_EPS.at(a))
+    _check_hparams(report, view, eps, a, gf.kv)
+    if value_len is not None and view.head_dim is not None and value_len != view.head_dim:
+        report.warn("head-dim", f"value_length {value_len} differs from key_length {view.head_dim}")
+
+    n_layer = view.n_layer if view.n_layer and view.n_layer <= S.MAX_LAYERS else None
+    view.tensors, unknown = _find_tensors(gf, n_layer)
+    for name in unknown:
+        report.warn("tensor-unknown", f"tensor {name!r} is not part of the drafter schema")
+
+    _check_block_and_mask(k, report, view, a)
+    _check_target_layers(k, report, view, a)
+    _check_rope(k, report, a)
+    _check_swa(k, report, view, a)
+    _check_trunk_tensors(report, view)
+    conv_k = _check_conv(k, report, view, a)
+    _check_selector(k, report, view, a)
+    dspark = _check_dspark(k, report, view, a)
+    _summarise_drafter(gf, report, view, conv_k, dspark)
+    return view
+
+
+def _check_hparams(report, v: DraftView, eps, arch, kv) -> None:
+    """Missing or out-of-range hparams are reported once and then treated as unknown (None),
+    so that no shape rule fires on a value that is already known to be wrong."""
+    S = schema
+    bounds = [("hidden", S.EMBEDDING_LENGTH, S.MAX_EMBD), ("n_layer", S.BLOCK_COUNT, S.MAX_LAYERS),
+              ("ff", S.FEED_FORWARD_LENGTH, S.MAX_FF), ("n_head", S.HEAD_COUNT, S.MAX_HEADS),
+              ("n_head_kv", S.HEAD_COUNT_KV, S.MAX_HEADS), ("head_dim", S.KEY_LENGTH, S.MAX_HEAD_DIM),
+              ("vocab", S.VOCAB_SIZE, 2**31 - 1)]
+    for attr, key, bound in bounds:
+        value, name = getattr(v, attr), key.at(arch)
+        if value is None:
+            if name not in kv:
+                report.error("hparam-missing", f"{name} is missing")
+        elif not 1 <= value <= bound:
+            report.error("hparam-range", f"{name}={value} is outside 1..{bound}")
+            setattr(v, attr, None)
+    if eps is None:
+        if S.RMS_EPS.at(arch) not in kv:
+            report.error("hparam-missing", f"{S.RMS_EPS.at(arch)} is missing")
+    elif not 0 < eps < 1:
+        report.error("hparam-range", f"{S.RMS_EPS.at(arch)}={eps} is outside (0, 1)")
+    if v.n_head and v.n_head_kv and v.n_head % v.n_head_kv:
+        report.error("head-ratio", f"head_count {v.n_head} is not divisible by head_count_kv {v.n_head_kv}")
+
+
+def _check_block_and_mask(k: _Keys, report, v: DraftView, a) -> None:
+    S = schema
+    v.block_size = k.int(S.BLOCK_SIZE.at(a), S.UP_BLOCK_SIZE.at(a))
+    if v.block_size is None:
+        if not {S.BLOCK_SIZE.at(a), S.UP_BLOCK_SIZE.at(a)} & k.gf.kv.keys():
+            report.error("block-size-missing", f"no {S.BLOCK_SIZE.at(a)} (or {S.UP_BLOCK_SIZE.at(a)})")
+    elif v.block_size < 2:
+        report.error("block-size-range", f"block_size={v.block_size} must be at least 2")
+    names = [S.MASK_TOKEN_ID.at(a), S.UP_MASK_TOKEN_ID.at(a), S.UP_MASK_TOKEN_ID.at(S.UPSTREAM_ARCH),
+             S.TOKENIZER_MASK_TOKEN_ID.template]
+    values = {n: k.int(n) for n in names if n in k.gf.kv}
+    values = {n: x for n, x in values.items() if x is not None}
+    if not values and not any(n in k.gf.kv for n in names):
+        report.error("mask-missing", f"no mask token id ({S.MASK_TOKEN_ID.at(a)})")
+        return
+    if not values:
+        return
+    if len(set(values.values())) > 1:
+        report.warn("mask-conflict", "mask token ids disagree: " + ", ".join(f"{n}={x}" for n, x in values.items()))
+    v.mask_token_id = next(iter(values.values()))
+    if v.vocab and not 0 <= v.mask_token_id < v.vocab:
+        report.error("mask-range", f"mask_token_id={v.mask_token_id} is outside vocab_size {v.vocab}")
+
+
+def _check_target_layers(k: _Keys, report, v: DraftView, a) -> None:
+    S = schema
+    ints = (GGUFValueType.INT32, GGUFValueType.UINT32)
+    if S.TARGET_LAYER_IDS.at(a) in k.gf.kv:
+        v.target_layer_ids = k.array(S.TARGET_LAYER_IDS.at(a), ints)
+    elif S.UP_TARGET_LAYERS.at(a) in k.gf.kv:
+        one_based = k.array(S.UP_TARGET_LAYERS.at(a), ints)
+        v.target_layer_ids = None if one_based is None else [i - 1 for i in one_based]
+    declared = k.int(S.N_TARGET_LAYERS.at(a))
+    fc = v.tensors.get(("fc", None))
+    if declared is not None:
+        v.n_target_layers = declared
+    elif v.target_layer_ids is not None:
+        v.n_target_layers = len(v.target_layer_ids)
+    elif fc is not None and v.hidden:
+        v.n_target_layers = fc.shape[0] // v.hidden
+    if v.target_layer_ids is None:
+        report.warn("target-ids-missing", "no target layer ids; the engine will use its default capture layers")
+        return
+    if v.n_target_layers is not None and len(v.target_layer_ids) != v.n_target_layers:
+        report.error("target-ids-length", f"{len(v.target_layer_ids)} target layer ids but n_target_layers "
+                                          f"is {v.n_target_layers}")
+    if any(i < 0 for i in v.target_layer_ids):
+        report.error("target-ids-range", f"target layer ids {v.target_layer_ids} contain a negative id")
+
+
+def _check_rope(k: _Keys, report, a) -> None:
+    S = schema
+    if k.float(S.ROPE_FREQ_BASE.at(a)) is None:
+        report.warn("rope-theta-missing", f"{S.ROPE_FREQ_BASE.at(a)} is missing; the engine uses a default")
+    factor = k.float(S.ROPE_SCALING_FACTOR.at(a))
+    original = k.int(S.ROPE_SCALING_ORIG_CTX.at(a))
+    if factor is not None and factor > 1 and not original:
+        report.error("yarn-no-original", f"YaRN factor {factor:g} without original_context_length: the engine "
+                                         f"ignores YaRN and runs plain RoPE")
+
+
+def _check_swa(k: _Keys, report, v: DraftView, a) -> None:
+    S = schema
+    pattern = k.array(S.SLIDING_WINDOW_PATTERN.at(a), (GGUFValueType.BOOL,))
+    window = k.int(S.SLIDING_WINDOW.at(a))
+    if pattern is None:
+        return
+    if v.n_layer is not None and len(pattern) != v.n_layer:
+        report.error("swa-pattern-length", f"sliding_window_pattern has {len(pattern)} entries but block_count "
+                                           f"is {v.n_layer}")
+    if any(pattern) and not window:
+        report.error("swa-window-missing", "sliding_window_pattern marks sliding layers but sliding_window is missing")
+
+
+def _shape_ok(report, v: DraftView, role: str, layer, expected) -> bool:
+    t = v.tensors.get((role, layer))
+    if t is None or expected is None:
+        return True
+    if t.shape != tuple(expected):
+        report.error("tensor-shape", f"{t.name} has shape {list(t.shape)}, expected {list(expected)}")
+        return False
+    return True
+
+
+def _check_trunk_tensors(report, v: DraftView) -> None:
+    required = [("fc", None), ("hidden_norm", None), ("output_norm", None)]
+    required += [(r, i) for i in range(v.n_layer or 0) if v.n_layer <= schema.MAX_LAYERS
+                 for r in schema.LAYER_ROLES]
+    missing = [(r, i) for r, i in required if (r, i) not in v.tensors]
+    for role, layer in missing[:5]:
+        report.error("tensor-missing", f"missing tensor {ROLE[role].name(v.layout, layer)}")
+    if len(missing) > 5:
+        report.error("tensor-missing", f"... and {len(missing) - 5} more missing tensors")
+    if None in (v.hidden, v.n_head, v.n_head_kv, v.head_dim, v.ff):
+        return
+    shape = schema.DraftShape(v.hidden, v.n_layer or 0, v.n_head, v.n_head_kv, v.head_dim, v.ff,
+                              v.n_target_layers or 0)
+    fc = v.tensors.get(("fc", None))
+    if fc is not None:
+        if fc.shape[1:] != (v.hidden,) or len(fc.shape) != 2:
+            report.error("tensor-shape", f"{fc.name} has shape {list(fc.shape)}, expected [N*{v.hidden}, {v.hidden}]")
+        elif v.n_target_layers is not None and fc.shape[0] != v.n_target_layers * v.hidden:
+            severity = report.warn if fc.shape[0] % v.hidden == 0 else report.error
+            severity("fc-width", f"{fc.name} width {fc.shape[0]} != n_target_layers {v.n_target_layers} x "
+                                 f"hidden {v.hidden}")
+    for (role, layer) in list(v.tensors):
+        if schema.ROLE[role].group == "trunk" and role != "fc":
+            _shape_ok(report, v, role, layer, schema.expected_shape(role, shape))
+
+
+def _check_conv(k: _Keys, report, v: DraftView, a) -> int:
+    S = schema
+    kernel = k.int(S.CONV_KERNEL_SIZE.at(a), S.UP_CONV_KERNEL_SIZE.at(a)) or 0
+    group = k.int(S.CONV_GROUP_SIZE.at(a), S.UP_CONV_GROUP_SIZE.at(a))
+    group = S.DEFAULT_CONV_GROUP_SIZE if group is None else group
+    present = [(r, i) for (r, i) in v.tensors if r in S.CONV_ROLES]
+    if not present and kernel <= 0:
+        return 0
+    missing = [(r, i) for i in range(v.n_layer or 0) for r in S.CONV_ROLES if (r, i) not in v.tensors]
+    if missing or kernel <= 0:
+        what = (f"missing {ROLE[missing[0][0]].name(v.layout, missing[0][1])}" if missing
+                else "conv_kernel_size is not set")
+        report.error("conv-incomplete", f"DFlash 2 conv tensors/metadata incomplete: {what}")
+    if group <= 0 or (v.hidden and v.hidden % group):
+        report.error("conv-group", f"conv_group_size={group} must be positive and divide embedding_length {v.hidden}")
+        return kernel
+    if v.hidden and kernel > 0:
+        shape = schema.DraftShape(v.hidden, 0, 0, 0, 0, 0, 0, conv_kernel=kernel, conv_group=group)
+        for role, layer in present:
+            _shape_ok(report, v, role, layer, schema.expected_shape(role, shape))
+    return kernel
+
+
+def _check_selector(k: _Keys, report, v: DraftView, a) -> None:
+    S = schema
+    rank_key = k.int(S.SELECTOR_RANK.at(a), S.UP_SELECTOR_RANK.at(a))
+    parts = {r: v.tensors.get((r, None)) for r in S.SELECTOR_ROLES}
+    if not any(parts.values()) and rank_key is None:
+        return
+    if not all(parts.values()):
+        absent = [ROLE[r].name(v.layout) for r, t in parts.items() if t is None]
+        report.error("selector-incomplete", f"DFlash 2 selector needs all three tensors; missing {', '.join(absent)}")
+        return
+    hproj, pred, succ = (parts[r] for r in S.SELECTOR_ROLES)
+    if len(hproj.shape) != 2 or len(pred.shape) != 2 or len(succ.shape) != 2:
+        report.error("selector-rank", "selector tensors must be 2-D")
+        return
+    ranks = {hproj.shape[1], pred.shape[0], succ.shape[0]} | ({rank_key} if rank_key is not None else set())
+    if len(ranks) != 1:
+        report.error("selector-rank", f"selector ranks differ: hproj {hproj.shape[1]}, pred_cb {pred.shape[0]}, "
+                                      f"succ_cb {succ.shape[0]}" + (f", selector_rank {rank_key}" if rank_key else ""))
+    if pred.shape[1] != succ.shape[1]:
+        report.error("selector-vocab", f"codebook vocabularies differ: {pred.shape[1]} vs {succ.shape[1]}")
+    if v.hidden and hproj.shape[0] != v.hidden:
+        report.error("tensor-shape", f"{hproj.name} has shape {list(hproj.shape)}, expected [{v.hidden}, R]")
+    v.selector_vocab = pred.shape[1]
+    top_k = k.int(S.SELECTOR_TOP_K.at(a), S.UP_SELECTOR_TOP_K.at(a))
+    v.selector_top_k = S.DEFAULT_SELECTOR_TOP_K if top_k is None else top_k
+    if not 1 <= v.selector_top_k <= S.MAX_SELECTOR_TOP_K or v.selector_top_k > v.selector_vocab:
+        report.error("selector-top-k", f"selector_top_k={v.selector_top_k} must be in 1..{S.MAX_SELECTOR_TOP_K} "
+                                       f"and <= codebook vocab {v.selector_vocab}")
+
+
+def _check_dspark(k: _Keys, report, v: DraftView, a) -> dict | None:
+    S = schema
+    enabled = k.int(S.DSPARK_ENABLED.at(a))
+    w1, w2 = v.tensors.get(("markov_w1", None)), v.tensors.get(("markov_w2", None))
+    cw, cb = v.tensors.get(("confidence_weight", None)), v.tensors.get(("confidence_bias", None))
+    if not (enabled or w1 or w2 or cw or cb):
+        return None
+    if w1 is None or w2 is None:
+        report.error("dspark-markov-incomplete", "incomplete DSpark Markov tensors: need both markov w1 and w2")
+        return {}
+    if len(w1.shape) != 2 or w1.shape != w2.shape:
+        report.error("dspark-markov-shape", f"Markov w1 {list(w1.shape)} and w2 {list(w2.shape)} must both be [R, V]")
+        return {}
+    rank, vocab = w1.shape
+    v.markov_vocab = vocab
+    for key, expected in ((S.DSPARK_MARKOV_RANK, rank), (S.DSPARK_VOCAB_SIZE, vocab)):
+        declared = k.int(key.at(a))
+        if declared is not None and declared != expected:
+            report.error("dspark-metadata", f"{key.at(a)}={declared} but the Markov tensors say {expected}")
+    conf_dim = 0
+    if (cw is None) != (cb is None):
+        report.error("dspark-confidence-incomplete", "DSpark confidence weight and bias must come together")
+    elif cw is not None:
+        conf_dim = cw.shape[0]
+        if cw.shape[1:] != (1,) or (v.hidden and conf_dim not in (v.hidden, v.hidden + rank)):
+            report.error("dspark-confidence-dim", f"confidence weight {list(cw.shape)} must be [C, 1] with C in "
+                                                  f"{{{v.hidden}, {(v.hidden or 0) + rank}}} (hidden or hidden+rank)")
+        if cb.shape != (1,):
+            report.error("tensor-shape", f"{cb.name} has shape {list(cb.shape)}, expected [1]")
+        declared = k.int(S.DSPARK_CONFIDENCE_DIM.at(a))
+        if declared is not None and declared != conf_dim:
+            report.error("dspark-metadata", f"{S.DSPARK_CONFIDENCE_DIM.at(a)}={declared} but the confidence "
+                                            f"weight says {conf_dim}")
+    anchor = k.bool(S.SAMPLE_FROM_ANCHOR.at(a), S.UP_SAMPLE_FROM_ANCHOR.at(a))
+    if anchor is None:
+        report.warn("dspark-anchor", "DSpark drafter without sample_from_anchor: the engine runs the non-anchor "
+                                     "path (one proposal fewer per block)")
+    return {"markov_rank": rank, "vocab": vocab, "confidence_dim": conf_dim, "sample_from_anchor": anchor}
+
+
+def _summarise_drafter(gf: GGUFFile, report, v: DraftView, conv_k: int, dspark) -> None:
+    S, a = schema, gf.arch
+    heads = []
+    if conv_k or any(r in S.CONV_ROLES for r, _ in v.tensors):
+        heads.append("conv")
+    if any(r in S.SELECTOR_ROLES for r, _ in v.tensors):
+        heads.append("selector")
+    if ("markov_w1", None) in v.tensors:
+        heads.append("markov")
+    if ("confidence_weight", None) in v.tensors:
+        heads.append("confidence")
+    fmt = "DSpark" if dspark is not None else ("DFlash 2" if {"conv", "selector"} & set(heads) else "DFlash")
+    factor = gf.kv.get(S.ROPE_SCALING_FACTOR.at(a))
+    report.summary.update({
+        "format": fmt, "layout": v.layout, "layers": v.n_layer, "hidden": v.hidden, "heads": v.n_head,
+        "kv_heads": v.n_head_kv, "head_dim": v.head_dim, "ffn": v.ff, "vocab": v.vocab,
+        "block_size": v.block_size, "mask_token_id": v.mask_token_id, "n_target_layers": v.n_target_layers,
+        "target_layer_ids": v.target_layer_ids, "heads_present": heads,
+        "yarn": ({"factor": factor, "original_context": gf.kv.get(S.ROPE_SCALING_ORIG_CTX.at(a))}
+                 if factor is not None else None),
+        "sliding_window": gf.kv.get(S.SLIDING_WINDOW.at(a)),
+        "sample_from_anchor": (dspark or {}).get("sample_from_anchor"),
+        "tensor_types": _type_histogram(gf), "n_tensors": len(gf.tensors),
+    })
+
+
+def _type_histogram(gf: GGUFFile) -> dict[str, int]:
+    return dict(Counter(t.type_name for t in gf.tensors.values()).most_common())
+
+
+# ---- qwen35 target ---------------------------------------------------------------------------
+
+def _tk(template: str) -> str:
+    return template.format(arch=schema.TARGET_ARCH)
+
+
+def check_target(gf: GGUFFile, report: Report) -> None:
+    k, L, A, T = _Keys(gf, report), Keys.LLM, Keys.Attention, Keys.Tokenizer
+    n_layer = k.int(_tk(L.BLOCK_COUNT))
+    if n_layer is None:
+        report.error("hparam-missing", f"{_tk(L.BLOCK_COUNT)} is missing")
+    elif not 1 <= n_layer <= schema.MAX_LAYERS:
+        report.error("hparam-range", f"{_tk(L.BLOCK_COUNT)}={n_layer} is outside 1..{schema.MAX_LAYERS}")
+        n_layer = None
+    nextn = k.int(_tk(L.NEXTN_PREDICT_LAYERS)) or 0
+    hidden = k.int(_tk(L.EMBEDDING_LENGTH))
+    values = {}
+    for key in (L.FEED_FORWARD_LENGTH, A.HEAD_COUNT, A.HEAD_COUNT_KV):
+        values[key] = k.int_or_layer_array(_tk(key), n_layer)
+    head_dim = k.int(_tk(A.KEY_LENGTH))
+    for name, value in [(_tk(L.EMBEDDING_LENGTH), hidden), (_tk(A.KEY_LENGTH), head_dim),
+                        (_tk(L.FEED_FORWARD_LENGTH), values[L.FEED_FORWARD_LENGTH])]:
+        if value is None and name not in gf.kv:
+            report.error("hparam-missing", f"{name} is missing")
+        elif isinstance(value, int) and not 1 <= value <= schema.MAX_FF:
+            report.error("hparam-range", f"{name}={value} is outside 1..{schema.MAX_FF}")
+    for key in (A.HEAD_COUNT, A.HEAD_COUNT_KV):
+        if values[key] is None and _tk(key) not in gf.kv:
+            report.error("hparam-missing", f"{_tk(key)} is missing")
+    _check_target_heads(report, values[A.HEAD_COUNT], values[A.HEAD_COUNT_KV], n_layer, nextn,
+                        k.int(_tk(L.FULL_ATTENTION_INTERVAL)) or 4)
+    if n_layer is not None:
+        attn_norm = TENSOR_NAMES[MODEL_TENSOR.ATTN_NORM] + ".weight"
+        missing = [i for i in range(n_layer) if attn_norm.format(bid=i) not in gf.tensors]
+        if missing:
+            report.error("tensor-missing", f"block_count is {n_layer} but layer {missing[0]} has no tensors "
+                                           f"({len(missing)} layers missing)")
+    hist = _type_histogram(gf)
+    unsupported = {n: c for n, c in hist.items() if GGMLQuantizationType[n] not in SUPPORTED_TARGET_TYPES}
+    if unsupported:
+        report.error("tensor-type", f"unsupported weight types {unsupported}; supported: "
+                                    f"{', '.join(sorted(t.name for t in SUPPORTED_TARGET_TYPES))}")
+    vocab = _target_vocab(gf, report)
+    tokens = gf.kv.get(T.LIST)
+    report.summary.update({
+        "layers": n_layer, "main_layers": (n_layer - nextn) if n_layer is not None else None,
+        "hidden": hidden, "vocab": vocab, "heads": values[A.HEAD_COUNT], "kv_heads": values[A.HEAD_COUNT_KV],
+        "head_dim": head_dim, "ffn": values[L.FEED_FORWARD_LENGTH],
+        "tensor_types": hist, "n_tensors": len(gf.tensors),
+        "tokenizer": {
+            "model": gf.kv.get(T.MODEL), "pre": gf.kv.get(T.PRE),
+            "tokens": len(tokens) if isinstance(tokens, list) else None,
+            "merges": len(gf.kv[T.MERGES]) if isinstance(gf.kv.get(T.MERGES), list) else None,
+            "eos_token_id": gf.kv.get(T.EOS_ID), "bos_token_id": gf.kv.get(T.BOS_ID),
+            "padding_token_id": gf.kv.get(T.PAD_ID), "chat_template": T.CHAT_TEMPLATE in gf.kv,
+        },
+    })
+
+
+def _check_target_heads(report, heads, kv_heads, n_layer, nextn, interval) -> None:
+    """Attention layers need heads > 0 and heads % kv_heads == 0 (DeltaNet layers may say 0)."""
+    if heads is None or kv_heads is None or n_layer is None:
+        return
+    per_layer = lambda v, i: v[i] if isinstance(v, list) else v   # noqa: E731
+    for i in range(n_layer):
+        is_attention = i >= n_layer - nextn or (i + 1) % interval == 0
+        h, kv = per_layer(heads, i), per_layer(kv_heads, i)
+        if is_attention and (h <= 0 or kv <= 0 or h % kv):
+            report.error("hparam-range", f"layer {i}: head_count {h} / head_count_kv {kv} is not a valid "
+                                         f"attention layout")
+            return
+
+
+def _target_vocab(gf: GGUFFile, report) -> int | None:
+    tokens = gf.kv.get(Keys.Tokenizer.LIST)
+    n_tokens = len(tokens) if isinstance(tokens, list) else None
+    embd = gf.tensors.get(TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD] + ".weight")
+    n_rows = embd.shape[1] if embd is not None and len(embd.shape) == 2 else None
+    if n_tokens is None and n_rows is None:
+        report.error("vocab-missing", "no tokenizer.ggml.tokens and no token_embd.weight: vocab unknown")
+    if n_tokens is not None and n_rows is not None and n_tokens != n_rows:
+        report.error("vocab-mismatch", f"{n_tokens} tokenizer tokens but token_embd has {n_rows} rows")
+    return n_rows if n_rows is not None else n_tokens
+
+
+# ---- the pair --------------------------------------------------------------------------------
+
+def _check_pair(report: Report, target: Report, v: DraftView) -> None:
+    if target.kind != "target":
+        report.error("pair-target", f"--target is not a {schema.TARGET_ARCH} GGUF (arch {target.arch!r})")
+        return
+    t_hidden, t_vocab, t_layers = (target.summary.get(x) for x in ("hidden", "vocab", "main_layers"))
+    if v.hidden is not None and t_hidden is not None and v.hidden != t_hidden:
+        report.error("pair-hidden", f"drafter hidden {v.hidden} != target hidden {t_hidden} (the drafter uses the "
+                                    f"target's embeddings and head)")
+    if t_vocab is not None:
+        if v.mask_token_id is not None and v.mask_token_id >= t_vocab:
+            report.error("pair-mask", f"mask_token_id={v.mask_token_id} is outside the target vocab {t_vocab}")
+        if v.vocab is not None and v.vocab != t_vocab:
+            report.warn("pair-vocab", f"drafter vocab_size {v.vocab} != target vocab {t_vocab}")
+        if v.selector_vocab is not None and v.selector_vocab < t_vocab:
+            report.error("pair-codebook", f"selector codebook vocab {v.selector_vocab} < target vocab {t_vocab}")
+        if v.selector_top_k is not None and v.selector_top_k > t_vocab:
+            report.error("pair-codebook", f"selector_top_k {v.selector_top_k} > target vocab {t_vocab}")
+        if v.markov_vocab is not None and v.markov_vocab != t_vocab:
+            report.error("pair-markov-vocab", f"Markov head vocab {v.markov_vocab} != target vocab {t_vocab}")
+    if t_layers is not None and v.target_layer_ids is not None:
+        bad = [i for i in v.target_layer_ids if not 0 <= i < t_layers - 1]
+        if bad:
+            report.error("pair-target-layers", f"target layer ids {bad} must be < {t_layers - 1} (the target has "
+                                               f"{t_layers} layers and its last layer is never tapped)")

@@ -1,0 +1,127 @@
+"""Config normalisation: rope_parameters vs legacy rope_scaling, YaRN rules, dflash_config vs
+top level, SWA only for in-block causal drafters. Expected values are the fixtures' own numbers."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from gguf import GGUFReader
+
+from fixtures import drafter_checkpoints as ck
+from luce.converters.convert import ConvertOptions, convert_checkpoint
+from luce.errors import LuceError
+
+A = "qwen35-dflash-draft."
+
+
+def _keys(tmp_path, fixture, **opts):
+    src = ck.FIXTURES[fixture](tmp_path / "src") if isinstance(fixture, str) else fixture
+    out = tmp_path / "out.gguf"
+    convert_checkpoint(src, out, ConvertOptions(**opts))
+    return {f.name: f.contents() for f in GGUFReader(out).fields.values() if not f.name.startswith("GGUF.")}
+
+
+def test_rope_parameters_carry_theta_and_yarn(tmp_path):
+    k = _keys(tmp_path, "rope_parameters_yarn")
+    assert k[A + "rope.freq_base"] == pytest.approx(5e6)
+    assert k[A + "rope.scaling.type"] == "yarn" and k[A + "rope.scaling.factor"] == 4.0
+    assert k[A + "rope.scaling.original_context_length"] == 2048
+    assert k[A + "rope.scaling.beta_fast"] == 32.0 and k[A + "rope.scaling.beta_slow"] == 1.0
+
+
+def test_legacy_type_spelling_and_top_level_original_context(tmp_path):
+    k = _keys(tmp_path, "legacy_rope_scaling_type")
+    assert k[A + "rope.scaling.type"] == "yarn" and k[A + "rope.scaling.factor"] == 8.0
+    assert k[A + "rope.scaling.original_context_length"] == 1024
+    assert k[A + "rope.freq_base"] == pytest.approx(1e7)
+
+
+def test_yarn_factor_without_original_context_is_refused(tmp_path):
+    src = ck.yarn_without_original(tmp_path / "src")
+    with pytest.raises(LuceError, match="original_max_position_embeddings"):
+        convert_checkpoint(src, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_no_yarn_drops_scaling_keys_but_keeps_theta(tmp_path):
+    k = _keys(tmp_path, ck.yarn_without_original(tmp_path / "src"), no_yarn=True)
+    assert not any(key.startswith(A + "rope.scaling") for key in k)
+    assert k[A + "rope.freq_base"] == pytest.approx(1e7)
+
+
+def test_factor_of_one_writes_no_yarn(tmp_path):
+    src = ck.zlab_dflash(tmp_path / "src", rope_scaling={"rope_type": "yarn", "factor": 1.0})
+    assert not any("rope.scaling" in key for key in _keys(tmp_path, src))
+
+
+def test_top_level_fields_when_there_is_no_dflash_config(tmp_path):
+    k = _keys(tmp_path, "top_level_fields")
+    assert k[A + "dflash.block_size"] == ck.BLOCK and k[A + "dflash.mask_token_id"] == ck.MASK
+    assert list(k[A + "dflash.target_layer_ids"]) == ck.TAPS
+
+
+def test_dflash_config_wins_over_top_level(tmp_path):
+    src = ck.zlab_dflash(tmp_path / "src", mask_token_id=7, target_layer_ids=[3, 4, 5])
+    k = _keys(tmp_path, src)
+    assert k[A + "dflash.mask_token_id"] == ck.MASK and list(k[A + "dflash.target_layer_ids"]) == ck.TAPS
+    assert k[A + "dflash.block_size"] == ck.BLOCK          # not the top-level 16
+
+
+def test_aux_hidden_state_layer_ids_are_layer_inputs(tmp_path):
+    cfg = ck.base_config(aux_hidden_state_layer_ids=[1, 2, 3])
+    del cfg["dflash_config"]["target_layer_ids"]
+    src = ck.write_checkpoint(tmp_path / "src", cfg, ck.trunk_tensors(ck._gen(1)))
+    assert list(_keys(tmp_path, src)[A + "dflash.target_layer_ids"]) == [0, 1, 2]
+
+
+def test_swa_pattern_for_in_block_causal_drafters(tmp_path):
+    k = _keys(tmp_path, "swa_causal")
+    assert k[A + "attention.sliding_window"] == 1024
+    assert list(k[A + "attention.sliding_window_pattern"]) == [True, False]
+
+
+@pytest.mark.parametrize("where", ["top", "dflash_config.is_causal", "dflash_config.causal"])
+def test_no_swa_pattern_when_not_causal(tmp_path, where):
+    cfg = ck.base_config(sliding_window=1024, layer_types=["sliding_attention", "full_attention"])
+    if where == "top":
+        cfg["is_causal"] = False
+    else:
+        cfg["dflash_config"][where.split(".")[1]] = False
+    src = ck.write_checkpoint(tmp_path / "src", cfg, ck.trunk_tensors(ck._gen(1)))
+    assert not any("sliding_window" in key for key in _keys(tmp_path, src))
+
+
+def test_speculators_sample_from_anchor_false_is_kept(tmp_path):
+    src = ck.dspark_radixark(tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["sample_from_anchor"] = False
+    (src / "config.json").write_text(json.dumps(cfg))
+    assert _keys(tmp_path, src)[A + "dflash.sample_from_anchor"] is False
+
+
+def test_head_dim_derived_from_k_proj_when_config_has_none(tmp_path):
+    cfg = ck.base_config()
+    del cfg["head_dim"]
+    src = ck.write_checkpoint(tmp_path / "src", cfg, ck.trunk_tensors(ck._gen(1)))
+    assert _keys(tmp_path, src)[A + "attention.key_length"] == ck.D
+
+
+@pytest.mark.parametrize("override,both", [
+    ({"hidden_size": 96}, ("96", "64")),
+    ({"num_hidden_layers": 3}, ("3", "2")),
+    ({"intermediate_size": 100}, ("100", "128")),
+    ({"num_key_value_heads": 4}, ("64", "32")),        # 4*16 vs k_proj rows 32
+])
+def test_config_disagreeing_with_weights_names_both_values(tmp_path, override, both):
+    src = ck.zlab_dflash(tmp_path / "src", **override)
+    with pytest.raises(LuceError) as err:
+        convert_checkpoint(src, tmp_path / "out.gguf")
+    assert all(v in str(err.value) for v in both)
+
+
+def test_target_layer_ids_length_must_match_fc(tmp_path):
+    cfg = ck.base_config()
+    cfg["dflash_config"]["target_layer_ids"] = [0, 1]
+    src = ck.write_checkpoint(tmp_path / "src", cfg, ck.trunk_tensors(ck._gen(1)))
+    with pytest.raises(LuceError, match=r"len\(target_layer_ids\)=2 but the weights say 3"):
+        convert_checkpoint(src, tmp_path / "out.gguf")
