@@ -133,6 +133,10 @@ luce_status luce_dequantize(int32_t type, const void *data, size_t nbytes, float
 /* y[r] = sum_c W[r][c] * x[c] with W in ggml type `type`, rows of n_cols elements. */
 luce_status luce_matvec(int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
                         int64_t n_cols, const float *x, float *y);
+/* The same for n_tok activation rows at once (what decode/verify/prefill run):
+   y[t][r] = sum_c W[r][c] * x[t][c], x row-major [n_tok][n_cols], y row-major [n_tok][n_rows]. */
+luce_status luce_matmul(int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
+                        int64_t n_cols, const float *x, int64_t n_tok, float *y);
 
 /* LUCE_CDEF_END */
 

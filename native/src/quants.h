@@ -44,7 +44,17 @@ void dequantize_row(int32_t type, const void *src, float *dst, int64_t n);
 // y[t * ldy + r] = dot(W row r, x[t * n_cols ..]) for r in [row_begin, row_end), t in [0, n_tok).
 // W is row-major with rows of n_cols elements in `type`; each weight row is read once for all
 // n_tok activations (the decode/verify/prefill matmul). Thread-safe; callers split rows.
+// Quantized weights (Q8_0, K, IQ4_XS) multiply int8-quantized activations, as llama.cpp does:
+// each block of 32 (Q8_0) or 256 values of x becomes d*q, d = max|x|/127 (contract and error
+// bound: quants_kernels.h, docs/architecture-quants.md); float weights use x as it is.
 void matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
                  const float *x, int64_t n_tok, float *y, int64_t ldy);
+
+// Same contract as matmul_rows, computed the plain way: each weight chunk dequantized exactly
+// (as dequantize_row) and dotted with the fp32 activations in fp32. matmul_rows uses this when
+// no SIMD kernel applies; it is also the reference the fast kernels are tested against, and the
+// path to use when results must not depend on activation rounding (docs/architecture-quants.md).
+void matmul_rows_reference(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
+                           int64_t row_end, const float *x, int64_t n_tok, float *y, int64_t ldy);
 
 }  // namespace luce

@@ -1,0 +1,371 @@
+// quants_avx2.cpp — AVX2/FMA/F16C matmul kernels (compiled with -mavx2 -mfma -mf16c; entered
+// only after the run-time check in quants_dispatch.cpp).
+//
+// y[t][r] = dot(W row r, x[t]) for a tile of NT <= 4 tokens at a time: each weight block is
+// unpacked into registers once and applied to all NT tokens, so a verify/prefill batch reads
+// the weights n_tok/4 times from cache instead of n_tok times.
+//
+// Quantized weights: x is quantized to int8 per block (quants_kernels.h), and each block's dot
+// is an exact integer sum: _mm256_maddubs_epi16 (u8 weight codes x s8 activations, adjacent
+// pairs summed to s16; the operands below are small enough that it never saturates) then
+// _mm256_madd_epi16 with the sub-block scales (s16 x s16 pairs summed to s32). Per block one
+// float FMA applies d_weight * d_act. Offsets (Q4_K/Q5_K mins, Q6_K's -32) come out of the
+// per-16 activation sums, so the codes stay unsigned. Float weights: converted to fp32, FMA.
+//
+// Shapes: a row of n_cols elements is nb = n_cols/256 blocks (n_cols/32 for Q8_0); xq for token
+// t is a.q + t*n_cols, its block scales a.d + t*nb, its per-16 sums a.sums16 + t*n_cols/16.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "quants.h"
+#include "quants_kernels.h"
+
+namespace luce {
+namespace avx2 {
+
+namespace {
+
+constexpr int kMaxTile = 4;
+
+struct Tile {
+    const uint8_t *w;  // row 0 of the weight matrix
+    int64_t row_bytes, n_cols, r0, r1;
+    const QuantizedActs *a;  // quantized activations (quantized weights)
+    const float *x;          // fp32 activations (float weights), [n_tok][n_cols]
+    int64_t t0;              // first token of the tile
+    float *y;
+    int64_t ldy;
+};
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline __m256i load256(const void *p) { return _mm256_loadu_si256(static_cast<const __m256i *>(p)); }
+
+inline uint16_t load_u16(const uint8_t *p) { return uint16_t(p[0] | (p[1] << 8)); }
+
+inline float f16(const uint8_t *p) { return _cvtsh_ss(load_u16(p)); }
+
+// 16 x int16: lanes 0-7 = lo, lanes 8-15 = hi (maddubs lane i holds elements 2i, 2i+1, so this
+// scales elements 0-15 by lo and 16-31 by hi).
+inline __m256i scale_pair(int16_t lo, int16_t hi) {
+    return _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
+}
+
+template <int NT>
+inline void store_tile(const Tile &t, int64_t r, const __m256 *acc) {
+    for (int k = 0; k < NT; ++k) t.y[(t.t0 + k) * t.ldy + r] = hsum(acc[k]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K / Q5_K: f16 d; f16 dmin; u8 scales[12]; (Q5_K: u8 qh[32];) u8 qs[128].
+// value = d*sc_j*q - dmin*m_j with q in 0..15 (0..31 for Q5_K), j = sub-block of 32.
+
+// The 12 packed bytes -> sc[0..7], m[0..7] (spec §4 unpack, four bytes at a time).
+inline void unpack_k_scales(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t u0, u1, u2;
+    std::memcpy(&u0, q, 4);
+    std::memcpy(&u1, q + 4, 4);
+    std::memcpy(&u2, q + 8, 4);
+    const uint32_t sc_lo = u0 & 0x3F3F3F3Fu, m_lo = u1 & 0x3F3F3F3Fu;
+    const uint32_t sc_hi = (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi = ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4);
+    std::memcpy(sc, &sc_lo, 4);
+    std::memcpy(sc + 4, &sc_hi, 4);
+    std::memcpy(m, &m_lo, 4);
+    std::memcpy(m + 4, &m_hi, 4);
+}
+
+template <int NT, bool Q5>
+void q45_k_tile(const Tile &t) {
+    const int64_t nb = t.n_cols / 256;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    for (int64_t r = t.r0; r < t.r1; ++r) {
+        __m256 acc[NT];
+        for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+        const uint8_t *row = t.w + r * t.row_bytes;
+        for (int64_t i = 0; i < nb; ++i) {
+            const uint8_t *b = row + i * (Q5 ? 176 : 144);
+            const float d = f16(b), dmin = f16(b + 2);
+            uint8_t sc[8], m[8];
+            unpack_k_scales(b + 4, sc, m);
+            const uint8_t *qs = b + (Q5 ? 48 : 16);
+            // q[2c] = elements 64c..64c+31 (low nibbles), q[2c+1] = 64c+32.. (high nibbles).
+            __m256i q[8];
+            __m256i hbits = Q5 ? load256(b + 16) : _mm256_setzero_si256();
+            for (int c = 0; c < 4; ++c) {
+                const __m256i raw = load256(qs + 32 * c);
+                q[2 * c] = _mm256_and_si256(raw, low4);
+                q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                if (Q5) {
+                    // bit 2c of qh[l] is the 5th bit of element 64c+l, bit 2c+1 of 64c+32+l.
+                    q[2 * c] = _mm256_or_si256(q[2 * c], _mm256_slli_epi16(_mm256_and_si256(hbits, one), 4));
+                    q[2 * c + 1] = _mm256_or_si256(
+                        q[2 * c + 1], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4));
+                    hbits = _mm256_srli_epi16(hbits, 2);
+                }
+            }
+            // mins m_j against the per-16 activation sums: m duplicated per 16-value half.
+            const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(m)));
+            const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
+            __m256i scv[8];
+            for (int j = 0; j < 8; ++j) scv[j] = _mm256_set1_epi16(sc[j]);
+            for (int k = 0; k < NT; ++k) {
+                const int64_t tok = t.t0 + k;
+                const int8_t *xq = t.a->q + tok * t.n_cols + i * 256;
+                __m256i sumi = _mm256_setzero_si256();
+                for (int j = 0; j < 8; ++j) {
+                    const __m256i p = _mm256_maddubs_epi16(q[j], load256(xq + 32 * j));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scv[j]));
+                }
+                const __m256i summ = _mm256_madd_epi16(load256(t.a->sums16 + tok * (t.n_cols / 16) + i * 16), mins);
+                const float dx = t.a->d[tok * nb + i];
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc[k]);
+                acc[k] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(summ), acc[k]);
+            }
+        }
+        store_tile<NT>(t, r, acc);
+    }
+}
+
+template <int NT> void q4_k_tile(const Tile &t) { q45_k_tile<NT, false>(t); }
+template <int NT> void q5_k_tile(const Tile &t) { q45_k_tile<NT, true>(t); }
+
+// ---------------------------------------------------------------------------------------------
+// Q6_K: u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d. value = d*sc[e/16]*(q - 32), q in 0..63.
+
+template <int NT>
+void q6_k_tile(const Tile &t) {
+    const int64_t nb = t.n_cols / 256;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03);
+    for (int64_t r = t.r0; r < t.r1; ++r) {
+        __m256 acc[NT];
+        for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+        const uint8_t *row = t.w + r * t.row_bytes;
+        for (int64_t i = 0; i < nb; ++i) {
+            const uint8_t *b = row + i * 210;
+            const int8_t *sc = reinterpret_cast<const int8_t *>(b + 192);
+            const float d = f16(b + 208);
+            // q[4h + k] = elements 128h + 32k .. +31 (spec §4: q1..q4 of half h).
+            __m256i q[8];
+            for (int h = 0; h < 2; ++h) {
+                const __m256i A = load256(b + 64 * h), B = load256(b + 64 * h + 32);
+                const __m256i H = load256(b + 128 + 32 * h);
+                q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(A, low4),
+                                               _mm256_slli_epi16(_mm256_and_si256(H, low2), 4));
+                q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(B, low4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2), low2), 4));
+                q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 4), low2), 4));
+                q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 6), low2), 4));
+            }
+            __m256i scv[8];
+            for (int j = 0; j < 8; ++j) scv[j] = scale_pair(sc[2 * j], sc[2 * j + 1]);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(sc)));
+            for (int k = 0; k < NT; ++k) {
+                const int64_t tok = t.t0 + k;
+                const int8_t *xq = t.a->q + tok * t.n_cols + i * 256;
+                __m256i sumi = _mm256_setzero_si256();
+                for (int j = 0; j < 8; ++j) {
+                    const __m256i p = _mm256_maddubs_epi16(q[j], load256(xq + 32 * j));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scv[j]));
+                }
+                // the -32 offset: sum_j sc[j] * 32 * (sum of the 16 activations of sub-block j)
+                const __m256i off = _mm256_madd_epi16(load256(t.a->sums16 + tok * (t.n_cols / 16) + i * 16), sc16);
+                sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * t.a->d[tok * nb + i]), _mm256_cvtepi32_ps(sumi), acc[k]);
+            }
+        }
+        store_tile<NT>(t, r, acc);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ4_XS: f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. value = d*(ls-32)*K[code].
+// Codes map to signed K values by a byte shuffle; maddubs needs an unsigned operand, so it
+// gets |K| and the activation takes K's sign (_mm256_sign_epi8), |K| <= 127.
+
+template <int NT>
+void iq4_xs_tile(const Tile &t) {
+    const int64_t nb = t.n_cols / 256;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4nlValues)));
+    for (int64_t r = t.r0; r < t.r1; ++r) {
+        __m256 acc[NT];
+        for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+        const uint8_t *row = t.w + r * t.row_bytes;
+        for (int64_t i = 0; i < nb; ++i) {
+            const uint8_t *b = row + i * 136;
+            const float d = f16(b);
+            const uint16_t scales_h = load_u16(b + 2);
+            // v[ib] = K values of sub-block ib: lane 0 = elements 0-15 (low nibbles of its 16
+            // bytes), lane 1 = elements 16-31 (high nibbles).
+            __m256i v[8], av[8], scv[8];
+            for (int ib = 0; ib < 8; ++ib) {
+                const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 8 + 16 * ib));
+                const __m256i codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
+                v[ib] = _mm256_shuffle_epi8(table, codes);
+                av[ib] = _mm256_sign_epi8(v[ib], v[ib]);
+                const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
+                scv[ib] = _mm256_set1_epi16(int16_t(ls - 32));
+            }
+            for (int k = 0; k < NT; ++k) {
+                const int64_t tok = t.t0 + k;
+                const int8_t *xq = t.a->q + tok * t.n_cols + i * 256;
+                __m256i sumi = _mm256_setzero_si256();
+                for (int ib = 0; ib < 8; ++ib) {
+                    const __m256i sx = _mm256_sign_epi8(load256(xq + 32 * ib), v[ib]);
+                    const __m256i p = _mm256_maddubs_epi16(av[ib], sx);
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scv[ib]));
+                }
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * t.a->d[tok * nb + i]), _mm256_cvtepi32_ps(sumi), acc[k]);
+            }
+        }
+        store_tile<NT>(t, r, acc);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q8_0: f16 d; i8 qs[32]. Activations in blocks of 32 too; |w| <= 128, |x| <= 127, so the
+// maddubs pair sums stay below 2^15.
+
+template <int NT>
+void q8_0_tile(const Tile &t) {
+    const int64_t nb = t.n_cols / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t r = t.r0; r < t.r1; ++r) {
+        __m256 acc[NT];
+        for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+        const uint8_t *row = t.w + r * t.row_bytes;
+        for (int64_t i = 0; i < nb; ++i) {
+            const uint8_t *b = row + i * 34;
+            const float d = f16(b);
+            const __m256i w = load256(b + 2);
+            const __m256i aw = _mm256_sign_epi8(w, w);
+            for (int k = 0; k < NT; ++k) {
+                const int64_t tok = t.t0 + k;
+                const __m256i sx = _mm256_sign_epi8(load256(t.a->q + tok * t.n_cols + i * 32), w);
+                const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * t.a->d[tok * nb + i]), _mm256_cvtepi32_ps(s), acc[k]);
+            }
+        }
+        store_tile<NT>(t, r, acc);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// F32 / F16 / BF16: 8 weights -> fp32 lanes, FMA with fp32 activations. Tail (< 8) scalar.
+
+template <int32_t Type>
+inline __m256 load_w8(const uint8_t *p) {
+    if (Type == GGML_F32) return _mm256_loadu_ps(reinterpret_cast<const float *>(p));
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+    if (Type == GGML_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16
+}
+
+template <int32_t Type>
+inline float load_w1(const uint8_t *p) {
+    if (Type == GGML_F32) {
+        float f;
+        std::memcpy(&f, p, 4);
+        return f;
+    }
+    if (Type == GGML_F16) return f16(p);
+    const uint32_t bits = uint32_t(load_u16(p)) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+template <int32_t Type, int NT>
+void float_tile(const Tile &t) {
+    constexpr int64_t es = Type == GGML_F32 ? 4 : 2;  // bytes per element
+    const int64_t n8 = t.n_cols / 8 * 8;
+    for (int64_t r = t.r0; r < t.r1; ++r) {
+        // two accumulators per token so a lone token is not bound by FMA latency
+        __m256 acc[NT][2];
+        for (int k = 0; k < NT; ++k) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+        const uint8_t *row = t.w + r * t.row_bytes;
+        int64_t c = 0;
+        for (; c + 16 <= n8; c += 16) {
+            const __m256 w0 = load_w8<Type>(row + c * es), w1 = load_w8<Type>(row + (c + 8) * es);
+            for (int k = 0; k < NT; ++k) {
+                const float *xt = t.x + (t.t0 + k) * t.n_cols + c;
+                acc[k][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), acc[k][0]);
+                acc[k][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), acc[k][1]);
+            }
+        }
+        for (; c < n8; c += 8) {
+            const __m256 w0 = load_w8<Type>(row + c * es);
+            for (int k = 0; k < NT; ++k)
+                acc[k][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t.x + (t.t0 + k) * t.n_cols + c), acc[k][0]);
+        }
+        for (int k = 0; k < NT; ++k) {
+            const float *xt = t.x + (t.t0 + k) * t.n_cols;
+            float s = hsum(_mm256_add_ps(acc[k][0], acc[k][1]));
+            for (int64_t e = n8; e < t.n_cols; ++e) s += load_w1<Type>(row + e * es) * xt[e];
+            t.y[(t.t0 + k) * t.ldy + r] = s;
+        }
+    }
+}
+
+template <int NT> void f32_tile(const Tile &t) { float_tile<GGML_F32, NT>(t); }
+template <int NT> void f16_tile(const Tile &t) { float_tile<GGML_F16, NT>(t); }
+template <int NT> void bf16_tile(const Tile &t) { float_tile<GGML_BF16, NT>(t); }
+
+// ---------------------------------------------------------------------------------------------
+
+using TileFn = void (*)(const Tile &);
+
+#define LUCE_TILES(fn) {fn<1>, fn<2>, fn<3>, fn<4>}
+
+const TileFn *tiles_for(int32_t type) {
+    static const TileFn f32[] = LUCE_TILES(f32_tile), f16_[] = LUCE_TILES(f16_tile),
+                        bf16[] = LUCE_TILES(bf16_tile), q8_0[] = LUCE_TILES(q8_0_tile),
+                        q4_k[] = LUCE_TILES(q4_k_tile), q5_k[] = LUCE_TILES(q5_k_tile),
+                        q6_k[] = LUCE_TILES(q6_k_tile), iq4_xs[] = LUCE_TILES(iq4_xs_tile);
+    switch (type) {
+        case GGML_F32: return f32;
+        case GGML_F16: return f16_;
+        case GGML_BF16: return bf16;
+        case GGML_Q8_0: return q8_0;
+        case GGML_Q4_K: return q4_k;
+        case GGML_Q5_K: return q5_k;
+        case GGML_Q6_K: return q6_k;
+        case GGML_IQ4_XS: return iq4_xs;
+        default: return nullptr;
+    }
+}
+
+}  // namespace
+
+bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
+                 const float *x, int64_t n_tok, float *y, int64_t ldy) {
+    const TileFn *fns = tiles_for(type);
+    if (fns == nullptr) return false;
+    QuantizedActs a;
+    const int64_t block = act_block(type);
+    if (block != 0) a = quantize_acts(x, n_cols, n_tok, block);
+    Tile t{static_cast<const uint8_t *>(w), row_bytes(type, n_cols), n_cols, row_begin, row_end, &a, x, 0, y, ldy};
+    // Rows outer, token tiles inner: a row's weights are read from memory once and stay in
+    // L1/L2 while every tile of tokens uses them (the verify/prefill case).
+    for (int64_t r = row_begin; r < row_end; ++r) {
+        t.r0 = r;
+        t.r1 = r + 1;
+        for (t.t0 = 0; t.t0 < n_tok; t.t0 += kMaxTile) {
+            const int64_t nt = n_tok - t.t0 < kMaxTile ? n_tok - t.t0 : kMaxTile;
+            fns[nt - 1](t);
+        }
+    }
+    return true;
+}
+
+}  // namespace avx2
+}  // namespace luce

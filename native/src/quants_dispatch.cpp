@@ -1,0 +1,62 @@
+// quants_dispatch.cpp — picks the SIMD matmul kernels at run time. This file is compiled for
+// the baseline ISA; each kernel file has its own ISA flags (CMakeLists.txt) and is only entered
+// after the CPU said it has that ISA, so one library runs on every x86-64 (scalar otherwise).
+//
+// LUCE_CPU_KERNELS=scalar|avx2|avx512 caps the level (read per call, so tests can switch it);
+// unset = the best the CPU has. All levels compute the same numbers up to fp32 summation order.
+#include <cstdlib>
+#include <cstring>
+
+#include "quants_kernels.h"
+
+namespace luce {
+
+#if defined(__x86_64__)
+namespace avx2 {
+bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
+                 const float *x, int64_t n_tok, float *y, int64_t ldy);
+}
+namespace avx512 {
+bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
+                 const float *x, int64_t n_tok, float *y, int64_t ldy);
+}
+
+enum KernelLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+static KernelLevel cpu_level() {
+    static const KernelLevel level = [] {
+        __builtin_cpu_init();
+        if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
+            return kScalar;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512vnni"))
+            return kAvx512;
+        return kAvx2;
+    }();
+    return level;
+}
+
+static KernelLevel kernel_level() {
+    KernelLevel cap = kAvx512;
+    if (const char *want = std::getenv("LUCE_CPU_KERNELS")) {
+        if (std::strcmp(want, "scalar") == 0) cap = kScalar;
+        else if (std::strcmp(want, "avx2") == 0) cap = kAvx2;
+    }
+    return cpu_level() < cap ? cpu_level() : cap;
+}
+#endif
+
+bool matmul_rows_simd(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
+                      int64_t row_end, const float *x, int64_t n_tok, float *y, int64_t ldy) {
+#if defined(__x86_64__)
+    switch (kernel_level()) {
+        case kAvx512: return avx512::matmul_rows(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);
+        case kAvx2: return avx2::matmul_rows(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);
+        case kScalar: break;
+    }
+#endif
+    return false;
+}
+
+}  // namespace luce
