@@ -4,7 +4,7 @@
  * Conventions
  *   - Every function that can fail returns a luce_status (0 = LUCE_OK). On failure a one-line,
  *     human-readable reason is available from luce_last_error() on the same thread.
- *   - Handles are opaque; each *_create/*_load has a matching *_free that accepts NULL.
+ *   - Handles are opaque; each create/load function has a matching free function (NULL is fine).
  *   - No C++ exception crosses this boundary.
  *   - This header is fed to cffi verbatim between the CDEF markers, so declarations use no macros.
  */
@@ -65,6 +65,9 @@ typedef struct {
     int32_t n_ctx_train;
     int64_t n_params;         /* parameters of the main model (embedding included) */
     int64_t weight_bytes;     /* bytes of weights kept by the backend */
+    int32_t eos_token_id;     /* tokenizer.ggml.eos_token_id, -1 if absent */
+    int32_t tied_head;        /* 1 if the output head reuses token_embd */
+    int32_t n_layer_file;     /* block_count as stored (main layers + MTP blocks) */
 } luce_model_info;
 
 /* Loads a qwen35 GGUF (memory-mapped; quantized weights stay in their encoding). Every field
@@ -110,15 +113,17 @@ typedef struct {
     int32_t n_generated;
     double prefill_seconds;
     double decode_seconds;
-    int32_t stopped_by_eos;
+    int32_t stopped_by_eos;    /* an end-of-generation id ended the loop (it is not in the output) */
 } luce_generate_stats;
 
-/* Called with newly committed tokens as they are produced; return nonzero to stop early. */
+/* Called with newly committed tokens as they are produced; return nonzero to stop early
+   (luce_generate then returns LUCE_ERR_CANCELLED with the tokens so far in out_tokens/stats). */
 typedef int32_t (*luce_token_callback)(void *user_data, const int32_t *tokens, int32_t n_tokens);
 
 /* Evaluates the prompt in the session (which must be empty or hold a prefix the caller
    manages), then decodes. out_tokens (capacity out_capacity >= max_tokens) receives the
-   generated ids; drafter may be NULL for plain decoding. */
+   generated ids; drafter may be NULL for plain decoding. The prompt plus max_tokens must fit
+   the session's context (else LUCE_ERR_CONTEXT_FULL before any work). */
 luce_status luce_generate(luce_session *session, luce_drafter *drafter,
                           const int32_t *prompt, int32_t n_prompt,
                           const luce_generate_params *params,

@@ -13,4 +13,13 @@ from luce.errors import LuceError
 
 __version__ = "0.1.0"
 
-__all__ = ["LuceError", "__version__"]
+__all__ = ["Engine", "Generation", "LuceError", "ModelInfo", "__version__"]
+
+
+def __getattr__(name):
+    # Lazy: `import luce` (and so `luce --help`) never imports numpy or the native binding.
+    if name in ("Engine", "Generation", "ModelInfo"):
+        from luce import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'luce' has no attribute {name!r}")

@@ -1,0 +1,127 @@
+// api.cpp — the C ABI of luce.h over the C++ runtime. Every body runs inside guard(), so no
+// exception crosses the boundary; every pointer argument is checked before use.
+#include <memory>
+
+#include "errors.h"
+#include "generate.h"
+#include "luce.h"
+#include "model.h"
+#include "session.h"
+
+#define LUCE_API extern "C" __attribute__((visibility("default")))
+
+struct luce_model {
+    std::unique_ptr<luce::Model> m;
+};
+
+struct luce_session {
+    std::unique_ptr<luce::Session> s;
+};
+
+using luce::fail;
+using luce::guard;
+
+namespace {
+
+template <class T>
+void require(const T *p, const char *what) {
+    if (!p) fail(LUCE_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+}
+
+}  // namespace
+
+LUCE_API luce_status luce_model_load(const char *path, const luce_model_params *params, luce_model **out) {
+    return guard([&] {
+        require(path, "path");
+        require(out, "out");
+        *out = nullptr;
+        luce_model_params p{LUCE_DEVICE_CPU, 0, 0};
+        if (params) p = *params;
+        if (p.device == LUCE_DEVICE_GPU) fail(LUCE_ERR_DEVICE, "GPU backend not built");
+        if (p.device != LUCE_DEVICE_CPU) fail(LUCE_ERR_INVALID_ARGUMENT, "unknown device %d", p.device);
+        if (p.n_threads < 0 || p.n_threads > 1024)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "n_threads = %d must be in 0..1024", p.n_threads);
+        auto h = std::make_unique<luce_model>();
+        h->m = luce::load_model(path, p.n_threads);
+        *out = h.release();
+    });
+}
+
+LUCE_API void luce_model_free(luce_model *model) { delete model; }
+
+LUCE_API luce_status luce_model_get_info(const luce_model *model, luce_model_info *out) {
+    return guard([&] {
+        require(model, "model");
+        require(out, "out");
+        const luce::Hparams &hp = model->m->hp;
+        luce_model_info info{};
+        info.n_vocab = hp.n_vocab;
+        info.n_embd = hp.n_embd;
+        info.n_layer = hp.n_layer;
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (hp.recurrent[size_t(i)]) {
+                info.n_recurrent++;
+            } else {
+                info.n_full_attention++;
+                info.n_head = hp.n_head[size_t(i)];
+                info.n_head_kv = hp.n_head_kv[size_t(i)];
+            }
+        }
+        info.head_dim = hp.head_dim;
+        info.n_ff = hp.max_n_ff();
+        info.n_ctx_train = hp.n_ctx_train;
+        info.n_params = model->m->n_params;
+        info.weight_bytes = model->m->weight_bytes;
+        info.eos_token_id = model->m->eos_token_id;
+        info.tied_head = hp.tied_head ? 1 : 0;
+        info.n_layer_file = hp.n_layer_total;
+        *out = info;
+    });
+}
+
+LUCE_API luce_status luce_session_create(luce_model *model, int32_t n_ctx, luce_session **out) {
+    return guard([&] {
+        require(model, "model");
+        require(out, "out");
+        *out = nullptr;
+        auto h = std::make_unique<luce_session>();
+        h->s = std::make_unique<luce::Session>(model->m.get(), n_ctx);
+        *out = h.release();
+    });
+}
+
+LUCE_API void luce_session_free(luce_session *session) { delete session; }
+
+LUCE_API luce_status luce_session_reset(luce_session *session) {
+    return guard([&] {
+        require(session, "session");
+        session->s->reset();
+    });
+}
+
+LUCE_API int32_t luce_session_n_past(const luce_session *session) {
+    return session ? session->s->n_past : 0;
+}
+
+LUCE_API luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
+                                       float *logits, int32_t n_logit_rows) {
+    return guard([&] {
+        require(session, "session");
+        luce::session_eval(*session->s, tokens, n_tokens, logits, n_logit_rows);
+    });
+}
+
+LUCE_API luce_status luce_generate(luce_session *session, luce_drafter *drafter, const int32_t *prompt,
+                                   int32_t n_prompt, const luce_generate_params *params,
+                                   luce_token_callback callback, void *user_data, int32_t *out_tokens,
+                                   int32_t out_capacity, luce_generate_stats *stats) {
+    luce_status result = LUCE_OK;
+    luce_status st = guard([&] {
+        require(session, "session");
+        require(params, "params");
+        if (drafter) fail(LUCE_ERR_UNSUPPORTED, "speculative decoding is not built yet");
+        result = luce::generate(*session->s, prompt, n_prompt, *params, callback, user_data, out_tokens,
+                                out_capacity, stats);
+    });
+    return st != LUCE_OK ? st : result;
+}

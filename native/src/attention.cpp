@@ -1,0 +1,37 @@
+// attention.cpp — the gated full-attention mixer (spec/qwen35.md §1.3, pitfalls 4, 5, 11).
+//
+//   qg = attn_q cur              [T][H][2D]: per head [q_h | gate_h] (interleaved, not two halves)
+//   q  = rmsnorm(q_h) * q_norm   [T][H][D]   per head, before RoPE
+//   k  = rmsnorm(attn_k cur) * k_norm, v = attn_v cur      [T][Hkv][D]
+//   q, k: NeoX RoPE on the first R dims (pairs i, i+R/2), theta = rope.freq_base
+//   o  = softmax(q k^T / sqrt(D)) v, q head h reads kv head h / (H/Hkv), causal over the cache
+//   mix = attn_output (o * sigmoid(gate))
+// The cache holds k after norm and RoPE, and v.
+#include "session.h"
+
+namespace luce {
+
+void attention_mixer(Session &s, int il, int T) {
+    const Hparams &hp = s.model->hp;
+    const AttentionWeights &w = s.model->layers[size_t(il)].attn;
+    Backend &be = *s.model->backend;
+    StepBuffers &b = s.buf;
+    const int H = hp.n_head[size_t(il)], Hkv = hp.n_head_kv[size_t(il)], D = hp.head_dim;
+    const int64_t E = hp.n_embd;
+
+    be.matmul(w.q, b.cur, T, b.qg, 2 * int64_t(H) * D);
+    be.matmul(w.k, b.cur, T, b.k, int64_t(Hkv) * D);
+    be.matmul(w.v, b.cur, T, b.v, int64_t(Hkv) * D);
+    // Rows of qg are (t, h) with stride 2D; the query is the first D of each.
+    be.rmsnorm(b.qg, 2 * D, w.q_norm.data(), T * H, D, hp.rms_eps, b.q, D);
+    be.rmsnorm(b.k, D, w.k_norm.data(), T * Hkv, D, hp.rms_eps, b.k, D);
+    be.rope_neox(b.q, b.pos, T, H, D, hp.n_rot, hp.rope_theta);
+    be.rope_neox(b.k, b.pos, T, Hkv, D, hp.n_rot, hp.rope_theta);
+    KvLayer &kv = s.kv[size_t(il)];
+    be.kv_store(kv, b.k, b.v, b.pos, T, Hkv, D);
+    be.attention(b.q, kv, b.pos, nullptr, T, H, Hkv, D, b.attn);
+    be.mul_sigmoid(b.attn, b.qg + D, 2 * D, T * H, D);  // gate_h sits right after q_h
+    be.matmul(w.o, b.attn, T, b.mix, E);
+}
+
+}  // namespace luce

@@ -1,0 +1,107 @@
+// backend.h — the small set of operations the qwen35 forward is written against.
+//
+// The model code (model_forward.cpp, attention.cpp, deltanet.cpp) calls only these; a backend
+// implements them over its own memory. `cpu` (backend_cpu.cpp) is the reference: plain loops,
+// fp32 accumulation, a persistent thread pool. The GPU backend (issue 6) implements the same
+// interface in CUDA/HIP and captures a whole step as a graph, which is why:
+//   - every buffer argument is backend memory obtained from alloc();
+//   - per-step values that change between steps (positions) travel in buffers (`pos`), never
+//     as host scalars baked into a launch; the only host scalar that varies is the token count T;
+//   - attention derives each query's visible keys from pos (causal: key j visible iff j <= pos[t]),
+//     and takes an optional mask so tree verification (issue 4) can pass ancestor-only visibility.
+//
+// Layout conventions: activations are row-major [T][features]; a weight is row-major [out][in]
+// (GGUF ne = [in, out]) in any supported ggml encoding and is never dequantized wholesale.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace luce {
+
+// A 2-D weight kept in its GGUF encoding: n_out rows of n_in elements.
+struct Weight {
+    int32_t type = -1;
+    int64_t n_in = 0, n_out = 0;
+    const void *data = nullptr;
+    bool present() const { return data != nullptr; }
+};
+
+// Attention KV storage of one full-attention layer: k and v are [Hkv][n_ctx][D] f32.
+struct KvLayer {
+    float *k = nullptr;
+    float *v = nullptr;
+    int n_ctx = 0;
+};
+
+// Dimensions of one Gated DeltaNet layer (GGUF tiled head order: v head j reads k head j % HK).
+struct DeltaNetDims {
+    int hk, hv, dk, dv;
+    float eps;  // L2-norm clamp (llama.cpp: x / max(||x||, eps)) and gated-RMSNorm eps
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual const char *name() const = 0;
+
+    // Memory -------------------------------------------------------------------------------
+    virtual void *alloc(size_t n_bytes) = 0;  // zero-initialised, 64-byte aligned
+    virtual void release(void *p) = 0;
+    virtual void upload(void *dst, const void *src, size_t n_bytes) = 0;
+    virtual void download(void *dst, const void *src, size_t n_bytes) = 0;
+
+    // Linear algebra -----------------------------------------------------------------------
+    // y[t][r] = sum_c W[r][c] * x[t][c] for t < T; each weight row is read once for all T tokens.
+    // y has row stride ldy (>= W.n_out), so a caller can write the head straight into logits rows.
+    virtual void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) = 0;
+    // out[t][:] = dequantized row ids[t] of w (the embedding gather; any supported type).
+    virtual void get_rows(const Weight &w, const int32_t *ids, int T, float *out) = 0;
+
+    // Normalisation and elementwise ----------------------------------------------------------
+    // y_r = x_r * rsqrt(mean(x_r^2) + eps) * w for n_rows rows of `dim`; strides in floats.
+    virtual void rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
+                         float eps, float *y, int64_t y_stride) = 0;
+    // o_r = rmsnorm(o_r) * w * silu(z_r) per row of `dim` (DeltaNet output norm; plain weight).
+    virtual void rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim,
+                               float eps) = 0;
+    // o[r][d] *= sigmoid(g[r * g_stride + d]) (attention output gate).
+    virtual void mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) = 0;
+    // gate[i] = silu(gate[i]) * up[i] (SwiGLU).
+    virtual void swiglu(float *gate, const float *up, int64_t n) = 0;
+    // x[i] += y[i] (residual).
+    virtual void add(float *x, const float *y, int64_t n) = 0;
+
+    // Attention ------------------------------------------------------------------------------
+    // NeoX RoPE on the first n_rot dims of each head: pairs (i, i + n_rot/2), angle pos * theta^(-2i/n_rot).
+    // x is [T][n_head][head_dim]; pos is [T].
+    virtual void rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
+                           float theta) = 0;
+    // Writes k, v ([T][Hkv][D]) into the cache at positions pos[t].
+    virtual void kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
+                          int n_head_kv, int head_dim) = 0;
+    // out[t][h] = softmax(q[t][h] . K[h/(H/Hkv)][j] / sqrt(D)) V over visible keys j. Visible:
+    // j <= pos[t] when mask is null; otherwise mask[t * n_ctx + j] != 0 (tree verify, issue 4).
+    virtual void attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask,
+                           int T, int n_head, int n_head_kv, int head_dim, float *out) = 0;
+
+    // Gated DeltaNet -------------------------------------------------------------------------
+    // Causal depthwise conv over time then SiLU. x [T][C] raw projections; state [Kc-1][C] holds
+    // the previous Kc-1 raw inputs (oldest first) and is advanced by T; w [C][Kc], tap Kc-1 = now.
+    virtual void conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
+                           float *out) = 0;
+    // The delta rule over T tokens (spec §1.4 steps 3-7) from the conv output.
+    //   conv [T][CD] = [q (HK*DK) | k (HK*DK) | v (HV*DV)], b/a [T][HV] raw projections,
+    //   ssm_a [HV] (= -exp(A_log)), dt_bias [HV], state [HV][DK][DV] fp32, out [T][HV][DV].
+    // state_history, when not null, receives the state after each token ([T][HV][DK][DV]) so a
+    // verify step can roll back to any accepted prefix (issue 4); null for plain decoding.
+    virtual void gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
+                                 const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
+                                 float *out, float *state_history) = 0;
+
+    // Sampling helpers ---------------------------------------------------------------------------
+    // Index of the largest of n values (ties -> lowest index).
+    virtual int32_t argmax(const float *x, int64_t n) = 0;
+};
+
+}  // namespace luce

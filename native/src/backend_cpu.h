@@ -1,0 +1,45 @@
+// backend_cpu.h — the CPU backend (reference implementation of backend.h).
+#pragma once
+
+#include "backend.h"
+#include "threadpool.h"
+
+namespace luce {
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(int n_threads);  // 0 = one thread per core
+    const char *name() const override { return "cpu"; }
+    int n_threads() const { return pool_.size(); }
+
+    void *alloc(size_t n_bytes) override;
+    void release(void *p) override;
+    void upload(void *dst, const void *src, size_t n_bytes) override;
+    void download(void *dst, const void *src, size_t n_bytes) override;
+
+    void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) override;
+    void get_rows(const Weight &w, const int32_t *ids, int T, float *out) override;
+    void rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim, float eps,
+                 float *y, int64_t y_stride) override;
+    void rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim, float eps) override;
+    void mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) override;
+    void swiglu(float *gate, const float *up, int64_t n) override;
+    void add(float *x, const float *y, int64_t n) override;
+    void rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
+                   float theta) override;
+    void kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
+                  int n_head_kv, int head_dim) override;
+    void attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask, int T,
+                   int n_head, int n_head_kv, int head_dim, float *out) override;
+    void conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
+                   float *out) override;
+    void gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
+                         const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
+                         float *out, float *state_history) override;
+    int32_t argmax(const float *x, int64_t n) override;
+
+private:
+    ThreadPool pool_;
+};
+
+}  // namespace luce

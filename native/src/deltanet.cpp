@@ -1,0 +1,37 @@
+// deltanet.cpp — the Gated DeltaNet mixer (spec/qwen35.md §1.4, §3.5, pitfalls 2, 3, 7, 8, 9).
+//
+//   qkv = attn_qkv cur     [T][CD]  CD = [q (HK*DK) | k (HK*DK) | v (HV*DV)], v heads tiled
+//   z   = attn_gate cur    [T][HV][DV];   b = ssm_beta cur, a = ssm_alpha cur   [T][HV]
+//   c   = silu(causal_conv(qkv))          conv state = last Kc-1 RAW qkv rows (not conv outputs)
+//   q, k = l2norm per head (x / max(||x||, eps)), q *= 1/sqrt(DK)
+//   beta = sigmoid(b), g = ssm_a * softplus(a + dt_bias)  (ssm_a = -exp(A_log), so g <= 0)
+//   per v head j (k head j % HK), state S [DK][DV] fp32:
+//       S = e^g S;  delta = beta (v - S^T k);  S += k delta^T;  o = S^T q
+//   o   = rmsnorm(o) * ssm_norm * silu(z)  per v head (plain weight, no +1)
+//   mix = ssm_out o
+// Prefill runs the same per-token recurrence over the chunk (the chunked form is only faster).
+#include "session.h"
+
+namespace luce {
+
+void deltanet_mixer(Session &s, int il, int T) {
+    const Hparams &hp = s.model->hp;
+    const DeltaNetWeights &w = s.model->layers[size_t(il)].ssm;
+    Backend &be = *s.model->backend;
+    StepBuffers &b = s.buf;
+    RecurrentState &st = s.recurrent[size_t(il)];
+    const int CD = hp.conv_channels(), HV = hp.ssm_hv;
+    const int64_t inner = int64_t(HV) * hp.ssm_dv, E = hp.n_embd;
+
+    be.matmul(w.qkv, b.cur, T, b.qkv, CD);
+    be.matmul(w.gate, b.cur, T, b.z, inner);
+    be.matmul(w.beta, b.cur, T, b.b, HV);
+    be.matmul(w.alpha, b.cur, T, b.a, HV);
+    be.conv_silu(b.qkv, st.conv, w.conv.data(), T, CD, hp.ssm_conv, b.conv);
+    const DeltaNetDims dims{hp.ssm_hk, hp.ssm_hv, hp.ssm_dk, hp.ssm_dv, hp.rms_eps};
+    be.gated_delta_net(b.conv, b.b, b.a, w.a.data(), w.dt_bias.data(), dims, T, st.ssm, b.attn, nullptr);
+    be.rmsnorm_gated(b.attn, w.norm.data(), b.z, T * HV, hp.ssm_dv, hp.rms_eps);
+    be.matmul(w.out, b.attn, T, b.mix, E);
+}
+
+}  // namespace luce

@@ -1,0 +1,77 @@
+// forward.cpp — one qwen35 forward step (spec/qwen35.md §1.2, §1.5).
+//
+// Per main layer il (pre-norm, two residuals):
+//   cur = rmsnorm(x) * attn_norm            (GGUF norms already hold 1 + w: plain multipliers)
+//   x  += mixer(cur)                         full attention (attention.cpp) or Gated DeltaNet (deltanet.cpp)
+//   cur = rmsnorm(x) * post_attention_norm
+//   x  += ffn_down(silu(ffn_gate cur) * ffn_up cur)
+// then logits = output(rmsnorm(x) * output_norm) for the rows the caller asked for.
+#include <cstring>
+
+#include "errors.h"
+#include "session.h"
+
+namespace luce {
+
+namespace {
+
+void mlp(Session &s, const LayerWeights &L, int T) {
+    Backend &be = *s.model->backend;
+    StepBuffers &b = s.buf;
+    const int64_t F = L.ffn_gate.n_out, E = s.model->hp.n_embd;
+    be.matmul(L.ffn_gate, b.cur, T, b.ff_gate, F);
+    be.matmul(L.ffn_up, b.cur, T, b.ff_up, F);
+    be.swiglu(b.ff_gate, b.ff_up, T * F);
+    be.matmul(L.ffn_down, b.ff_gate, T, b.mix, E);
+}
+
+void capture_layer(Session &s, const HiddenCapture *cap, int layer, int T) {
+    if (!cap) return;
+    const int64_t E = s.model->hp.n_embd;
+    for (int slot = 0; slot < cap->n_layers; ++slot) {
+        if (cap->layer_ids[slot] != layer) continue;
+        for (int t = 0; t < T; ++t)
+            s.model->backend->download(cap->out + (int64_t(t) * cap->n_layers + slot) * E,
+                                       s.buf.x + int64_t(t) * E, size_t(E) * sizeof(float));
+    }
+}
+
+}  // namespace
+
+void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,
+                  const HiddenCapture *capture) {
+    Model &m = *s.model;
+    const Hparams &hp = m.hp;
+    Backend &be = *m.backend;
+    StepBuffers &b = s.buf;
+    const int64_t E = hp.n_embd;
+    if (T < 1 || T > MAX_STEP) fail(LUCE_ERR_INTERNAL, "forward step of %d tokens", T);
+
+    int32_t pos[MAX_STEP];
+    for (int t = 0; t < T; ++t) pos[t] = s.n_past + t;
+    be.upload(b.pos, pos, sizeof(int32_t) * size_t(T));
+    be.upload(b.tokens, tokens, sizeof(int32_t) * size_t(T));
+    be.get_rows(m.token_embd, b.tokens, T, b.x);
+
+    for (int il = 0; il < hp.n_layer; ++il) {
+        const LayerWeights &L = m.layers[size_t(il)];
+        be.rmsnorm(b.x, E, L.attn_norm.data(), T, int(E), hp.rms_eps, b.cur, E);
+        if (hp.recurrent[size_t(il)]) deltanet_mixer(s, il, T);
+        else attention_mixer(s, il, T);
+        be.add(b.x, b.mix, T * E);
+        be.rmsnorm(b.x, E, L.post_norm.data(), T, int(E), hp.rms_eps, b.cur, E);
+        mlp(s, L, T);
+        be.add(b.x, b.mix, T * E);
+        capture_layer(s, capture, il, T);
+    }
+    s.n_past += T;
+
+    if (!logits || logit_row0 >= T) return;
+    const int n_rows = T - logit_row0;
+    const float *x_rows = b.x + int64_t(logit_row0) * E;
+    be.rmsnorm(x_rows, E, m.output_norm.data(), n_rows, int(E), hp.rms_eps, b.cur, E);
+    be.matmul(m.output, b.cur, n_rows, b.logits, hp.n_vocab);
+    be.download(logits, b.logits, size_t(n_rows) * size_t(hp.n_vocab) * sizeof(float));
+}
+
+}  // namespace luce

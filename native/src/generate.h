@@ -1,0 +1,18 @@
+// generate.h — evaluation of token sequences in a session and the plain decoding loop.
+#pragma once
+
+#include "luce.h"
+#include "session.h"
+
+namespace luce {
+
+// Appends n tokens to the session in MAX_STEP chunks; writes the logits of the last n_logit_rows
+// positions (host, row-major) when logits is not null. Validates ids and context first.
+void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n_logit_rows);
+
+// Prefill the prompt, then decode until max_tokens or an end-of-generation id.
+luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce_generate_params &p,
+                     luce_token_callback callback, void *user_data, int32_t *out_tokens,
+                     int out_capacity, luce_generate_stats *stats);
+
+}  // namespace luce

@@ -1,0 +1,284 @@
+// model.cpp — binds a validated GGUF to the qwen35 hyperparameters and weights.
+//
+// Order of checks: the container (gguf.cpp) is already sound; then the architecture, then the
+// weight types (refused as a whole, with a per-type histogram), then every hyperparameter within
+// bounds, then every tensor the forward touches against the shape the hyperparameters imply. Only
+// after all of that is anything sized by the file allocated (per-layer vectors are sized by a
+// block_count that has passed its bound).
+#include "model.h"
+
+#include <algorithm>
+#include <map>
+
+#include "backend_cpu.h"
+#include "errors.h"
+#include "quants.h"
+
+namespace luce {
+
+namespace {
+
+// GGUF keys (spec/qwen35.md §3.2): each spelled here once.
+const char *KEY_ARCH = "general.architecture";
+const char *ARCH = "qwen35";
+const char *KEY_BLOCK_COUNT = "qwen35.block_count";
+const char *KEY_NEXTN = "qwen35.nextn_predict_layers";
+const char *KEY_CTX = "qwen35.context_length";
+const char *KEY_EMBD = "qwen35.embedding_length";
+const char *KEY_FF = "qwen35.feed_forward_length";
+const char *KEY_HEAD = "qwen35.attention.head_count";
+const char *KEY_HEAD_KV = "qwen35.attention.head_count_kv";
+const char *KEY_KEY_LEN = "qwen35.attention.key_length";
+const char *KEY_VALUE_LEN = "qwen35.attention.value_length";
+const char *KEY_EPS = "qwen35.attention.layer_norm_rms_epsilon";
+const char *KEY_RECURRENT = "qwen35.attention.recurrent_layers";
+const char *KEY_INTERVAL = "qwen35.full_attention_interval";
+const char *KEY_ROPE_DIM = "qwen35.rope.dimension_count";
+const char *KEY_ROPE_BASE = "qwen35.rope.freq_base";
+const char *KEY_SSM_CONV = "qwen35.ssm.conv_kernel";
+const char *KEY_SSM_STATE = "qwen35.ssm.state_size";
+const char *KEY_SSM_GROUPS = "qwen35.ssm.group_count";
+const char *KEY_SSM_RANK = "qwen35.ssm.time_step_rank";
+const char *KEY_SSM_INNER = "qwen35.ssm.inner_size";
+const char *KEY_EOS = "tokenizer.ggml.eos_token_id";
+
+constexpr int64_t DEFAULT_INTERVAL = 4;       // llama.cpp's default when the key is absent
+constexpr double DEFAULT_ROPE_BASE = 10000.0;
+
+// Bounds on hyperparameters: generous for any real model, small enough that nothing sized by
+// them can be a huge allocation (llama.cpp caps layers at 512 too).
+constexpr int64_t MAX_LAYERS = 512;
+constexpr int64_t MAX_EMBD = 1 << 16;
+constexpr int64_t MAX_HEADS = 1024;
+constexpr int64_t MAX_HEAD_DIM = 1024;
+constexpr int64_t MAX_FF = 1 << 20;
+constexpr int64_t MAX_VOCAB = 1 << 22;
+constexpr int64_t MAX_CTX = 1 << 24;
+constexpr int64_t MAX_CONV = 64;
+constexpr int64_t MAX_SSM_DIM = 1024;
+
+int64_t bounded(int64_t v, int64_t lo, int64_t hi, const char *what) {
+    if (v < lo || v > hi)
+        fail(LUCE_ERR_FORMAT, "%s = %lld is out of range [%lld, %lld]", what, (long long)v,
+             (long long)lo, (long long)hi);
+    return v;
+}
+
+std::string supported_type_list() {
+    std::string s;
+    for (int32_t t = 0; t < 64; ++t) {
+        const TypeTraits *tt = type_traits(t);
+        if (tt && tt->supported) s += (s.empty() ? "" : " ") + std::string(tt->name);
+    }
+    return s;
+}
+
+// Refuses the file if any tensor has a type we cannot compute with, naming every such type.
+void check_weight_types(const GgufFile &f) {
+    std::map<std::string, int> unsupported;
+    for (const GgufTensor &t : f.tensors())
+        if (!is_supported_weight_type(t.type)) unsupported[type_traits(t.type)->name]++;
+    if (unsupported.empty()) return;
+    std::string hist;
+    for (auto &[name, n] : unsupported) hist += (hist.empty() ? "" : ", ") + name + " x" + std::to_string(n);
+    fail(LUCE_ERR_UNSUPPORTED, "unsupported weight types: %s (supported: %s)", hist.c_str(),
+         supported_type_list().c_str());
+}
+
+Hparams read_hparams(const GgufFile &f) {
+    Hparams hp;
+    hp.n_layer_total = int(bounded(f.get_int(KEY_BLOCK_COUNT), 1, MAX_LAYERS, KEY_BLOCK_COUNT));
+    int64_t nextn = bounded(f.get_int(KEY_NEXTN, 0), 0, hp.n_layer_total - 1, KEY_NEXTN);
+    hp.n_layer = hp.n_layer_total - int(nextn);  // MTP blocks sit after the main stack; never run
+    hp.n_ctx_train = int(bounded(f.get_int(KEY_CTX), 1, MAX_CTX, KEY_CTX));
+    hp.n_embd = int(bounded(f.get_int(KEY_EMBD), 1, MAX_EMBD, KEY_EMBD));
+    hp.rms_eps = float(f.get_float(KEY_EPS));
+    if (!(hp.rms_eps > 0.f && hp.rms_eps < 1.f))
+        fail(LUCE_ERR_FORMAT, "%s = %g is not in (0, 1)", KEY_EPS, double(hp.rms_eps));
+
+    // Layer kinds: the explicit per-layer array if present, else llama.cpp's interval rule.
+    hp.recurrent.resize(size_t(hp.n_layer));
+    if (f.has(KEY_RECURRENT)) {
+        std::vector<bool> r = f.get_bool_array(KEY_RECURRENT, hp.n_layer_total);
+        for (int i = 0; i < hp.n_layer; ++i) hp.recurrent[size_t(i)] = r[size_t(i)];
+    } else {
+        int64_t interval = bounded(f.get_int(KEY_INTERVAL, DEFAULT_INTERVAL), 1, MAX_LAYERS, KEY_INTERVAL);
+        for (int i = 0; i < hp.n_layer; ++i) hp.recurrent[size_t(i)] = (i + 1) % interval != 0;
+    }
+    bool any_attention = false, any_recurrent = false;
+    for (int i = 0; i < hp.n_layer; ++i) (hp.recurrent[size_t(i)] ? any_recurrent : any_attention) = true;
+
+    std::vector<int64_t> ff = f.get_int_per_layer(KEY_FF, hp.n_layer_total);
+    std::vector<int64_t> heads = f.get_int_per_layer(KEY_HEAD, hp.n_layer_total);
+    std::vector<int64_t> heads_kv = f.get_int_per_layer(KEY_HEAD_KV, hp.n_layer_total);
+    hp.n_ff.resize(size_t(hp.n_layer));
+    hp.n_head.resize(size_t(hp.n_layer));
+    hp.n_head_kv.resize(size_t(hp.n_layer));
+    for (int i = 0; i < hp.n_layer; ++i) {
+        hp.n_ff[size_t(i)] = int(bounded(ff[size_t(i)], 1, MAX_FF, KEY_FF));
+        if (hp.recurrent[size_t(i)]) continue;  // per-layer arrays may hold 0 for DeltaNet layers
+        int64_t h = bounded(heads[size_t(i)], 1, MAX_HEADS, KEY_HEAD);
+        int64_t hkv = bounded(heads_kv[size_t(i)], 1, MAX_HEADS, KEY_HEAD_KV);
+        if (h % hkv != 0)
+            fail(LUCE_ERR_FORMAT, "layer %d: %lld query heads are not a multiple of %lld kv heads", i,
+                 (long long)h, (long long)hkv);
+        hp.n_head[size_t(i)] = int(h);
+        hp.n_head_kv[size_t(i)] = int(hkv);
+    }
+
+    if (any_attention) {
+        hp.head_dim = int(bounded(f.get_int(KEY_KEY_LEN), 1, MAX_HEAD_DIM, KEY_KEY_LEN));
+        if (f.get_int(KEY_VALUE_LEN, hp.head_dim) != hp.head_dim)
+            fail(LUCE_ERR_UNSUPPORTED, "%s differs from %s", KEY_VALUE_LEN, KEY_KEY_LEN);
+        hp.n_rot = int(bounded(f.get_int(KEY_ROPE_DIM), 0, hp.head_dim, KEY_ROPE_DIM));
+        if (hp.n_rot % 2 != 0) fail(LUCE_ERR_FORMAT, "%s = %d must be even", KEY_ROPE_DIM, hp.n_rot);
+        hp.rope_theta = float(f.get_float(KEY_ROPE_BASE, DEFAULT_ROPE_BASE));
+        if (!(hp.rope_theta > 1.f)) fail(LUCE_ERR_FORMAT, "%s must be > 1", KEY_ROPE_BASE);
+    }
+    if (any_recurrent) {
+        hp.ssm_conv = int(bounded(f.get_int(KEY_SSM_CONV), 1, MAX_CONV, KEY_SSM_CONV));
+        hp.ssm_dk = int(bounded(f.get_int(KEY_SSM_STATE), 1, MAX_SSM_DIM, KEY_SSM_STATE));
+        hp.ssm_hk = int(bounded(f.get_int(KEY_SSM_GROUPS), 1, MAX_HEADS, KEY_SSM_GROUPS));
+        hp.ssm_hv = int(bounded(f.get_int(KEY_SSM_RANK), 1, MAX_HEADS, KEY_SSM_RANK));
+        int64_t inner = bounded(f.get_int(KEY_SSM_INNER), 1, MAX_HEADS * MAX_SSM_DIM, KEY_SSM_INNER);
+        if (inner % hp.ssm_hv != 0)
+            fail(LUCE_ERR_FORMAT, "%s = %lld is not a multiple of %s = %d", KEY_SSM_INNER,
+                 (long long)inner, KEY_SSM_RANK, hp.ssm_hv);
+        hp.ssm_dv = int(bounded(inner / hp.ssm_hv, 1, MAX_SSM_DIM, "ssm value head dim"));
+        if (hp.ssm_hv % hp.ssm_hk != 0)
+            fail(LUCE_ERR_FORMAT, "%s = %d is not a multiple of %s = %d", KEY_SSM_RANK, hp.ssm_hv,
+                 KEY_SSM_GROUPS, hp.ssm_hk);
+    }
+    return hp;
+}
+
+// Binds tensors by name, checking type and shape, and counts what the model keeps.
+struct Binder {
+    const GgufFile &f;
+    Model &m;
+
+    const GgufTensor &find(const std::string &name) {
+        const GgufTensor *t = f.tensor(name);
+        if (!t) fail(LUCE_ERR_FORMAT, "missing tensor %s", name.c_str());
+        return *t;
+    }
+    void count(const GgufTensor &t) {
+        m.n_params += t.n_elements;
+        m.weight_bytes += int64_t(t.n_bytes);
+    }
+    Weight matrix(const std::string &name, int64_t n_in, int64_t n_out) {
+        const GgufTensor &t = find(name);
+        if (t.ne[0] != n_in || t.ne[1] != n_out || t.ne[2] != 1 || t.ne[3] != 1)
+            fail(LUCE_ERR_FORMAT, "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                 name.c_str(), (long long)t.ne[0], (long long)t.ne[1], (long long)t.ne[2],
+                 (long long)t.ne[3], (long long)n_in, (long long)n_out);
+        count(t);
+        Weight w;
+        w.type = t.type;
+        w.n_in = n_in;
+        w.n_out = n_out;
+        w.data = t.data;
+        return w;
+    }
+    // Small tensors (norms, ssm_a, dt bias, conv taps) are dequantized to fp32 once at load.
+    std::vector<float> vector(const std::string &name, int64_t n_elements) {
+        const GgufTensor &t = find(name);
+        if (t.n_elements != n_elements)
+            fail(LUCE_ERR_FORMAT, "tensor %s has %lld elements, expected %lld", name.c_str(),
+                 (long long)t.n_elements, (long long)n_elements);
+        count(t);
+        std::vector<float> out(static_cast<size_t>(n_elements));
+        dequantize_row(t.type, t.data, out.data(), n_elements);
+        return out;
+    }
+};
+
+std::string blk(int i, const char *suffix) { return "blk." + std::to_string(i) + "." + suffix; }
+
+void bind_layer(Binder &b, const Hparams &hp, int i, LayerWeights &L) {
+    const int64_t E = hp.n_embd, F = hp.n_ff[size_t(i)];
+    L.attn_norm = b.vector(blk(i, "attn_norm.weight"), E);
+    L.post_norm = b.vector(blk(i, "post_attention_norm.weight"), E);
+    L.ffn_gate = b.matrix(blk(i, "ffn_gate.weight"), E, F);
+    L.ffn_up = b.matrix(blk(i, "ffn_up.weight"), E, F);
+    L.ffn_down = b.matrix(blk(i, "ffn_down.weight"), F, E);
+    if (hp.recurrent[size_t(i)]) {
+        const int64_t HV = hp.ssm_hv, inner = int64_t(hp.ssm_hv) * hp.ssm_dv, CD = hp.conv_channels();
+        DeltaNetWeights &s = L.ssm;
+        s.qkv = b.matrix(blk(i, "attn_qkv.weight"), E, CD);
+        s.gate = b.matrix(blk(i, "attn_gate.weight"), E, inner);
+        s.beta = b.matrix(blk(i, "ssm_beta.weight"), E, HV);
+        s.alpha = b.matrix(blk(i, "ssm_alpha.weight"), E, HV);
+        s.out = b.matrix(blk(i, "ssm_out.weight"), inner, E);
+        s.conv = b.vector(blk(i, "ssm_conv1d.weight"), CD * hp.ssm_conv);
+        s.dt_bias = b.vector(blk(i, "ssm_dt.bias"), HV);
+        s.a = b.vector(blk(i, "ssm_a"), HV);
+        s.norm = b.vector(blk(i, "ssm_norm.weight"), hp.ssm_dv);
+    } else {
+        const int64_t H = hp.n_head[size_t(i)], Hkv = hp.n_head_kv[size_t(i)], D = hp.head_dim;
+        AttentionWeights &a = L.attn;
+        a.q = b.matrix(blk(i, "attn_q.weight"), E, 2 * H * D);  // [q_h | gate_h] per head
+        a.k = b.matrix(blk(i, "attn_k.weight"), E, Hkv * D);
+        a.v = b.matrix(blk(i, "attn_v.weight"), E, Hkv * D);
+        a.o = b.matrix(blk(i, "attn_output.weight"), H * D, E);
+        a.q_norm = b.vector(blk(i, "attn_q_norm.weight"), D);
+        a.k_norm = b.vector(blk(i, "attn_k_norm.weight"), D);
+    }
+}
+
+}  // namespace
+
+int Hparams::max_n_ff() const { return *std::max_element(n_ff.begin(), n_ff.end()); }
+
+int Hparams::max_q_width() const {
+    int w = 0;
+    for (int i = 0; i < n_layer; ++i)
+        if (!recurrent[size_t(i)]) w = std::max(w, n_head[size_t(i)] * head_dim);
+    return w;
+}
+
+int Hparams::max_kv_width() const {
+    int w = 0;
+    for (int i = 0; i < n_layer; ++i)
+        if (!recurrent[size_t(i)]) w = std::max(w, n_head_kv[size_t(i)] * head_dim);
+    return w;
+}
+
+std::unique_ptr<Model> load_model(const std::string &path, int n_threads) {
+    auto m = std::make_unique<Model>();
+    m->file.reset(GgufFile::open(path));
+    const GgufFile &f = *m->file;
+
+    std::string arch = f.get_string(KEY_ARCH, "");
+    if (arch.empty()) fail(LUCE_ERR_FORMAT, "%s has no %s", path.c_str(), KEY_ARCH);
+    if (arch != ARCH)
+        fail(LUCE_ERR_UNSUPPORTED, "unsupported architecture '%s' (luce runs '%s' targets)",
+             arch.c_str(), ARCH);
+    check_weight_types(f);
+    m->hp = read_hparams(f);
+    Hparams &hp = m->hp;
+
+    Binder b{f, *m};
+    const GgufTensor &embd = b.find("token_embd.weight");
+    if (embd.n_dims != 2 || embd.ne[0] != hp.n_embd)
+        fail(LUCE_ERR_FORMAT, "token_embd.weight rows have %lld elements, expected %s = %d",
+             (long long)embd.ne[0], KEY_EMBD, hp.n_embd);
+    hp.n_vocab = int(bounded(embd.ne[1], 1, MAX_VOCAB, "vocabulary size (token_embd rows)"));
+    m->token_embd = b.matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
+    m->output_norm = b.vector("output_norm.weight", hp.n_embd);
+    hp.tied_head = f.tensor("output.weight") == nullptr;  // tied: the head reuses token_embd
+    m->output = hp.tied_head ? m->token_embd : b.matrix("output.weight", hp.n_embd, hp.n_vocab);
+
+    m->layers.resize(size_t(hp.n_layer));
+    for (int i = 0; i < hp.n_layer; ++i) bind_layer(b, hp, i, m->layers[size_t(i)]);
+
+    m->eos_token_id = -1;
+    if (f.has(KEY_EOS)) {
+        int64_t eos = f.get_int(KEY_EOS);
+        if (eos >= 0 && eos < hp.n_vocab) m->eos_token_id = int32_t(eos);
+    }
+    m->backend = std::make_unique<CpuBackend>(n_threads);
+    return m;
+}
+
+}  // namespace luce

@@ -1,0 +1,76 @@
+// model.h — the qwen35 target: hyperparameters, weights (views into the mapped GGUF), forward.
+//
+// Shape legend (spec/qwen35.md notation; 27B values in brackets):
+//   E  hidden [5120]          V  vocab [248320]        F  MLP width [17408] (per layer)
+//   H  q heads [24]           Hkv kv heads [4]         D  attention head dim [256]   R rotary dims [64]
+//   HK DeltaNet k heads [16]  HV v heads [48]          DK = DV state dims [128]      Kc conv taps [4]
+//   CD conv channels = 2*HK*DK + HV*DV [10240]         T  tokens in one step (1 for decode)
+// GGUF dims are [in, out]: a weight's row r (ne0 contiguous elements) produces output feature r.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "gguf.h"
+
+namespace luce {
+
+struct Hparams {
+    int n_layer_total = 0;   // qwen35.block_count (includes MTP blocks)
+    int n_layer = 0;         // main layers run by the forward = block_count - nextn_predict_layers
+    int n_vocab = 0, n_embd = 0, n_ctx_train = 0;
+    std::vector<int> n_ff, n_head, n_head_kv;  // per main layer
+    std::vector<bool> recurrent;               // per main layer: Gated DeltaNet (true) or attention
+    int head_dim = 0;        // D (key_length == value_length)
+    int n_rot = 0;           // R
+    float rope_theta = 0.f;
+    float rms_eps = 0.f;
+    int ssm_conv = 0, ssm_dk = 0, ssm_hk = 0, ssm_hv = 0, ssm_dv = 0;  // Kc, DK, HK, HV, DV
+    bool tied_head = false;
+
+    int conv_channels() const { return 2 * ssm_hk * ssm_dk + ssm_hv * ssm_dv; }
+    int max_n_ff() const;
+    int max_q_width() const;   // max over attention layers of H*D
+    int max_kv_width() const;  // max over attention layers of Hkv*D
+};
+
+// A full-attention layer (spec §1.3). attn_q rows are [q_h | gate_h] per head (2D rows per head).
+struct AttentionWeights {
+    Weight q, k, v, o;                  // [E -> 2*H*D], [E -> Hkv*D] x2, [H*D -> E]
+    std::vector<float> q_norm, k_norm;  // [D], stored +1 (plain multipliers)
+};
+
+// A Gated DeltaNet layer (spec §1.4, GGUF tiled v-head order).
+struct DeltaNetWeights {
+    Weight qkv, gate, beta, alpha, out;  // [E -> CD], [E -> HV*DV], [E -> HV] x2, [HV*DV -> E]
+    std::vector<float> conv;             // [CD][Kc], tap Kc-1 = current token
+    std::vector<float> dt_bias, a;       // [HV]; a = -exp(A_log)
+    std::vector<float> norm;             // [DV], plain weight (no +1)
+};
+
+struct LayerWeights {
+    std::vector<float> attn_norm, post_norm;  // [E], stored +1
+    Weight ffn_gate, ffn_up, ffn_down;        // [E -> F] x2, [F -> E]
+    AttentionWeights attn;                    // full-attention layers only
+    DeltaNetWeights ssm;                      // recurrent layers only
+};
+
+struct Model {
+    std::unique_ptr<GgufFile> file;  // owns the mapping every Weight points into
+    Hparams hp;
+    Weight token_embd;               // [E -> V] rows gathered by token id
+    Weight output;                   // [E -> V]; token_embd when the head is tied
+    std::vector<float> output_norm;  // [E]
+    std::vector<LayerWeights> layers;
+    std::unique_ptr<Backend> backend;
+    int64_t n_params = 0, weight_bytes = 0;
+    int32_t eos_token_id = -1;       // tokenizer.ggml.eos_token_id, -1 if absent
+};
+
+// Opens, validates and binds a qwen35 GGUF. Throws luce::Error (FORMAT / UNSUPPORTED / IO).
+std::unique_ptr<Model> load_model(const std::string &path, int n_threads);
+
+}  // namespace luce

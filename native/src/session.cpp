@@ -1,0 +1,84 @@
+// session.cpp — allocation of a session's state and step buffers (once, static shapes).
+#include "session.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "errors.h"
+
+namespace luce {
+
+namespace {
+
+template <class T>
+T *take(Session &s, int64_t n) {
+    void *p = s.model->backend->alloc(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
+    s.allocations.push_back(p);
+    return static_cast<T *>(p);
+}
+
+}  // namespace
+
+Session::Session(Model *m, int n_ctx_) : model(m), n_ctx(n_ctx_) {
+    const Hparams &hp = m->hp;
+    if (n_ctx < 1 || n_ctx > hp.n_ctx_train)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "context size %d is not in 1..%d (the model's context length)",
+             n_ctx, hp.n_ctx_train);
+    try {
+        const int64_t T = MAX_STEP, E = hp.n_embd, CD = hp.conv_channels();
+        const int64_t inner = int64_t(hp.ssm_hv) * hp.ssm_dv;
+        kv.resize(size_t(hp.n_layer));
+        recurrent.resize(size_t(hp.n_layer));
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (hp.recurrent[size_t(i)]) {
+                recurrent[size_t(i)].conv = take<float>(*this, int64_t(hp.ssm_conv - 1) * CD);
+                recurrent[size_t(i)].ssm = take<float>(*this, inner * hp.ssm_dk);
+            } else {
+                const int64_t n = int64_t(hp.n_head_kv[size_t(i)]) * n_ctx * hp.head_dim;
+                kv[size_t(i)] = KvLayer{take<float>(*this, n), take<float>(*this, n), n_ctx};
+            }
+        }
+        buf.tokens = take<int32_t>(*this, T);
+        buf.pos = take<int32_t>(*this, T);
+        buf.x = take<float>(*this, T * E);
+        buf.cur = take<float>(*this, T * E);
+        buf.mix = take<float>(*this, T * E);
+        buf.qg = take<float>(*this, T * 2 * hp.max_q_width());
+        buf.q = take<float>(*this, T * hp.max_q_width());
+        buf.k = take<float>(*this, T * hp.max_kv_width());
+        buf.v = take<float>(*this, T * hp.max_kv_width());
+        buf.attn = take<float>(*this, T * std::max<int64_t>(hp.max_q_width(), inner));
+        buf.qkv = take<float>(*this, T * CD);
+        buf.conv = take<float>(*this, T * CD);
+        buf.z = take<float>(*this, T * inner);
+        buf.b = take<float>(*this, T * hp.ssm_hv);
+        buf.a = take<float>(*this, T * hp.ssm_hv);
+        buf.ff_gate = take<float>(*this, T * hp.max_n_ff());
+        buf.ff_up = take<float>(*this, T * hp.max_n_ff());
+        buf.logits = take<float>(*this, T * hp.n_vocab);
+    } catch (...) {
+        for (void *p : allocations) model->backend->release(p);
+        throw;
+    }
+}
+
+Session::~Session() {
+    for (void *p : allocations) model->backend->release(p);
+}
+
+void Session::reset() {
+    // Attention keys past n_past are never visible, so only the recurrent state needs zeroing.
+    const Hparams &hp = model->hp;
+    const int64_t CD = hp.conv_channels(), inner = int64_t(hp.ssm_hv) * hp.ssm_dv;
+    std::vector<float> zeros;
+    for (int i = 0; i < hp.n_layer; ++i) {
+        if (!hp.recurrent[size_t(i)]) continue;
+        const size_t n_conv = size_t(hp.ssm_conv - 1) * size_t(CD), n_ssm = size_t(inner * hp.ssm_dk);
+        zeros.assign(std::max(n_conv, n_ssm), 0.f);
+        model->backend->upload(recurrent[size_t(i)].conv, zeros.data(), n_conv * sizeof(float));
+        model->backend->upload(recurrent[size_t(i)].ssm, zeros.data(), n_ssm * sizeof(float));
+    }
+    n_past = 0;
+}
+
+}  // namespace luce

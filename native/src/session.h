@@ -1,0 +1,82 @@
+// session.h — one sequence's state (KV cache, DeltaNet state) and the step buffers of the forward.
+//
+// Everything is allocated once at session creation with static shapes (T <= MAX_STEP tokens per
+// forward step), so prefill chunks and decode steps never allocate. Memory per session:
+//   KV: n_attention_layers x 2 x Hkv x n_ctx x D floats
+//   DeltaNet: n_recurrent_layers x ((Kc-1) x CD + HV x DK x DV) floats, constant in context length.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model.h"
+
+namespace luce {
+
+// Tokens per forward step: prefill runs in chunks of this size (each weight row is read once per
+// chunk), decode uses T = 1 and verify (issue 4) T = block size.
+constexpr int MAX_STEP = 64;
+
+// Per-layer recurrent state of a Gated DeltaNet layer.
+struct RecurrentState {
+    float *conv = nullptr;  // [Kc-1][CD] last raw qkv projections, oldest first
+    float *ssm = nullptr;   // [HV][DK][DV] fp32
+};
+
+// Step buffers, [T][...] with T <= MAX_STEP.
+struct StepBuffers {
+    int32_t *tokens = nullptr, *pos = nullptr;  // [T]
+    float *x = nullptr;        // [T][E] residual stream
+    float *cur = nullptr;      // [T][E] normed input of a sub-block
+    float *mix = nullptr;      // [T][E] sub-block output before the residual add
+    float *qg = nullptr;       // [T][2*H*D] attention q|gate
+    float *q = nullptr;        // [T][H*D]
+    float *k = nullptr, *v = nullptr;  // [T][Hkv*D]
+    float *attn = nullptr;     // [T][max(H*D, HV*DV)] mixer output before its out projection
+    float *qkv = nullptr;      // [T][CD] DeltaNet raw projections
+    float *conv = nullptr;     // [T][CD] after conv + SiLU
+    float *z = nullptr;        // [T][HV*DV]
+    float *b = nullptr, *a = nullptr;  // [T][HV]
+    float *ff_gate = nullptr, *ff_up = nullptr;  // [T][F]
+    float *logits = nullptr;   // [T][V]
+};
+
+// Hidden-state capture for drafters (issue 4): layer outputs (residual stream after layer il,
+// before the final norm) for every position of a step, written as out[t][slot][E].
+struct HiddenCapture {
+    const int32_t *layer_ids = nullptr;  // ascending main-layer indices
+    int n_layers = 0;
+    float *out = nullptr;                // host memory [T][n_layers][E]
+};
+
+struct Session {
+    Model *model = nullptr;
+    int n_ctx = 0;
+    int n_past = 0;
+    std::vector<KvLayer> kv;               // per main layer (unused for DeltaNet layers)
+    std::vector<RecurrentState> recurrent; // per main layer (unused for attention layers)
+    StepBuffers buf;
+    std::vector<void *> allocations;
+
+    Session(Model *m, int n_ctx);
+    ~Session();
+    Session(const Session &) = delete;
+    Session &operator=(const Session &) = delete;
+
+    void reset();  // empty context, zero state
+    // Rollback hook (issue 4): attention needs only n_past = n (keys past it are never visible);
+    // DeltaNet state must be restored from a per-position checkpoint written by
+    // Backend::gated_delta_net(state_history) and the matching conv window.
+};
+
+// One forward step over T <= MAX_STEP tokens at positions n_past .. n_past+T-1; advances n_past.
+// If logits is not null, rows [logit_row0, T) of the step's logits are written there (host,
+// [T - logit_row0][V]). capture may be null.
+void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,
+                  const HiddenCapture *capture);
+
+// Layer mixers (attention.cpp, deltanet.cpp): read s.buf.cur [T][E], write s.buf.mix [T][E].
+void attention_mixer(Session &s, int layer, int T);
+void deltanet_mixer(Session &s, int layer, int T);
+
+}  // namespace luce

@@ -1,0 +1,239 @@
+"""`luce.Engine`: load a qwen35 target GGUF into the native runtime and generate with it.
+
+    from luce import Engine
+    with Engine("target.gguf", threads=4) as eng:
+        print(eng.generate("Hello", max_tokens=32).text)
+        logits = eng.logits([1, 2, 3])          # [3, n_vocab] float32
+
+The engine owns one native model and one session (KV cache + DeltaNet state, `ctx_size`
+positions). Every call to `generate` or `logits` starts from an empty context. The tokenizer and
+chat template come from the GGUF itself. Errors are LuceError with one line from the runtime.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from luce.binding import check, ffi, lib
+from luce.errors import LuceError
+
+DEVICES = ("cpu", "gpu", "auto")
+DEFAULT_CTX_SIZE = 4096
+DEFAULT_MAX_TOKENS = 128
+
+_DEVICE_IDS = {"cpu": 0, "gpu": 1}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Mirror of luce_model_info (native/include/luce.h)."""
+    n_vocab: int
+    n_embd: int
+    n_layer: int            # main layers (an MTP block is not counted)
+    n_full_attention: int
+    n_recurrent: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_ctx_train: int
+    n_params: int
+    weight_bytes: int
+    eos_token_id: int       # -1 if the file names none
+    tied_head: bool
+    n_layer_file: int       # block_count as stored (main + MTP)
+
+    @classmethod
+    def _from_native(cls, info) -> "ModelInfo":
+        values = {f.name: getattr(info, f.name) for f in fields(cls)}
+        values["tied_head"] = bool(values["tied_head"])
+        return cls(**values)
+
+
+@dataclass
+class Generation:
+    text: str
+    tokens: list[int]          # generated ids (an end-of-generation id is not included)
+    prompt_tokens: int
+    stats: dict = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, model: str | os.PathLike, *, device: str = "cpu", threads: int = 0,
+                 ctx_size: int = DEFAULT_CTX_SIZE):
+        if device not in DEVICES:
+            raise LuceError(f"unknown device '{device}' (choose from {', '.join(DEVICES)})")
+        if not isinstance(threads, int) or threads < 0:
+            raise LuceError(f"threads must be >= 0 (0 = one per core), got {threads}")
+        self.path = Path(model)
+        if not self.path.is_file():
+            raise LuceError(f"model file not found: {self.path}")
+        self._model = self._session = None
+        self._tokenizer = None
+        self.device = "cpu" if device == "auto" else device  # auto: GPU backend not built yet
+        lib()  # loads the library and declares luce.h's types before ffi.new below
+        params = ffi.new("luce_model_params *", {"device": _DEVICE_IDS[self.device],
+                                                 "n_threads": threads, "gpu_index": 0})
+        out = ffi.new("luce_model **")
+        check(lib().luce_model_load(os.fsencode(self.path), params, out), str(self.path))
+        self._model = out[0]
+        info = ffi.new("luce_model_info *")
+        check(lib().luce_model_get_info(self._model, info))
+        self.info = ModelInfo._from_native(info)
+        sess = ffi.new("luce_session **")
+        try:
+            check(lib().luce_session_create(self._model, int(ctx_size), sess))
+        except LuceError:
+            self.close()
+            raise
+        self._session = sess[0]
+        self.ctx_size = int(ctx_size)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._session is not None:
+            lib().luce_session_free(self._session)
+            self._session = None
+        if self._model is not None:
+            lib().luce_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _live_session(self):
+        if self._session is None:
+            raise LuceError("the engine is closed")
+        return self._session
+
+    # -- tokenizer ---------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        """The byte-level BPE tokenizer stored in the GGUF (built on first use)."""
+        if self._tokenizer is None:
+            from luce.converters.gguf_reader import GGUFFile
+            from luce.tokenizer import Tokenizer
+
+            with GGUFFile.open(self.path) as f:
+                self._tokenizer = Tokenizer.from_gguf(f)
+        return self._tokenizer
+
+    def _stop_ids(self) -> list[int]:
+        return sorted(self.tokenizer.eog_ids)
+
+    # -- logits ------------------------------------------------------------------------------
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Logits of every position of `token_ids` from an empty context: [n, n_vocab] float32."""
+        ids = self._ids_array(token_ids)
+        session = self._live_session()
+        check(lib().luce_session_reset(session))
+        out = np.empty((len(ids), self.info.n_vocab), dtype=np.float32)
+        check(lib().luce_session_eval(session, ffi.from_buffer("int32_t[]", ids), len(ids),
+                                      ffi.from_buffer("float[]", out), len(ids)))
+        return out
+
+    def _ids_array(self, token_ids: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(list(token_ids), dtype=np.int64)
+        if ids.size == 0:
+            raise LuceError("the prompt is empty")
+        bad = np.flatnonzero((ids < 0) | (ids >= self.info.n_vocab))
+        if bad.size:
+            raise LuceError(f"token id {int(ids[bad[0]])} is out of range "
+                            f"(vocabulary has {self.info.n_vocab} tokens)")
+        return np.ascontiguousarray(ids, dtype=np.int32)
+
+    # -- generation --------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: str, *, chat: bool = False) -> list[int]:
+        """Token ids for a text prompt, rendered with the GGUF's chat template when chat=True."""
+        if not prompt:
+            raise LuceError("the prompt is empty")
+        if chat:
+            from luce.chat import render_chat
+
+            template = self.tokenizer.chat_template
+            if not template:
+                raise LuceError(f"{self.path.name} has no chat template (tokenizer.chat_template)")
+            prompt = render_chat(template, [{"role": "user", "content": prompt}],
+                                 add_generation_prompt=True)
+        return self.tokenizer.encode(prompt)
+
+    def generate(self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,
+                 max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, ignore_eos: bool = False, chat: bool = False,
+                 on_text: Callable[[str], None] | None = None) -> Generation:
+        """Prefill the prompt, then decode up to max_tokens (greedy when temperature == 0).
+
+        Exactly one of `prompt` (text) and `prompt_ids` is given. on_text(str) receives decoded
+        text as tokens are committed (incomplete UTF-8 is held back until it completes)."""
+        if (prompt is None) == (prompt_ids is None):
+            raise LuceError("give exactly one of prompt and prompt_ids")
+        ids = self._ids_array(prompt_ids if prompt is None else self.encode_prompt(prompt, chat=chat))
+        if max_tokens < 0:
+            raise LuceError(f"max_tokens must be >= 0, got {max_tokens}")
+        session = self._live_session()
+        check(lib().luce_session_reset(session))
+
+        stop = self._stop_ids() if not ignore_eos else []
+        stop_buf = ffi.new("int32_t[]", stop or [0])
+        params = ffi.new("luce_generate_params *", {
+            "max_tokens": int(max_tokens), "temperature": float(temperature), "top_k": int(top_k),
+            "top_p": float(top_p), "seed": int(seed) & (2**64 - 1), "ignore_eos": int(ignore_eos),
+            "stop_ids": stop_buf, "n_stop_ids": len(stop)})
+        out_tokens = ffi.new("int32_t[]", max(1, max_tokens))
+        stats = ffi.new("luce_generate_stats *")
+
+        decoder = self.tokenizer.decoder() if on_text is not None else None
+        failure: list[BaseException] = []
+
+        @ffi.callback("int32_t(void *, const int32_t *, int32_t)")
+        def on_tokens(_user, tokens, n):
+            try:
+                text = decoder.feed([tokens[i] for i in range(n)])
+                if text:
+                    on_text(text)
+                return 0
+            except BaseException as e:  # surfaced after the native call returns
+                failure.append(e)
+                return 1
+
+        status = lib().luce_generate(session, ffi.NULL, ffi.from_buffer("int32_t[]", ids), len(ids),
+                                     params, on_tokens if on_text is not None else ffi.NULL,
+                                     ffi.NULL, out_tokens, max(1, max_tokens), stats)
+        if failure:
+            raise failure[0]
+        check(status)
+        tokens = [out_tokens[i] for i in range(stats.n_generated)]
+        return Generation(text=self.tokenizer.decode(tokens) if tokens else "", tokens=tokens,
+                          prompt_tokens=len(ids), stats=_stats_dict(stats))
+
+
+def _stats_dict(st) -> dict:
+    """Stats as the CLI prints them. Decode speed counts the n_generated - 1 steps after the
+    first token (which comes out of prefill), as llama.cpp does."""
+    decode_steps = max(st.n_generated - 1, 0)
+    return {
+        "prompt_tokens": st.n_prompt,
+        "prefill_seconds": st.prefill_seconds,
+        "prefill_tok_s": st.n_prompt / st.prefill_seconds if st.prefill_seconds > 0 else 0.0,
+        "generated_tokens": st.n_generated,
+        "decode_seconds": st.decode_seconds,
+        "decode_tok_s": decode_steps / st.decode_seconds if st.decode_seconds > 0 else 0.0,
+        "stopped_by_eos": bool(st.stopped_by_eos),
+    }

@@ -1,0 +1,158 @@
+"""The native loader against bad input: crafted GGUFs (helper A's fixtures, shared with the
+Python reader's tests), missing / non-GGUF files, wrong architecture, unsupported weight types,
+and bad calls. Each must end in ONE clear error line with the right status, never a crash, a
+hang or a huge allocation."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as Q
+
+from fixtures.crafted_gguf import CRAFTED, CRAFTED_QWEN35, KV, VT, qwen35_gguf_parts, write_gguf
+from fixtures.random_qwen35_gguf import SPEC_TINY, write_random_qwen35
+from luce import Engine, LuceError
+
+FORMAT, IO, UNSUPPORTED, DEVICE, INVALID, CONTEXT_FULL = 3, 2, 4, 7, 1, 6
+
+# Loads each file in a child process whose address space is capped: a loader that trusted a
+# crafted count and tried to allocate for it would fail with OUT_OF_MEMORY (or die) instead of
+# FORMAT, and a loader that looped would hit the timeout.
+_CHILD = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))
+from luce.binding import ffi, lib
+L = lib()
+out = {}
+for name, path in json.loads(sys.argv[1]).items():
+    m = ffi.new("luce_model **")
+    params = ffi.new("luce_model_params *", {"device": 0, "n_threads": 1, "gpu_index": 0})
+    status = L.luce_model_load(path.encode(), params, m)
+    out[name] = [status, ffi.string(L.luce_last_error()).decode()]
+    L.luce_model_free(m[0])
+print(json.dumps(out))
+"""
+
+
+def _load_in_child(paths: dict) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(paths)], capture_output=True,
+                          text=True, timeout=120, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def crafted_results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("crafted")
+    paths = {}
+    for name, writer in {**CRAFTED, **CRAFTED_QWEN35}.items():
+        paths[name] = str(writer(root / f"{name}.gguf"))
+    return _load_in_child(paths)
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED))
+def test_crafted_container_is_refused_by_the_parser(crafted_results, name):
+    status, message = crafted_results[name]
+    assert status == FORMAT, (status, message)
+    assert message and "\n" not in message
+    # The container parser must catch it itself: a file that got past it would only fail later,
+    # for want of the qwen35 keys these small files do not carry.
+    assert not message.startswith("missing metadata key"), message
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED_QWEN35))
+def test_crafted_qwen35_hparams_are_refused(crafted_results, name):
+    status, message = crafted_results[name]
+    assert status == FORMAT, (status, message)
+    assert message and "\n" not in message
+
+
+def test_oversized_block_count_names_the_key_and_bound(crafted_results):
+    status, message = crafted_results["block_count_2_31"]
+    assert "qwen35.block_count" in message and "2147483648" in message
+
+
+def test_the_valid_base_of_the_crafted_files_loads(tmp_path):
+    # Guards the tests above: the files differ from a loadable one only by their corruption.
+    path = write_random_qwen35(tmp_path / "ok.gguf")
+    assert _load_in_child({"ok": str(path)})["ok"][0] == 0
+
+
+# --- through luce.Engine: the errors users see --------------------------------------------------
+
+def _error(fn):
+    with pytest.raises(LuceError) as e:
+        fn()
+    assert "\n" not in str(e.value)
+    return e.value
+
+
+def test_missing_file(tmp_path):
+    err = _error(lambda: Engine(tmp_path / "nope.gguf"))
+    assert "not found" in str(err)
+
+
+def test_not_a_gguf(tmp_path):
+    path = tmp_path / "notes.gguf"
+    path.write_text("these are not the weights you are looking for\n" * 10)
+    err = _error(lambda: Engine(path))
+    assert err.status == FORMAT and "not a GGUF" in str(err)
+
+
+def test_wrong_architecture(tmp_path):
+    parts = qwen35_gguf_parts()
+    parts.kvs[0] = KV("general.architecture", VT.STRING, "llama")
+    err = _error(lambda: Engine(write_gguf(tmp_path / "llama.gguf", parts)))
+    assert err.status == UNSUPPORTED and "'llama'" in str(err)
+
+
+def test_unsupported_weight_types_are_listed_with_counts(tmp_path):
+    parts = qwen35_gguf_parts()
+    # Q4_0 (block of 32 -> 18 bytes) on every ffn_up, Q4_1 (32 -> 20) on every ffn_down.
+    def retype(t, qtype, block_bytes):
+        n_blocks = int(np.prod(t.shape)) // 32
+        return replace(t, ggml_type=qtype, data=bytes(n_blocks * block_bytes))
+    tensors = []
+    for t in parts.tensors:
+        if t.name.endswith("ffn_up.weight"):
+            t = retype(t, Q.Q4_0, 18)
+        elif t.name.endswith("ffn_down.weight"):
+            t = retype(t, Q.Q4_1, 20)
+        tensors.append(t)
+    n_layers = sum(t.name.endswith("ffn_up.weight") for t in tensors)
+    err = _error(lambda: Engine(write_gguf(tmp_path / "q4_0.gguf", replace(parts, tensors=tensors))))
+    assert err.status == UNSUPPORTED
+    assert f"q4_0 x{n_layers}" in str(err) and f"q4_1 x{n_layers}" in str(err)
+    assert "supported: f32 f16 q8_0 q4_K q5_K q6_K iq4_xs bf16" in str(err)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return write_random_qwen35(tmp_path_factory.mktemp("tiny") / "tiny.gguf", SPEC_TINY)
+
+
+def test_gpu_is_refused_until_built(tiny_path):
+    err = _error(lambda: Engine(tiny_path, device="gpu"))
+    assert err.status == DEVICE and "GPU backend not built" in str(err)
+
+
+def test_context_larger_than_the_model_supports(tiny_path):
+    err = _error(lambda: Engine(tiny_path, ctx_size=SPEC_TINY.ctx + 1))
+    assert err.status == INVALID and str(SPEC_TINY.ctx) in str(err)
+
+
+def test_bad_prompts(tiny_path):
+    with Engine(tiny_path, threads=1, ctx_size=32) as eng:
+        assert "empty" in str(_error(lambda: eng.logits([])))
+        assert "512" in str(_error(lambda: eng.logits([1, 512])))
+        assert "-1" in str(_error(lambda: eng.generate(prompt_ids=[-1, 2], max_tokens=1)))
+        err = _error(lambda: eng.logits(list(range(33))))
+        assert err.status == CONTEXT_FULL
+        err = _error(lambda: eng.generate(prompt_ids=list(range(30)), max_tokens=3, ignore_eos=True))
+        assert err.status == CONTEXT_FULL and "context size 32" in str(err)
+        # The engine is still usable after refusals.
+        assert eng.logits([1, 2, 3]).shape == (3, 512)
