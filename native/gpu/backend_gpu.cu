@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "quant_blocks.cuh"
 
 namespace luce {
 
@@ -192,5 +193,36 @@ extern "C" luce_status luce_gpu_open(int32_t device_index, int64_t bytes_needed,
     } catch (const std::exception &e) {
         report(e.what());
         return LUCE_ERR_INTERNAL;
+    }
+}
+
+// Test hook for tools/gpu_check.py: one matmul on the device, y[t][r] = sum_c W[r][c] x[t][c]
+// (host in, host out; the CPU twin is luce_matmul in luce.h), so each weight type can be checked
+// against gguf.quants' dequantization by itself, apart from the model.
+extern "C" luce_status luce_gpu_matmul(int32_t device_index, int32_t type, const void *weights, size_t nbytes,
+                                       int64_t n_rows, int64_t n_cols, const float *x, int64_t n_tok, float *y,
+                                       char *err, size_t err_len) {
+    try {
+        if (n_tok < 1 || n_tok > 64 || n_rows < 1 || n_cols < 1 || luce::gpu::block_bytes(type) == 0 ||
+            n_cols % luce::gpu::block_elems(type) != 0 ||
+            size_t(n_cols / luce::gpu::block_elems(type) * luce::gpu::block_bytes(type) * n_rows) != nbytes)
+            luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_matmul: bad shape or size");
+        luce::GpuBackend be(device_index);
+        void *w = be.alloc(nbytes);
+        auto *xd = static_cast<float *>(be.alloc(sizeof(float) * size_t(n_tok * n_cols)));
+        auto *yd = static_cast<float *>(be.alloc(sizeof(float) * size_t(n_tok * n_rows)));
+        be.upload(w, weights, nbytes);
+        be.upload(xd, x, sizeof(float) * size_t(n_tok * n_cols));
+        luce::Weight wt;
+        wt.type = type;
+        wt.n_in = n_cols;
+        wt.n_out = n_rows;
+        wt.data = w;
+        be.matmul(wt, xd, int(n_tok), yd, n_rows);
+        be.download(y, yd, sizeof(float) * size_t(n_tok * n_rows));
+        return LUCE_OK;
+    } catch (const luce::Error &e) {
+        if (err && err_len) std::snprintf(err, err_len, "%s", e.what());
+        return e.status;
     }
 }

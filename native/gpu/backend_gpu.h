@@ -69,3 +69,8 @@ private:
 // reason into err (err_len bytes). The caller owns *out (delete through Backend's virtual dtor).
 extern "C" __attribute__((visibility("default"))) luce_status
 luce_gpu_open(int32_t device_index, int64_t bytes_needed, luce::Backend **out, char *err, size_t err_len);
+
+// Test hook (tools/gpu_check.py): one matmul on GPU `device_index`, host buffers in and out.
+extern "C" __attribute__((visibility("default"))) luce_status
+luce_gpu_matmul(int32_t device_index, int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
+                int64_t n_cols, const float *x, int64_t n_tok, float *y, char *err, size_t err_len);
