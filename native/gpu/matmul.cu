@@ -36,9 +36,19 @@ __global__ void matmul_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int
                 if (t0 + t >= T) break;
                 const float *xt = x + int64_t(t0 + t) * n_in + 32 * u;
                 float s = 0.f;
+                if (n_valid == 32 && (reinterpret_cast<uintptr_t>(xt) & 15) == 0) {
+                    // 16-byte loads of the activation chunk (the common case: n_in % 4 == 0).
+                    const float4 *x4 = reinterpret_cast<const float4 *>(xt);
 #pragma unroll
-                for (int i = 0; i < 32; ++i)
-                    if (i < n_valid) s += wv[i] * xt[i];
+                    for (int i = 0; i < 8; ++i) {
+                        const float4 v = x4[i];
+                        s += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z + wv[4 * i + 3] * v.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 32; ++i)
+                        if (i < n_valid) s += wv[i] * xt[i];
+                }
                 acc[t] += s;
             }
         }

@@ -49,6 +49,21 @@ __device__ __forceinline__ void k_scale_min(const uint8_t *q, int j, int &sc, in
     }
 }
 
+// N little-endian 32-bit words at p, which the caller guarantees to be 4-byte aligned (block
+// sizes that are multiples of 8 or 16 bytes keep every field aligned from a cudaMalloc'd base):
+// 4-byte loads instead of 1-byte ones, and byte b of the run is (w[b / 4] >> 8 (b % 4)) & 0xFF.
+template <int N>
+__device__ __forceinline__ void load_words(const uint8_t *p, uint32_t (&w)[N]) {
+    const uint32_t *q = reinterpret_cast<const uint32_t *>(p);
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = q[i];
+}
+
+template <int N>
+__device__ __forceinline__ int byte_of(const uint32_t (&w)[N], int b) {
+    return int((w[b / 4] >> (8 * (b % 4))) & 0xFF);
+}
+
 // w[0..32) = elements [32u, 32u + 32) of a row (zeros past n_valid for float rows).
 template <int TYPE>
 __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_valid, float w[32]) {
@@ -75,11 +90,14 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_v
         int sc, m;
         k_scale_min(b + 4, j, sc, m);
         const float d0 = f16_at(b) * float(sc), dm = f16_at(b + 2) * float(m);
-        const uint8_t *qs = b + (TYPE == GGML_Q4_K ? 16 : 48) + 32 * c;
+        uint32_t qs[8], qh[8];  // blocks of 144 / 176 bytes: qs and qh are 16-byte aligned
+        load_words(b + (TYPE == GGML_Q4_K ? 16 : 48) + 32 * c, qs);
+        if constexpr (TYPE == GGML_Q5_K) load_words(b + 16, qh);
 #pragma unroll
         for (int l = 0; l < 32; ++l) {
-            int q = hi ? (qs[l] >> 4) : (qs[l] & 0xF);
-            if constexpr (TYPE == GGML_Q5_K) q |= ((b[16 + l] >> j) & 1) << 4;
+            const int byte = byte_of(qs, l);
+            int q = hi ? (byte >> 4) : (byte & 0xF);
+            if constexpr (TYPE == GGML_Q5_K) q |= ((byte_of(qh, l) >> j) & 1) << 4;
             w[l] = d0 * float(q) - dm;
         }
     } else if constexpr (TYPE == GGML_Q6_K) {
@@ -105,11 +123,13 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_v
         const int scales_h = int(b[2]) | (int(b[3]) << 8);
         const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
         const float dl = f16_at(b) * float(ls - 32);
-        const uint8_t *qs = b + 8 + 16 * ib;
+        uint32_t qs[4];  // blocks of 136 bytes: qs is 8-byte aligned
+        load_words(b + 8 + 16 * ib, qs);
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
-            w[l] = dl * float(kIq4nl[qs[l] & 0xF]);
-            w[l + 16] = dl * float(kIq4nl[qs[l] >> 4]);
+            const int byte = byte_of(qs, l);
+            w[l] = dl * float(kIq4nl[byte & 0xF]);
+            w[l + 16] = dl * float(kIq4nl[byte >> 4]);
         }
     }
 }
