@@ -272,6 +272,38 @@ def check_model(label: str, path: Path, tol: float, dut: str, threads: int) -> d
             "ok": bool(ok)}
 
 
+# compute-sanitizer's memcheck over one small model (logits of a 70-token prefill, greedy
+# decode) and the matmul hook of every type: out-of-bounds or misaligned device accesses that
+# the numbers alone might not show.
+_MEMCHECK_CHILD = r"""
+import sys
+sys.path[:0] = sys.argv[2:]
+import numpy as np
+import gpu_check
+from luce import Engine
+with Engine(sys.argv[1], device="gpu", ctx_size=128) as eng:
+    eng.logits(list(range(70)))
+    gpu_check.greedy(eng, list(range(12)), 8)
+gpu_check.check_matmul_ops("gpu")
+"""
+
+
+def memcheck(model: Path) -> dict:
+    tool = shutil.which("compute-sanitizer")
+    if tool is None:
+        return {"status": "unavailable (no compute-sanitizer on PATH)", "ok": True}
+    cmd = [tool, "--tool", "memcheck", "--leak-check", "no", "--error-exitcode", "3", sys.executable, "-c",
+           _MEMCHECK_CHILD, str(model), str(Path(__file__).resolve().parent), str(REPO / "models"), str(REPO / "tests")]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd="/")
+    except subprocess.TimeoutExpired:
+        return {"status": "timed out after 180 s (not counted as a failure)", "ok": True}
+    errors = [line for line in proc.stdout.splitlines() if "ERROR SUMMARY" in line or "Invalid" in line]
+    if proc.returncode == 0:
+        return {"status": "clean: " + (errors[-1].strip() if errors else "no errors"), "ok": True}
+    return {"status": f"exit {proc.returncode}: " + " | ".join(errors[:5] or [proc.stderr[-500:]]), "ok": False}
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. bench: synthetic 27B
 
@@ -416,6 +448,8 @@ def write_report(out: Path, report: dict) -> None:
                      f"{c['checked_identical']}/{c['prompts_checked']} | "
                      f"{c['near_tie_identical']}/{c['prompts'] - c['prompts_checked']} | "
                      f"{'ok' if c['ok'] else 'FAIL'} |")
+    if "memcheck" in report:
+        lines.append(f"\n- compute-sanitizer memcheck (synthetic tiny iq4_xs + matmul hook): {report['memcheck']['status']}")
     for n in report.get("notes", []):
         lines.append(f"\nNOTE: {n}")
     b = report.get("bench")
@@ -470,13 +504,17 @@ def run(args, out: Path, build_info: dict | None) -> int:
             report["checks"].append(check_model(label, path, tol, args.dut, threads))
         except Exception as e:
             report["checks"].append({"model": label, "error": f"{type(e).__name__}: {e}", "ok": False})
+    if args.dut == "gpu" and not args.no_memcheck:
+        log("memcheck")
+        report["memcheck"] = memcheck(models[0][1])
     if args.bench_shape != "none":
         try:
             report["bench"] = bench(args.bench_shape, args.dut, threads, deadline)
         except Exception as e:
             report["bench"] = {"shape": args.bench_shape, "mix": "iq4_xs", "bytes_per_token": 0,
                                "error": f"{type(e).__name__}: {e}"}
-    report["ok"] = all(c["ok"] for c in report["checks"] + report["matmul"]) and not notes and "error" not in report.get("bench", {})
+    report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"]) and not notes
+                    and report.get("memcheck", {"ok": True})["ok"]) and "error" not in report.get("bench", {})
     report["seconds"] = time.perf_counter() - t_start
     write_report(out, report)
     return 0 if report["ok"] else 1
@@ -491,6 +529,7 @@ def main(argv=None) -> int:
     ap.add_argument("--archs", default=os.environ.get("LUCE_GPU_ARCHS", "90"))
     ap.add_argument("--bench-shape", default="27b", choices=("27b", "0.8b", "tiny", "none"))
     ap.add_argument("--budget", type=float, default=330.0, help="seconds after which bench items are skipped")
+    ap.add_argument("--no-memcheck", action="store_true", help="skip the compute-sanitizer pass")
     ap.add_argument("--build-info", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -500,7 +539,7 @@ def main(argv=None) -> int:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([info["site"], os.environ.get("PYTHONPATH", "")])}
         cmd = [sys.executable, str(Path(__file__).resolve()), "--skip-build", "--out", str(args.out.resolve()),
                "--dut", args.dut, "--bench-shape", args.bench_shape, "--budget", str(args.budget),
-               "--build-info", json.dumps(info)]
+               "--build-info", json.dumps(info)] + (["--no-memcheck"] if args.no_memcheck else [])
         return subprocess.run(cmd, cwd="/", env=env).returncode
     return run(args, args.out, json.loads(args.build_info) if args.build_info else None)
 
