@@ -66,6 +66,8 @@ def build(out: Path, archs: str) -> dict:
     site.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
            "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 4)}
+    if not shutil.which("nvcc") and Path("/usr/local/cuda/bin/nvcc").exists():
+        env.setdefault("CUDACXX", "/usr/local/cuda/bin/nvcc")  # CMake finds nvcc through this
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--upgrade", "--target", str(site)]
     missing = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None
                and not (site / m).is_dir()]
