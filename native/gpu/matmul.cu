@@ -4,8 +4,8 @@
 // elements each, quant_blocks.cuh) into registers and applies each unit to NT tokens at once,
 // so a step of T tokens streams the weight row from memory once per NT-token tile; tiles after
 // the first re-read the row from L1/L2, not from DRAM (a row is a few KB). NT = 1 is the decode
-// GEMV; NT = 8 serves verify widths and prefill chunks (T <= 64). Two widths x eight types are
-// all the instantiations there are, to keep the CUDA compile short.
+// GEMV; NT = 16 serves verify widths (one pass up to 16) and prefill chunks (T <= 64, 4 passes).
+// Two widths x eight types are all the instantiations there are, to keep the CUDA compile short.
 #include "kernels.h"
 #include "quant_blocks.cuh"
 
@@ -103,7 +103,7 @@ struct MatmulLaunch {
             matmul_kernel<TYPE, 1><<<blocks, MATMUL_THREADS, 0, stream>>>(
                 wd, weight_row_bytes(w), int(w.n_in), w.n_out, x, T, y, ldy);
         else
-            matmul_kernel<TYPE, 8><<<blocks, MATMUL_THREADS, 0, stream>>>(
+            matmul_kernel<TYPE, 16><<<blocks, MATMUL_THREADS, 0, stream>>>(
                 wd, weight_row_bytes(w), int(w.n_in), w.n_out, x, T, y, ldy);
         LUCE_GPU_LAUNCHED();
     }
