@@ -4,6 +4,8 @@
 #   make build   (re)build and install the package and its native runtime into .venv
 #   make bench   CPU benchmark table (see docs/benchmarks.md)
 #   make lint    byte-compile + ruff when present
+#   make gpu-check   on a GPU machine: build LUCE_GPU=cuda (sm_90), GPU-vs-CPU checks, 27B bench (docs/gpu.md)
+#   make hip-check   compile + link the HIP path with Debian's hipcc (gfx1030), no GPU needed
 # Knobs: PYTHON=python3.11  JOBS=2  PYTEST_ARGS="-k quants"  LUCE_GPU=off|auto|cuda|hip
 
 PYTHON ?= python3
@@ -14,7 +16,8 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: venv build train-deps test demo bench peer lint clean reference-corpus reference-smoke
+.PHONY: venv build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
+        gpu-check hip-check
 
 $(VENV)/.ready: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -77,6 +80,17 @@ reference-corpus: train-deps
 
 reference-smoke: train-deps
 	$(PY) -m models.pipeline --preset smoke --corpus models/work/corpus-smoke --out models/work/smoke-out
+
+# One call on the GPU machine (no network; see docs/gpu.md for the two wheels it may need).
+gpu-check:
+	python3 tools/gpu_check.py
+
+# The HIP path must keep compiling without an AMD GPU: Debian's hipcc (ROCm 5.2) targets gfx1030.
+HIP_ARCHS ?= gfx1030
+hip-check: venv
+	HIP_PLATFORM=amd $(VENV)/bin/cmake -S native -B build/hip -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DLUCE_GPU=hip -DLUCE_GPU_ARCHS="$(HIP_ARCHS)"
+	$(VENV)/bin/cmake --build build/hip -j $(JOBS) --target luce_gpu
 
 lint: venv
 	$(PY) -m compileall -q cli converters src native/binding tests
