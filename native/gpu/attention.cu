@@ -116,11 +116,18 @@ void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_h
     LUCE_GPU_LAUNCHED();
 }
 
+// The GPU kernels read an f32 cache only so far; the f16 cache is a CPU-backend option.
+static void require_f32_cache(const KvLayer &kv) {
+    if (kv.f16) fail(LUCE_ERR_UNSUPPORTED, "the GPU backend has no f16 KV cache yet; use the f32 cache");
+}
+
 void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
               int n_head_kv, int head_dim) {
     const int64_t n = int64_t(T) * n_head_kv * head_dim;
     if (n < 1) return;
-    kv_store_kernel<<<blocks_for(n), ELEMENT_THREADS, 0, stream>>>(kv.k, kv.v, kv.n_ctx, k, v, pos, T,
+    require_f32_cache(kv);
+    kv_store_kernel<<<blocks_for(n), ELEMENT_THREADS, 0, stream>>>(static_cast<float *>(kv.k),
+                                                                    static_cast<float *>(kv.v), kv.n_ctx, k, v, pos, T,
                                                                     n_head_kv, head_dim);
     LUCE_GPU_LAUNCHED();
 }
@@ -128,13 +135,14 @@ void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, 
 void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv, const int32_t *pos,
                const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out) {
     if (T < 1) return;
+    require_f32_cache(kv);
     const int W = ATTENTION_THREADS / warp;
     const size_t shared = sizeof(float) * (size_t(head_dim) * (1 + W) + 2 * size_t(W));
     if (shared > 48 * 1024)
         fail(LUCE_ERR_UNSUPPORTED, "GPU attention: head dim %d needs %zu bytes of shared memory", head_dim, shared);
     const dim3 grid{unsigned(n_head), unsigned(T)};
     attention_kernel<<<grid, ATTENTION_THREADS, shared, stream>>>(
-        q, kv.k, kv.v, kv.n_ctx, pos, mask, n_head, n_head / n_head_kv, head_dim,
+        q, static_cast<const float *>(kv.k), static_cast<const float *>(kv.v), kv.n_ctx, pos, mask, n_head, n_head / n_head_kv, head_dim,
         1.0f / sqrtf(float(head_dim)), out);
     LUCE_GPU_LAUNCHED();
 }
