@@ -8,15 +8,9 @@
 #include "model.h"
 #include "session.h"
 
+#include "api_handles.h"
+
 #define LUCE_API extern "C" __attribute__((visibility("default")))
-
-struct luce_model {
-    std::unique_ptr<luce::Model> m;
-};
-
-struct luce_session {
-    std::unique_ptr<luce::Session> s;
-};
 
 using luce::fail;
 using luce::guard;
