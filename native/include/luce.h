@@ -142,6 +142,14 @@ typedef struct {
     int32_t ignore_eos;
     const int32_t *stop_ids;   /* end-of-generation token ids */
     int32_t n_stop_ids;
+    /* Speculative decoding (used only when luce_generate gets a drafter; zero = defaults). */
+    int32_t draft_block_size;  /* block rows B: 0 = the drafter's checkpoint value, else 2..2x it (max 32) */
+    int32_t no_adaptive;       /* 1 = never fall back to bursts of plain decoding */
+    float dspark_confidence_threshold; /* DSpark: cut the chain at the first confidence below it; 0 = off */
+    int32_t verify_cap_from;   /* committed tokens from which the verify width is capped to max(8, B/2);
+                                  0 = default (8192), < 0 = never */
+    int32_t ddtree;            /* 1 = DDTree tree verification (not built yet: LUCE_ERR_UNSUPPORTED) */
+    int32_t ddtree_budget;     /* tree nodes; 0 = default (22) */
 } luce_generate_params;
 
 typedef struct {
@@ -150,6 +158,20 @@ typedef struct {
     double prefill_seconds;
     double decode_seconds;
     int32_t stopped_by_eos;    /* an end-of-generation id ended the loop (it is not in the output) */
+    /* Speculative decoding (zero without a drafter). */
+    int32_t spec_steps;        /* draft + verify steps */
+    int32_t plain_steps;       /* single-token steps (adaptive bursts, or no room left to draft) */
+    int32_t n_drafted;         /* proposals verified by the target */
+    int32_t n_accepted;        /* proposals accepted */
+    int32_t full_accept_steps; /* spec steps that accepted every proposal */
+    int32_t zero_accept_steps; /* spec steps that accepted none (only the bonus token committed) */
+    int32_t max_accepted;      /* longest accepted run in one step */
+    int32_t block_size;        /* block rows B used */
+    double tau;                /* mean tokens committed per spec step, bonus included */
+    double acceptance;         /* n_accepted / n_drafted (over the verified width) */
+    double draft_seconds;      /* drafter: context projection, block forward, heads */
+    double verify_seconds;     /* target forward over the verify block */
+    double rollback_seconds;   /* DeltaNet state restore after a partial accept */
 } luce_generate_stats;
 
 /* Called with newly committed tokens as they are produced; return nonzero to stop early

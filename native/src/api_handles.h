@@ -2,6 +2,7 @@
 #pragma once
 #include <memory>
 
+#include "drafter.h"
 #include "model.h"
 #include "session.h"
 
@@ -11,4 +12,8 @@ struct luce_model {
 
 struct luce_session {
     std::unique_ptr<luce::Session> s;
+};
+
+struct luce_drafter {
+    std::unique_ptr<luce::Drafter> d;
 };

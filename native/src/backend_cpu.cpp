@@ -106,6 +106,7 @@ void *CpuBackend::alloc(size_t n_bytes) {
 void CpuBackend::release(void *p) { std::free(p); }
 void CpuBackend::upload(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
 void CpuBackend::download(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
+void CpuBackend::copy(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
 
 void CpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) {
     pool_.run(w.n_out, [&](int64_t r0, int64_t r1) {
