@@ -150,6 +150,11 @@ typedef struct {
                                   0 = default (8192), < 0 = never */
     int32_t ddtree;            /* 1 = DDTree tree verification (not built yet: LUCE_ERR_UNSUPPORTED) */
     int32_t ddtree_budget;     /* tree nodes; 0 = default (22) */
+    /* Test hook (greedy only): the proposal for generated token g is oracle_tokens[g] when
+       g < n_oracle_tokens, instead of the drafter heads' (the drafter still runs). Tests use it to
+       force long accepted runs, full-block accepts and rejections at chosen slots. */
+    const int32_t *oracle_tokens;
+    int32_t n_oracle_tokens;
 } luce_generate_params;
 
 typedef struct {
