@@ -44,7 +44,7 @@ _FLAGS = _cpu_flags()
 KERNEL_LEVELS = {
     "scalar": True,
     "avx2": {"avx2", "fma", "f16c"} <= _FLAGS,
-    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= _FLAGS,
+    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "bmi2"} <= _FLAGS,
 }
 
 
@@ -261,6 +261,19 @@ def test_matmul_rows_not_multiple_of_256(qtype, kernel_level):
     w64 = gguf_dequantize(raw, qtype).reshape(n_rows, n_cols).astype(np.float64)
     for n_tok in (1, 5):
         assert_matmul_close(qtype, raw, w64, rng.standard_normal((n_tok, n_cols)).astype(np.float32))
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)
+def test_matmul_wide_rows_run_in_column_passes(qtype, kernel_level):
+    """Rows wider than one L1 pass of a token tile (quants_kernels.h column_chunk: 32 KiB of
+    activations, 8192 int8 or 2048 fp32 columns for 4 tokens): passes add into y, the last
+    pass carries the float tail."""
+    rng = np.random.default_rng(91 + int(qtype))
+    n_cols = 8192 + 512 if qtype in QUANTIZED else 2048 + 301
+    block, _ = GGML_QUANT_SIZES[qtype]
+    raw = matmul_raw(qtype, 3 * n_cols // block, rng)
+    w64 = gguf_dequantize(raw, qtype).reshape(3, n_cols).astype(np.float64)
+    assert_matmul_close(qtype, raw, w64, rng.standard_normal((6, n_cols)).astype(np.float32))
 
 
 @pytest.mark.parametrize("qtype", LIBGGUF_TYPES, ids=lambda t: t.name)

@@ -23,9 +23,14 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 // torch.nn.functional.softplus with its default threshold: x > 20 returns x.
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
-// Rows of a matmul per scheduling unit: keeps each thread's slice a multiple of 16 rows
-// (whole cache lines of y for small T) without starving threads on narrow matrices.
-constexpr int64_t MATMUL_GRAIN = 16;
+// Smallest share of work (in multiply-adds) worth waking another thread for: below it the
+// wake-up costs more than the arithmetic, so small ops of a tiny model run on one thread.
+constexpr int64_t MIN_WORK_PER_THREAD = 1 << 15;
+
+// Items per scheduling unit given the cost of one item; at least `floor` items.
+int64_t grain_for(int64_t work_per_item, int64_t floor = 1) {
+    return std::max(floor, MIN_WORK_PER_THREAD / std::max<int64_t>(1, work_per_item));
+}
 
 // The inner loops below are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load
 // time (GCC/Clang function multiversioning), so one binary runs anywhere and uses wide vectors
@@ -111,7 +116,7 @@ void CpuBackend::copy(void *dst, const void *src, size_t n) { std::memcpy(dst, s
 void CpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) {
     pool_.run(w.n_out, [&](int64_t r0, int64_t r1) {
         matmul_rows(w.type, w.data, w.n_in, r0, r1, x, T, y, ldy);
-    }, MATMUL_GRAIN);
+    }, grain_for(w.n_in * T, 16));  // >= 16 rows: whole cache lines of y
 }
 
 void CpuBackend::get_rows(const Weight &w, const int32_t *ids, int T, float *out) {
@@ -131,7 +136,7 @@ void CpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n
             const float scale = 1.0f / std::sqrt(dot(xr, xr, dim) / float(dim) + eps);
             for (int i = 0; i < dim; ++i) yr[i] = xr[i] * scale * w[i];
         }
-    }, 8);
+    }, grain_for(2 * dim));
 }
 
 void CpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim,
@@ -143,7 +148,7 @@ void CpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_r
             const float scale = 1.0f / std::sqrt(dot(orow, orow, dim) / float(dim) + eps);
             for (int i = 0; i < dim; ++i) orow[i] = orow[i] * scale * w[i] * silu(zr[i]);
         }
-    }, 8);
+    }, grain_for(8 * dim));
 }
 
 void CpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) {
@@ -154,7 +159,7 @@ void CpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_r
 void CpuBackend::swiglu(float *gate, const float *up, int64_t n) {
     pool_.run(n, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) gate[i] = silu(gate[i]) * up[i];
-    }, 4096);
+    }, grain_for(8));
 }
 
 void CpuBackend::add(float *x, const float *y, int64_t n) {
@@ -226,7 +231,7 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
             const float inv = sum > 0.f ? 1.0f / sum : 0.f;
             for (int d = 0; d < head_dim; ++d) oh[d] *= inv;
         }
-    });
+    }, grain_for(int64_t(mask ? kv.n_ctx : pos[T - 1] + 1) * head_dim * 2));
 }
 
 void CpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
@@ -251,7 +256,7 @@ void CpuBackend::conv_silu(const float *x, float *state, const float *w, int T, 
             float *dst = state + int64_t(i) * C + c0;
             if (src != dst) std::memmove(dst, src, sizeof(float) * size_t(c1 - c0));
         }
-    }, 64);
+    }, grain_for(int64_t(T) * (Kc + 8), 16));
 }
 
 void CpuBackend::gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
@@ -285,7 +290,7 @@ void CpuBackend::gated_delta_net(const float *conv, const float *b, const float 
                                 sizeof(float) * size_t(DK) * size_t(DV));
             }
         }
-    });
+    }, grain_for(int64_t(T) * DK * DV * 4));
 }
 
 int32_t CpuBackend::argmax(const float *x, int64_t n) {

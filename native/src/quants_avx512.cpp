@@ -198,7 +198,13 @@ void iq4_xs_tile(const Tile &t) {
     for (int64_t i = t.c0 / 256; i < t.c1 / 256; ++i) {
         const uint8_t *b = row + i * 136;
         const float d = f16(b);
-        const uint16_t scales_h = load_u16(b + 2);
+        // 6-bit scales of the 8 sub-blocks, one per byte: pdep drops nibble ib of scales_l into
+        // byte ib's bits 0-3 and bit pair ib of scales_h into its bits 4-5 (spec §4's ls).
+        uint32_t scales_l;
+        std::memcpy(&scales_l, b + 4, 4);
+        const uint64_t ls8 = _pdep_u64(scales_l, 0x0F0F0F0F0F0F0F0FULL) | _pdep_u64(load_u16(b + 2), 0x3030303030303030ULL);
+        const __m512i ls16 = _mm512_castsi128_si512(
+            _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(ls8))), _mm_set1_epi16(32)));
         __m512i az[4], scv[4];
         __mmask64 neg[4];
         for (int j = 0; j < 4; ++j) {
@@ -207,12 +213,7 @@ void iq4_xs_tile(const Tile &t) {
             const __m512i v = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srlv_epi16(raw, lane_shift), low4));
             neg[j] = _mm512_movepi8_mask(v);
             az[j] = _mm512_abs_epi8(v);
-            int16_t ls[2];
-            for (int h = 0; h < 2; ++h) {
-                const int ib = 2 * j + h;
-                ls[h] = int16_t((((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32);
-            }
-            scv[j] = _mm512_inserti64x4(_mm512_set1_epi16(ls[0]), _mm256_set1_epi16(ls[1]), 1);
+            scv[j] = pick_pair(ls16, 2 * j, 2 * j + 1);
         }
         for (int k = 0; k < NT; ++k) {
             const int64_t tok = t.t0 + k;

@@ -296,6 +296,10 @@ class Engine:
         if failure:
             raise failure[0]
         check(status)
+        if decoder is not None:
+            tail = decoder.flush()  # bytes held back as incomplete UTF-8 at the very end
+            if tail:
+                on_text(tail)
         tokens = [out_tokens[i] for i in range(stats.n_generated)]
         return Generation(text=self.tokenizer.decode(tokens) if tokens else "", tokens=tokens,
                           prompt_tokens=len(ids), stats=_stats_dict(stats, drafter != ffi.NULL))
