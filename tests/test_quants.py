@@ -276,6 +276,19 @@ def test_matmul_wide_rows_run_in_column_passes(qtype, kernel_level):
     assert_matmul_close(qtype, raw, w64, rng.standard_normal((6, n_cols)).astype(np.float32))
 
 
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)
+def test_matmul_many_rows_run_in_row_blocks(qtype, kernel_level):
+    """More than one tile of tokens over more rows than one L2 row block (1 MiB of weight slice:
+    <= 256 rows of 2048 fp32/fp16 columns, <= 3855 rows of 512 quantized columns), an odd count
+    so the AVX-512 float row pairs leave one row over."""
+    rng = np.random.default_rng(123 + int(qtype))
+    n_rows, n_cols = (4001, 512) if qtype in QUANTIZED else (301, 2304)
+    block, _ = GGML_QUANT_SIZES[qtype]
+    raw = matmul_raw(qtype, n_rows * n_cols // block, rng)
+    w64 = gguf_dequantize(raw, qtype).reshape(n_rows, n_cols).astype(np.float64)
+    assert_matmul_close(qtype, raw, w64, rng.standard_normal((6, n_cols)).astype(np.float32))
+
+
 @pytest.mark.parametrize("qtype", LIBGGUF_TYPES, ids=lambda t: t.name)
 def test_matmul_llama_cpp_quantized_close_to_float64(qtype, kernel_level):
     rng = np.random.default_rng(3000 + int(qtype))
