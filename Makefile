@@ -1,5 +1,5 @@
 # luce — everyday entry points.
-#   make demo    convert -> inspect (-> generate) on the bundled reference data
+#   make demo    generate a small drafter checkpoint, convert it, inspect it (models/work/)
 #   make test    fresh-machine safe: creates .venv, installs luce with its test extra, runs pytest
 #   make build   (re)build and install the package and its native runtime into .venv
 #   make bench   CPU benchmark table (see docs/benchmarks.md)
@@ -38,8 +38,13 @@ build: venv
 test: build
 	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
 
+# The main job on bundled data: generate a small DFlash 2 checkpoint (models/make_demo_drafter.py,
+# random weights, published layout), convert it to a drafter GGUF, and inspect the result.
+DEMO := models/work/demo-drafter
 demo: build
-	$(VENV)/bin/luce --version
+	$(PY) models/make_demo_drafter.py $(DEMO)
+	$(VENV)/bin/luce convert $(DEMO) -o $(DEMO).gguf --force
+	$(VENV)/bin/luce inspect $(DEMO).gguf
 
 # CPU benchmark against llama.cpp on a synthetic qwen35 file of a stated shape (docs/benchmarks.md).
 BENCH_SHAPE ?= 0.8b

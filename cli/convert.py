@@ -73,7 +73,11 @@ def render_summary(result, console: Console) -> None:
             table.add_row(label, _fmt(value))
     console.print(table)
     if result.plan is not None and result.path is None:
-        plan = Table("tensor", "source", "shape (GGUF)", "type", "bytes", title="plan")
+        keys = Table("key", "type", "value", title="keys")
+        for key, value in result.plan.keys:
+            keys.add_row(key.at(result.plan.arch), key.vtype.name, _fmt(value))
+        console.print(keys)
+        plan = Table("tensor", "source", "shape (GGUF)", "type", "bytes", title="tensors")
         for t in result.plan.tensors:
             plan.add_row(t.gguf_name, t.source, str(list(t.gguf_shape)), t.stored.name, str(t.nbytes))
         console.print(plan)

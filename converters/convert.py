@@ -63,9 +63,10 @@ def _target_config(src: Path, config: Path | None) -> dict | None:
     return load_json(path, "config") if path.exists() else None
 
 
-def convert_checkpoint(src, out, opts: ConvertOptions = ConvertOptions(),
+def convert_checkpoint(src, out, opts: ConvertOptions | None = None,
                        progress: Progress | None = None) -> ConvertResult:
-    src, out, progress = Path(src), Path(out), progress or NoProgress()
+    src, out = Path(src), Path(out)
+    opts, progress = opts or ConvertOptions(), progress or NoProgress()
     if not src.exists():
         raise LuceError(f"{src}: no such file or directory")
     if not opts.dry_run:

@@ -16,7 +16,7 @@ but a disagreement means the config describes another model, so it is an error n
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from luce.converters import schema
 from luce.errors import LuceError
@@ -57,7 +57,6 @@ class DraftConfig:
     selector_top_k: int = schema.DEFAULT_SELECTOR_TOP_K
     markov_rank: int | None = None  # declared in DSpark configs; the weights decide
     sample_from_anchor: bool | None = None
-    warnings: list[str] = field(default_factory=list)
 
 
 def _first(sources: list[dict], *keys):

@@ -153,7 +153,7 @@ def plan_drafter(ckpt: Checkpoint, kind: str, layout: str = "lucebox",
         raise LuceError(f"unknown outtype {outtype!r}; choose one of {', '.join(schema.OUTTYPES)}")
     cfg = normalise(ckpt.config, kind, no_yarn=no_yarn)
     mapped, dropped = _map_main(ckpt, kind)
-    warnings = list(cfg.warnings)
+    warnings = list(ckpt.warnings)
 
     by_role = {(role, layer): t for role, layer, t in mapped}
     layers = sorted({layer for _, layer, _ in mapped if layer is not None})
@@ -171,10 +171,15 @@ def plan_drafter(ckpt: Checkpoint, kind: str, layout: str = "lucebox",
     heads, used_sidecar = [], False
     if kind == "dspark":
         heads, markov_vocab, markov_rank, conf_dim = _dspark_heads(ckpt, cfg.hidden, warnings)
-        used_sidecar = any(t is not None and t.file == ckpt.sidecar_path for _, _, t in heads)
         if cfg.markov_rank is not None and cfg.markov_rank != markov_rank:
             raise LuceError(f"config.json markov_rank={cfg.markov_rank} but the weights say {markov_rank} "
                             f"(markov_w1 columns)")
+    used = {t.name for _, _, t in heads if t is not None and t.file == ckpt.sidecar_path}
+    used_sidecar = bool(used)
+    unused = sorted(set(ckpt.sidecar) - used)
+    if unused:
+        # e.g. Domino GRU heads (domino_*), which luce does not convert
+        warnings.append(f"{len(unused)} sidecar tensors not converted ({unused[0]}, ...)")
     shape = _draft_shape(cfg, n_target, by_role, markov_rank, markov_vocab, conf_dim)
     _check_conv_config(cfg, by_role, kind)
 

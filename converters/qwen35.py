@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -405,19 +407,28 @@ def _tensor_info(t: PlannedTensor) -> tuple[tuple[int, ...], np.dtype, int]:
     return byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape))
 
 
+class Progress(Protocol):
+    """What `luce convert`'s progress bar implements (luce.converters.convert.Progress)."""
+
+    def start(self, n_tensors: int, n_bytes: int) -> None: ...
+
+    def advance(self, name: str, n_bytes: int) -> None: ...
+
+
 def convert_qwen35(
     src_dir: str | os.PathLike,
     out_path: str | os.PathLike,
     outtype: str = DEFAULT_OUTTYPE,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
     *,
     force: bool = False,
-) -> Path:
-    """Write `out_path` (a qwen35 GGUF) from the HF checkpoint in `src_dir`; returns the path.
+) -> dict:
+    """Write `out_path` (a qwen35 GGUF) from the HF checkpoint in `src_dir`; returns a summary.
 
     `outtype` picks the encoding of 2-D weights (f32, f16, bf16, q8_0; norms, 1-D tensors and the
-    conv kernel are always F32). `progress(done, total)` is called after each tensor. The file
-    appears only when complete (`atomic_output`); an existing file is replaced only with `force`.
+    conv kernel are always F32). `progress.start(n_tensors, n_bytes)` is called once the plan is
+    known and `progress.advance(name, n_bytes)` after each tensor. The file appears only when
+    complete (`atomic_output`); an existing file is replaced only with `force`.
     """
     if outtype not in OUTTYPES:
         raise LuceError(f"unknown outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
@@ -428,22 +439,31 @@ def convert_qwen35(
     cfg = Qwen35Config.from_hf(ckpt.config)
     plan, has_mtp = plan_tensors(cfg, ckpt, weight_type)
     transforms = _transforms(cfg)
+    infos = [_tensor_info(t) for t in plan]
 
     with atomic_output(out_path, force) as tmp_path:
         w = GGUFWriter(tmp_path, ARCH)
         _add_hparams(w, cfg, Path(src_dir).resolve().name, has_mtp, file_type)
         add_tokenizer_metadata(w, ckpt.directory, cfg.vocab_size)
-        for t in plan:
-            shape, dtype, nbytes = _tensor_info(t)
+        for t, (shape, dtype, nbytes) in zip(plan, infos):
             w.add_tensor_info(t.gguf_name, shape, dtype, nbytes, raw_dtype=t.qtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for done, t in enumerate(plan, 1):
+        if progress is not None:
+            progress.start(len(plan), sum(nbytes for _, _, nbytes in infos))
+        for t, (_, _, nbytes) in zip(plan, infos):
             data = transforms[t.transform](ckpt.load(t.hf_name))
             w.write_tensor_data(quantize(np.ascontiguousarray(data, dtype=np.float32), t.qtype))
             if progress is not None:
-                progress(done, len(plan))
+                progress.advance(t.gguf_name, nbytes)
         w.close()
     log.info("wrote %s: %d tensors, %s", out_path, len(plan), outtype)
-    return Path(out_path)
+    return {
+        "format": f"Qwen3.5 target ({ARCH})",
+        "layers": f"{cfg.num_layers} + 1 MTP" if has_mtp else cfg.num_layers,
+        "hidden": cfg.hidden_size,
+        "tensor_types": dict(Counter(t.qtype.name for t in plan)),
+        "n_tensors": len(plan),
+        "output_bytes": Path(out_path).stat().st_size,
+    }

@@ -109,10 +109,11 @@ class Checkpoint:
     """
 
     def __init__(self, config: dict, config_path: Path | None, tensors: dict, sidecar: dict,
-                 sidecar_path: Path | None, files: list[Path]):
+                 sidecar_path: Path | None, files: list[Path], warnings: list[str] | None = None):
         self.config, self.config_path = config, config_path
         self.tensors, self.sidecar, self.sidecar_path = tensors, sidecar, sidecar_path
         self.files = files
+        self.warnings = warnings or []
         self._maps: dict[Path, mmap.mmap] = {}
 
     @property
@@ -163,9 +164,10 @@ def open_checkpoint(src, config_path=None, aux_heads=None, use_sidecar=True) -> 
     if not Path(config_path).exists():
         raise LuceError(f"{config_path}: no config.json (pass --config FILE)")
     config = load_json(config_path, "config")
-    sidecar_path = _sidecar_path(folder, aux_heads) if use_sidecar else None
+    warnings: list[str] = []
+    sidecar_path = _sidecar_path(folder, aux_heads, warnings) if use_sidecar else None
     sidecar = read_header(sidecar_path) if sidecar_path else {}
-    return Checkpoint(config, Path(config_path), tensors, sidecar, sidecar_path, files)
+    return Checkpoint(config, Path(config_path), tensors, sidecar, sidecar_path, files, warnings)
 
 
 def _read_dir(src: Path):
@@ -190,7 +192,7 @@ def _read_dir(src: Path):
     raise LuceError(f"{src}: no {MODEL_FILE} or {INDEX_FILE} found")
 
 
-def _sidecar_path(folder: Path, aux_heads) -> Path | None:
+def _sidecar_path(folder: Path, aux_heads, warnings: list[str]) -> Path | None:
     if aux_heads is not None:
         path = Path(aux_heads)
         if not path.exists():
@@ -198,6 +200,11 @@ def _sidecar_path(folder: Path, aux_heads) -> Path | None:
     else:
         path = next((folder / n for n in SIDECAR_FILES if (folder / n).exists()), None)
         if path is None:
+            return None
+        if path.suffix != ".safetensors":
+            # Found by default, not asked for: reading a pickle needs torch, so skip it loudly.
+            warnings.append(f"skipping {path.name}: only .safetensors sidecars are read "
+                            f"(re-save it with safetensors.torch.save_file, then pass --aux-heads)")
             return None
     if path.suffix != ".safetensors":
         raise LuceError(f"{path}: only .safetensors sidecar heads are supported; "

@@ -233,17 +233,6 @@ def stored_type(role: str, gguf_shape: tuple[int, ...], outtype: str) -> GGMLQua
     return wanted
 
 
-def tensor_order_key(name: str) -> tuple:
-    """Lucebox order: dflash.* (by name), then output_*, then blk.N.* by layer, then the rest."""
-    if name.startswith("blk."):
-        return (2, int(name.split(".")[1]), name)
-    if name.startswith("dflash.") or name.startswith("fc.") or name.startswith("enc."):
-        return (0, 0, name)
-    if name.startswith("output"):
-        return (1, 0, name)
-    return (3, 0, name)
-
-
 def all_keys() -> dict[str, Key]:
     """Every Key constant of this module by its Python name (docs and tests enumerate them)."""
     return {n: v for n, v in globals().items() if isinstance(v, Key)}

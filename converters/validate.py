@@ -355,8 +355,7 @@ def _shape_ok(report, v: DraftView, role: str, layer, expected) -> bool:
 
 def _check_trunk_tensors(report, v: DraftView) -> None:
     required = [("fc", None), ("hidden_norm", None), ("output_norm", None)]
-    required += [(r, i) for i in range(v.n_layer or 0) if v.n_layer <= schema.MAX_LAYERS
-                 for r in schema.LAYER_ROLES]
+    required += [(r, i) for i in range(v.n_layer or 0) for r in schema.LAYER_ROLES]
     missing = [(r, i) for r, i in required if (r, i) not in v.tensors]
     for role, layer in missing[:5]:
         report.error("tensor-missing", f"missing tensor {ROLE[role].name(v.layout, layer)}")

@@ -51,6 +51,7 @@ def test_dry_run_writes_nothing_and_prints_the_plan(tmp_path):
     result = _run(ck.zlab_dflash(tmp_path / "src"), "-o", out, "--dry-run")
     assert result.exit_code == 0 and not out.exists()
     assert "dflash.fc.weight" in result.output and "blk.1.ffn_down.weight" in result.output
+    assert "qwen35-dflash-draft.dflash.mask_token_id" in result.output
 
 
 def test_single_safetensors_with_config(tmp_path):

@@ -125,3 +125,35 @@ def test_target_layer_ids_length_must_match_fc(tmp_path):
     src = ck.write_checkpoint(tmp_path / "src", cfg, ck.trunk_tensors(ck._gen(1)))
     with pytest.raises(LuceError, match=r"len\(target_layer_ids\)=2 but the weights say 3"):
         convert_checkpoint(src, tmp_path / "out.gguf")
+
+
+def test_deepseek_v4_mtp_head_names(tmp_path):
+    gen = ck._gen(13)
+    heads = ck.dspark_heads(gen, prefix_w="mtp.2.markov_head.", prefix_c="mtp.2.confidence_head.proj.")
+    src = ck.write_checkpoint(tmp_path / "src", ck._dspark_config("DSparkDraftModel"),
+                              {**ck.trunk_tensors(gen), **heads})
+    k = _keys(tmp_path, src)
+    assert k[A + "dflash.dspark.markov_rank"] == ck.MARKOV_RANK
+    assert k[A + "dflash.dspark.confidence_dim"] == ck.H + ck.MARKOV_RANK
+
+
+def test_unconverted_sidecar_tensors_and_pickles_are_warned_about(tmp_path):
+    gen = ck._gen(14)
+    src = ck.write_checkpoint(tmp_path / "src", ck.base_config(), ck.trunk_tensors(gen),
+                              sidecar={"domino_start": ck._rand(gen, 4)})
+    result = convert_checkpoint(src, tmp_path / "a.gguf")
+    assert any("sidecar tensors not converted" in w for w in result.warnings)
+    (src / "dflash_aux_heads.safetensors").rename(src / "dflash_aux_heads.pt")
+    result = convert_checkpoint(src, tmp_path / "b.gguf")
+    assert any("skipping dflash_aux_heads.pt" in w for w in result.warnings)
+    with pytest.raises(LuceError, match="only .safetensors"):
+        convert_checkpoint(src, tmp_path / "c.gguf", ConvertOptions(aux_heads=src / "dflash_aux_heads.pt"))
+
+
+def test_config_markov_rank_must_match_the_weights(tmp_path):
+    src = ck.dspark_radixark(tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["markov_rank"] = 8
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LuceError, match="markov_rank=8 but the weights say 16"):
+        convert_checkpoint(src, tmp_path / "out.gguf")

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from gguf.constants import GGMLQuantizationType, GGUFValueType
 
 from fixtures import drafter_checkpoints as ck
 from fixtures.crafted_gguf import CRAFTED, CRAFTED_QWEN35, TinyQwen35, qwen35_gguf_parts, write_gguf, write_valid_qwen35
@@ -17,7 +18,7 @@ from luce.converters.convert import ConvertOptions, convert_checkpoint
 from luce.converters.validate import inspect_gguf
 
 A = "qwen35-dflash-draft."
-I32 = __import__("gguf").constants.GGUFValueType.INT32
+I32 = GGUFValueType.INT32
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +195,6 @@ def test_impossible_target_hparams_are_invalid(tmp_path, name):
 
 
 def test_unsupported_target_weight_type(tmp_path):
-    from gguf.constants import GGMLQuantizationType
     parts = qwen35_gguf_parts()
     t = parts.tensors[-1]                      # an F32 FFN matrix, ne0 a multiple of 32
     t.ggml_type = GGMLQuantizationType.Q4_0

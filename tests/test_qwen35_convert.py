@@ -249,7 +249,8 @@ def test_conditional_generation_layout_converts_to_the_same_tensors(tmp_path_fac
     tensors = load_file(wrapped / "model.safetensors")
     tensors["model.visual.patch_embed.proj.weight"] = np.ones((4, 3), np.float32)
     save_file(tensors, wrapped / "model.safetensors")
-    out = convert_qwen35(wrapped, tmp_path / "cg.gguf")
+    out = tmp_path / "cg.gguf"
+    convert_qwen35(wrapped, out)
     want = {t.name: np.asarray(t.data) for t in GGUFReader(gguf_path).tensors}
     got = {t.name: np.asarray(t.data) for t in GGUFReader(out).tensors}
     assert set(got) == set(want)
@@ -265,7 +266,8 @@ def test_bf16_checkpoint_is_widened_exactly(tmp_path_factory, tmp_path):
     copy.deepcopy(model).to(torch.bfloat16).save_pretrained(bf16_dir)  # the cached model stays fp32
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(hf_dir / name, bf16_dir / name)
-    out = convert_qwen35(bf16_dir, tmp_path / "bf16.gguf")
+    out = tmp_path / "bf16.gguf"
+    convert_qwen35(bf16_dir, out)
     rounded = Qwen3_5ForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         want, got = rounded(PROMPT).logits, load_gguf_in_transformers(out)(PROMPT).logits
@@ -357,11 +359,24 @@ def test_unknown_outtype_is_refused(small_checkpoint, tmp_path):
         convert_qwen35(small_checkpoint, tmp_path / "out.gguf", outtype="q4_k")
 
 
-def test_progress_reports_every_tensor(small_checkpoint, tmp_path):
-    calls = []
-    convert_qwen35(small_checkpoint, tmp_path / "out.gguf", progress=lambda done, total: calls.append((done, total)))
-    total = len(GGUFReader(tmp_path / "out.gguf").tensors)
-    assert calls == [(i, total) for i in range(1, total + 1)]
+def test_progress_and_summary_cover_every_tensor(small_checkpoint, tmp_path):
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def start(self, n_tensors, n_bytes):
+            self.calls.append(("start", n_tensors, n_bytes))
+
+        def advance(self, name, n_bytes):
+            self.calls.append((name, n_bytes))
+
+    progress, out = Recorder(), tmp_path / "out.gguf"
+    summary = convert_qwen35(small_checkpoint, out, progress=progress)
+    tensors = GGUFReader(out).tensors
+    assert progress.calls[0] == ("start", len(tensors), sum(int(t.n_bytes) for t in tensors))
+    assert progress.calls[1:] == [(t.name, int(t.n_bytes)) for t in tensors]
+    assert summary["n_tensors"] == len(tensors) and summary["tensor_types"] == {"F32": len(tensors)}
+    assert summary["output_bytes"] == out.stat().st_size and summary["layers"] == 8
 
 
 def test_fixture_is_deterministic(tmp_path):

@@ -50,6 +50,8 @@ public:
     virtual void release(void *p) = 0;
     virtual void upload(void *dst, const void *src, size_t n_bytes) = 0;
     virtual void download(void *dst, const void *src, size_t n_bytes) = 0;
+    // Backend memory to backend memory (rollback checkpoints of the speculative loop).
+    virtual void copy(void *dst, const void *src, size_t n_bytes) = 0;
 
     // Linear algebra -----------------------------------------------------------------------
     // y[t][r] = sum_c W[r][c] * x[t][c] for t < T; each weight row is read once for all T tokens.

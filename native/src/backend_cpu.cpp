@@ -27,6 +27,70 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x));
 // (whole cache lines of y for small T) without starving threads on narrow matrices.
 constexpr int64_t MATMUL_GRAIN = 16;
 
+// The inner loops below are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load
+// time (GCC/Clang function multiversioning), so one binary runs anywhere and uses wide vectors
+// where the CPU has them. Reductions keep 16 partial sums (a vector register's worth) so they
+// vectorize without -ffast-math; the order of fp32 additions is therefore fixed per build.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define LUCE_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LUCE_MULTIVERSION
+#endif
+
+constexpr int LANES = 16;
+
+LUCE_MULTIVERSION float dot(const float *a, const float *b, int n) {
+    float acc[LANES] = {};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; ++l) acc[l] += a[i + l] * b[i + l];
+    float s = 0.f;
+    for (; i < n; ++i) s += a[i] * b[i];
+    for (int l = 0; l < LANES; ++l) s += acc[l];
+    return s;
+}
+
+// y += a * x
+LUCE_MULTIVERSION void axpy(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// One token of the delta rule for one value head (spec §1.4 step 7), S [DK][DV] row-major:
+//   S = decay S;  kv = S^T k;  delta = beta (v - kv);  S += k delta^T;  o = S^T q
+// Two passes over S, each streaming rows of DV contiguous floats.
+LUCE_MULTIVERSION void delta_rule_token(float *S, const float *q, const float *k, const float *v,
+                                        float beta, float decay, int DK, int DV, float *kv, float *o) {
+    for (int c = 0; c < DV; ++c) kv[c] = 0.f;
+    for (int i = 0; i < DK; ++i) {
+        float *Si = S + int64_t(i) * DV;
+        const float ki = k[i];
+        for (int c = 0; c < DV; ++c) {
+            Si[c] *= decay;
+            kv[c] += Si[c] * ki;
+        }
+    }
+    for (int c = 0; c < DV; ++c) kv[c] = beta * (v[c] - kv[c]);
+    for (int c = 0; c < DV; ++c) o[c] = 0.f;
+    for (int i = 0; i < DK; ++i) {
+        float *Si = S + int64_t(i) * DV;
+        const float ki = k[i], qi = q[i];
+        for (int c = 0; c < DV; ++c) {
+            Si[c] += ki * kv[c];
+            o[c] += Si[c] * qi;
+        }
+    }
+}
+
+// out[c] = silu(sum_j w[c][j] * window_j[c]) for one token over C channels; window_j points at
+// the raw input row of time t - (Kc-1) + j. Channel-inner so rows are read contiguously.
+LUCE_MULTIVERSION void conv_token(const float *const *window, const float *w, int C, int Kc, float *out) {
+    for (int c = 0; c < C; ++c) {
+        float acc = 0.f;
+        for (int j = 0; j < Kc; ++j) acc += w[int64_t(c) * Kc + j] * window[j][c];
+        out[c] = silu(acc);
+    }
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
@@ -42,6 +106,7 @@ void *CpuBackend::alloc(size_t n_bytes) {
 void CpuBackend::release(void *p) { std::free(p); }
 void CpuBackend::upload(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
 void CpuBackend::download(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
+void CpuBackend::copy(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
 
 void CpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) {
     pool_.run(w.n_out, [&](int64_t r0, int64_t r1) {
@@ -63,9 +128,7 @@ void CpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n
         for (int64_t r = r0; r < r1; ++r) {
             const float *xr = x + r * x_stride;
             float *yr = y + r * y_stride;
-            float ss = 0.f;
-            for (int i = 0; i < dim; ++i) ss += xr[i] * xr[i];
-            float scale = 1.0f / std::sqrt(ss / float(dim) + eps);
+            const float scale = 1.0f / std::sqrt(dot(xr, xr, dim) / float(dim) + eps);
             for (int i = 0; i < dim; ++i) yr[i] = xr[i] * scale * w[i];
         }
     }, 8);
@@ -77,9 +140,7 @@ void CpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_r
         for (int64_t r = r0; r < r1; ++r) {
             float *orow = o + r * dim;
             const float *zr = z + r * dim;
-            float ss = 0.f;
-            for (int i = 0; i < dim; ++i) ss += orow[i] * orow[i];
-            float scale = 1.0f / std::sqrt(ss / float(dim) + eps);
+            const float scale = 1.0f / std::sqrt(dot(orow, orow, dim) / float(dim) + eps);
             for (int i = 0; i < dim; ++i) orow[i] = orow[i] * scale * w[i] * silu(zr[i]);
         }
     }, 8);
@@ -150,10 +211,7 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
             float max_s = -INFINITY;
             for (int j = 0; j < n_keys; ++j) {
                 if (m && !m[j]) { scores[j] = -INFINITY; continue; }
-                const float *kj = K + int64_t(j) * head_dim;
-                float s = 0.f;
-                for (int d = 0; d < head_dim; ++d) s += qh[d] * kj[d];
-                scores[j] = s * scale;
+                scores[j] = dot(qh, K + int64_t(j) * head_dim, head_dim) * scale;
                 max_s = std::max(max_s, scores[j]);
             }
             float *oh = out + u * head_dim;
@@ -163,8 +221,7 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
                 if (scores[j] == -INFINITY) continue;
                 float p = std::exp(scores[j] - max_s);
                 sum += p;
-                const float *vj = V + int64_t(j) * head_dim;
-                for (int d = 0; d < head_dim; ++d) oh[d] += p * vj[d];
+                axpy(oh, p, V + int64_t(j) * head_dim, head_dim);
             }
             const float inv = sum > 0.f ? 1.0f / sum : 0.f;
             for (int d = 0; d < head_dim; ++d) oh[d] *= inv;
@@ -174,27 +231,25 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
 
 void CpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
                            float *out) {
-    // Window for token t over taps j = 0..Kc-1: input at time t-(Kc-1)+j, taken from the state
-    // (previous raw inputs, oldest first) when that time is before this step.
+    // Token t's window over taps j = 0..Kc-1 is the raw input at time t-(Kc-1)+j: a row of the
+    // state (previous raw inputs, oldest first) when that time is before this step, else of x.
+    // Split over channels so each thread owns a slice of every row (state update included).
     const int S = Kc - 1;
+    auto row = [&](int time, int64_t c0) {
+        return time < 0 ? state + int64_t(S + time) * C + c0 : x + int64_t(time) * C + c0;
+    };
     pool_.run(C, [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-            const float *wc = w + c * Kc;
-            for (int t = 0; t < T; ++t) {
-                float acc = 0.f;
-                for (int j = 0; j < Kc; ++j) {
-                    int src = t - S + j;  // < 0: state row S + src
-                    float v = src < 0 ? state[int64_t(S + src) * C + c] : x[int64_t(src) * C + c];
-                    acc += wc[j] * v;
-                }
-                out[int64_t(t) * C + c] = silu(acc);
-            }
-            // New state = last S raw inputs of (old state ++ x).
-            for (int i = 0; i < S; ++i) {
-                int src = T - S + i;
-                state[int64_t(i) * C + c] =
-                    src < 0 ? state[int64_t(S + src) * C + c] : x[int64_t(src) * C + c];
-            }
+        const float *window[64];  // Kc <= 64 (model.cpp bounds ssm.conv_kernel)
+        for (int t = 0; t < T; ++t) {
+            for (int j = 0; j < Kc; ++j) window[j] = row(t - S + j, c0);
+            conv_token(window, w + c0 * Kc, int(c1 - c0), Kc, out + int64_t(t) * C + c0);
+        }
+        // New state = the last S raw inputs of (old state ++ x). Rows are taken oldest first,
+        // and a state row is only read from a later row index, so the update is in place.
+        for (int i = 0; i < S; ++i) {
+            const float *src = row(T - S + i, c0);
+            float *dst = state + int64_t(i) * C + c0;
+            if (src != dst) std::memmove(dst, src, sizeof(float) * size_t(c1 - c0));
         }
     }, 64);
 }
@@ -217,34 +272,14 @@ void CpuBackend::gated_delta_net(const float *conv, const float *b, const float 
                 const float *row = conv + int64_t(t) * CD;
                 // L2 norm with llama.cpp's clamp: x / max(||x||, eps); q also scaled by 1/sqrt(DK).
                 const float *qs = row + int64_t(kh) * DK, *ks = row + int64_t(HK) * DK + int64_t(kh) * DK;
-                float qn = 0.f, kn = 0.f;
-                for (int i = 0; i < DK; ++i) { qn += qs[i] * qs[i]; kn += ks[i] * ks[i]; }
-                const float qf = q_scale / std::max(std::sqrt(qn), dm.eps);
-                const float kf = 1.0f / std::max(std::sqrt(kn), dm.eps);
+                const float qf = q_scale / std::max(std::sqrt(dot(qs, qs, DK)), dm.eps);
+                const float kf = 1.0f / std::max(std::sqrt(dot(ks, ks, DK)), dm.eps);
                 for (int i = 0; i < DK; ++i) { q[i] = qs[i] * qf; k[i] = ks[i] * kf; }
                 const float *v = row + 2 * int64_t(HK) * DK + j * DV;
                 const float beta = sigmoid(b[int64_t(t) * HV + j]);
                 const float decay = std::exp(ssm_a[j] * softplus(a[int64_t(t) * HV + j] + dt_bias[j]));
-                // Pass 1: S <- decay * S and kv = S^T k.
-                std::fill(kv.begin(), kv.end(), 0.f);
-                for (int i = 0; i < DK; ++i) {
-                    float *Si = S + int64_t(i) * DV;
-                    for (int c = 0; c < DV; ++c) {
-                        Si[c] *= decay;
-                        kv[c] += Si[c] * k[i];
-                    }
-                }
-                // delta = beta (v - kv);  Pass 2: S += k delta^T and o = S^T q.
-                for (int c = 0; c < DV; ++c) kv[c] = beta * (v[c] - kv[c]);
                 float *o = out + (int64_t(t) * HV + j) * DV;
-                std::fill(o, o + DV, 0.f);
-                for (int i = 0; i < DK; ++i) {
-                    float *Si = S + int64_t(i) * DV;
-                    for (int c = 0; c < DV; ++c) {
-                        Si[c] += k[i] * kv[c];
-                        o[c] += Si[c] * q[i];
-                    }
-                }
+                delta_rule_token(S, q.data(), k.data(), v, beta, decay, DK, DV, kv.data(), o);
                 if (state_history)
                     std::memcpy(state_history + (int64_t(t) * HV + j) * DK * DV, S,
                                 sizeof(float) * size_t(DK) * size_t(DV));

@@ -16,6 +16,7 @@ public:
     void release(void *p) override;
     void upload(void *dst, const void *src, size_t n_bytes) override;
     void download(void *dst, const void *src, size_t n_bytes) override;
+    void copy(void *dst, const void *src, size_t n_bytes) override;
 
     void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) override;
     void get_rows(const Weight &w, const int32_t *ids, int T, float *out) override;

@@ -268,30 +268,51 @@ int64_t act_block(int32_t type) {
     }
 }
 
-QuantizedActs quantize_acts(const float *x, int64_t n_cols, int64_t n_tok, int64_t block) {
+void quantize_block_scalar(const float *x, int64_t block, int8_t *q, float *d) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < block; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    for (int64_t i = 0; i < block; ++i) q[i] = int8_t(std::nearbyint(x[i] * id));
+}
+
+QuantizedActs quantize_acts(const float *x, int64_t n_cols, int64_t n_tok, int64_t block,
+                            QuantizeBlockFn quantize_block) {
     static thread_local std::vector<float> d_buf;
     static thread_local std::vector<int8_t> q_buf;
     static thread_local std::vector<int16_t> s_buf;
-    const size_t n = size_t(n_cols * n_tok);
-    if (q_buf.size() < n) q_buf.resize(n);
-    if (d_buf.size() < n / size_t(block)) d_buf.resize(n / size_t(block));
-    if (s_buf.size() < n / 16) s_buf.resize(n / 16);
-    QuantizedActs a{n_cols, n_tok, block, d_buf.data(), q_buf.data(), s_buf.data()};
-    for (int64_t b = 0; b < int64_t(n) / block; ++b) {
-        const float *xb = x + b * block;
-        int8_t *qb = a.q + b * block;
-        float amax = 0.0f;
-        for (int64_t i = 0; i < block; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        a.d[b] = amax / 127.0f;
-        for (int64_t i = 0; i < block; ++i) qb[i] = int8_t(std::nearbyint(xb[i] * id));
-        for (int64_t g = 0; g < block / 16; ++g) {
+    QuantizedActs a;
+    a.n_cols = n_cols;
+    a.n_tok = n_tok;
+    a.block = block;
+    a.q_stride = n_cols + 64;
+    a.s_stride = n_cols / 16 + 32;
+    const int64_t nb = n_cols / block;
+    if (q_buf.size() < size_t(n_tok * a.q_stride)) q_buf.resize(size_t(n_tok * a.q_stride));
+    if (d_buf.size() < size_t(n_tok * nb)) d_buf.resize(size_t(n_tok * nb));
+    if (s_buf.size() < size_t(n_tok * a.s_stride)) s_buf.resize(size_t(n_tok * a.s_stride));
+    a.d = d_buf.data();
+    a.q = q_buf.data();
+    a.sums16 = s_buf.data();
+    for (int64_t t = 0; t < n_tok; ++t) {
+        int8_t *qt = a.q + t * a.q_stride;
+        for (int64_t b = 0; b < nb; ++b)
+            quantize_block(x + t * n_cols + b * block, block, qt + b * block, a.d + t * nb + b);
+        int16_t *st = a.sums16 + t * a.s_stride;
+        for (int64_t g = 0; g < n_cols / 16; ++g) {
             int s = 0;
-            for (int i = 0; i < 16; ++i) s += qb[16 * g + i];
-            a.sums16[b * block / 16 + g] = int16_t(s);
+            for (int i = 0; i < 16; ++i) s += qt[16 * g + i];
+            st[g] = int16_t(s);
         }
     }
     return a;
+}
+
+int64_t column_chunk(int64_t n_cols, int64_t n_tok, int64_t x_bytes) {
+    constexpr int64_t kL1Budget = 16 * 1024;  // of 32-48 KiB L1d; the rest for weights and y
+    int64_t chunk = kL1Budget / (n_tok * x_bytes) / 256 * 256;
+    if (chunk < 256) chunk = 256;
+    return chunk >= n_cols ? n_cols : chunk;
 }
 
 // Portable path for quantized weights: the same numbers as the SIMD kernels (weights times
@@ -302,7 +323,9 @@ static void matmul_rows_q8_acts(int32_t type, const void *w, int64_t n_cols, int
     const QuantizedActs a = quantize_acts(x, n_cols, n_tok, block);
     static thread_local std::vector<float> xq;
     if (xq.size() < size_t(n_cols * n_tok)) xq.resize(size_t(n_cols * n_tok));
-    for (int64_t i = 0; i < n_cols * n_tok; ++i) xq[i] = a.d[i / block] * float(a.q[i]);
+    for (int64_t t = 0; t < n_tok; ++t)
+        for (int64_t i = 0; i < n_cols; ++i)
+            xq[t * n_cols + i] = a.d[(t * n_cols + i) / block] * float(a.q[t * a.q_stride + i]);
     matmul_rows_reference(type, w, n_cols, row_begin, row_end, xq.data(), n_tok, y, ldy);
 }
 

@@ -6,7 +6,7 @@
 //     (VNNI: s16 pairs x s16 sub-block scales, accumulated in s32) per 64 codes;
 //   - AVX-512 has no sign_epi8: signed weight codes (Q8_0, IQ4_XS) use |w| and negate the
 //     activation under the mask of negative weights (_mm512_mask_sub_epi8).
-// Tiles of up to 8 tokens (32 zmm registers); everything else as in quants_avx2.cpp.
+// Tiles of up to 4 tokens; everything else as in quants_avx2.cpp.
 #include <immintrin.h>
 
 #include <cstring>
@@ -15,11 +15,14 @@
 #include "quants_kernels.h"
 
 namespace luce {
+namespace avx2 {
+void quantize_block(const float *x, int64_t block, int8_t *q, float *d);  // quants_avx2.cpp
+}
 namespace avx512 {
 
 namespace {
 
-constexpr int kMaxTile = 8;
+constexpr int kMaxTile = 4;  // measured: 6 and 8 spill registers and run slower per token
 
 struct Tile {
     const uint8_t *w;
@@ -27,9 +30,16 @@ struct Tile {
     const QuantizedActs *a;
     const float *x;
     int64_t t0;
+    int64_t c0, c1;   // column range [c0, c1): c0 a multiple of 256
+    bool accumulate;  // add to y (a later column chunk) instead of storing
     float *y;
     int64_t ldy;
 };
+
+inline void put(const Tile &t, int k, float v) {
+    float &out = t.y[(t.t0 + k) * t.ldy + t.r];
+    out = t.accumulate ? out + v : v;
+}
 
 inline __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
 inline __m256i load256(const void *p) { return _mm256_loadu_si256(static_cast<const __m256i *>(p)); }
@@ -80,7 +90,7 @@ void q45_k_tile(const Tile &t) {
     __m256 accm[NT];
     for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps(), accm[k] = _mm256_setzero_ps();
     const uint8_t *row = t.w + t.r * t.row_bytes;
-    for (int64_t i = 0; i < nb; ++i) {
+    for (int64_t i = t.c0 / 256; i < t.c1 / 256; ++i) {
         const uint8_t *b = row + i * (Q5 ? 176 : 144);
         const float d = f16(b), dmin = f16(b + 2);
         uint8_t sc[8], m[8];
@@ -103,18 +113,18 @@ void q45_k_tile(const Tile &t) {
         const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
         for (int k = 0; k < NT; ++k) {
             const int64_t tok = t.t0 + k;
-            const int8_t *xq = t.a->q + tok * t.n_cols + i * 256;
+            const int8_t *xq = t.a->q + tok * t.a->q_stride + i * 256;
             __m512i sumi = _mm512_setzero_si512();
             for (int c = 0; c < 4; ++c)
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(z[c], load512(xq + 64 * c)), scv[c]);
-            const __m256i summ = _mm256_madd_epi16(load256(t.a->sums16 + tok * (t.n_cols / 16) + i * 16), mins);
+            const __m256i summ = _mm256_madd_epi16(load256(t.a->sums16 + tok * t.a->s_stride + i * 16), mins);
             const float dx = t.a->d[tok * nb + i];
             acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sumi), acc[k]);
             accm[k] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(summ), accm[k]);
         }
     }
     for (int k = 0; k < NT; ++k)
-        t.y[(t.t0 + k) * t.ldy + t.r] = _mm512_reduce_add_ps(acc[k]) - hsum256(accm[k]);
+        put(t, k, _mm512_reduce_add_ps(acc[k]) - hsum256(accm[k]));
 }
 
 template <int NT> void q4_k_tile(const Tile &t) { q45_k_tile<NT, false>(t); }
@@ -138,7 +148,7 @@ void q6_k_tile(const Tile &t) {
     __m512 acc[NT];
     for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
     const uint8_t *row = t.w + t.r * t.row_bytes;
-    for (int64_t i = 0; i < nb; ++i) {
+    for (int64_t i = t.c0 / 256; i < t.c1 / 256; ++i) {
         const uint8_t *b = row + i * 210;
         const float d = f16(b + 208);
         const __m256i sc16y = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 192)));
@@ -156,18 +166,18 @@ void q6_k_tile(const Tile &t) {
         for (int j = 0; j < 4; ++j) scv[j] = _mm512_permutexvar_epi16(group_idx[j], sc16);
         for (int k = 0; k < NT; ++k) {
             const int64_t tok = t.t0 + k;
-            const int8_t *xq = t.a->q + tok * t.n_cols + i * 256;
+            const int8_t *xq = t.a->q + tok * t.a->q_stride + i * 256;
             __m512i sumi = _mm512_setzero_si512();
             for (int j = 0; j < 4; ++j)
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(z[j], load512(xq + 64 * j)), scv[j]);
             // the -32 offset: 32 * sum_j sc[j] * (sum of sub-block j's 16 activations)
-            const __m256i off = _mm256_madd_epi16(load256(t.a->sums16 + tok * (t.n_cols / 16) + i * 16), sc16y);
+            const __m256i off = _mm256_madd_epi16(load256(t.a->sums16 + tok * t.a->s_stride + i * 16), sc16y);
             const __m512i off512 = _mm512_castsi256_si512(_mm256_slli_epi32(off, 5));
             sumi = _mm512_sub_epi32(sumi, _mm512_maskz_mov_epi32(0x00FF, off512));
             acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(d * t.a->d[tok * nb + i]), _mm512_cvtepi32_ps(sumi), acc[k]);
         }
     }
-    for (int k = 0; k < NT; ++k) t.y[(t.t0 + k) * t.ldy + t.r] = _mm512_reduce_add_ps(acc[k]);
+    for (int k = 0; k < NT; ++k) put(t, k, _mm512_reduce_add_ps(acc[k]));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -185,7 +195,7 @@ void iq4_xs_tile(const Tile &t) {
     __m512 acc[NT];
     for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
     const uint8_t *row = t.w + t.r * t.row_bytes;
-    for (int64_t i = 0; i < nb; ++i) {
+    for (int64_t i = t.c0 / 256; i < t.c1 / 256; ++i) {
         const uint8_t *b = row + i * 136;
         const float d = f16(b);
         const uint16_t scales_h = load_u16(b + 2);
@@ -206,7 +216,7 @@ void iq4_xs_tile(const Tile &t) {
         }
         for (int k = 0; k < NT; ++k) {
             const int64_t tok = t.t0 + k;
-            const int8_t *xq = t.a->q + tok * t.n_cols + i * 256;
+            const int8_t *xq = t.a->q + tok * t.a->q_stride + i * 256;
             __m512i sumi = _mm512_setzero_si512();
             for (int j = 0; j < 4; ++j) {
                 const __m512i xv = load512(xq + 64 * j);
@@ -216,7 +226,7 @@ void iq4_xs_tile(const Tile &t) {
             acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(d * t.a->d[tok * nb + i]), _mm512_cvtepi32_ps(sumi), acc[k]);
         }
     }
-    for (int k = 0; k < NT; ++k) t.y[(t.t0 + k) * t.ldy + t.r] = _mm512_reduce_add_ps(acc[k]);
+    for (int k = 0; k < NT; ++k) put(t, k, _mm512_reduce_add_ps(acc[k]));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -226,11 +236,12 @@ void iq4_xs_tile(const Tile &t) {
 template <int NT>
 void q8_0_tile(const Tile &t) {
     const int64_t nb = t.n_cols / 32;
+    const int64_t i_end = t.c1 / 32;
     __m512 acc[NT];
     for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
     const uint8_t *row = t.w + t.r * t.row_bytes;
-    for (int64_t i = 0; i < nb; i += 2) {
-        const bool pair = i + 1 < nb;
+    for (int64_t i = t.c0 / 32; i < i_end; i += 2) {
+        const bool pair = i + 1 < i_end;
         const uint8_t *b0 = row + i * 34, *b1 = b0 + 34;
         const float d0 = f16(b0), d1 = pair ? f16(b1) : 0.0f;
         const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(load256(b0 + 2)),
@@ -239,7 +250,7 @@ void q8_0_tile(const Tile &t) {
         const __m512i aw = _mm512_abs_epi8(w);
         for (int k = 0; k < NT; ++k) {
             const int64_t tok = t.t0 + k;
-            const int8_t *xq = t.a->q + tok * t.n_cols + i * 32;
+            const int8_t *xq = t.a->q + tok * t.a->q_stride + i * 32;
             const __m512i xv = pair ? load512(xq) : _mm512_castsi256_si512(load256(xq));
             const __m512i sx = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
             const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sx);
@@ -248,7 +259,7 @@ void q8_0_tile(const Tile &t) {
             acc[k] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[k]);
         }
     }
-    for (int k = 0; k < NT; ++k) t.y[(t.t0 + k) * t.ldy + t.r] = _mm512_reduce_add_ps(acc[k]);
+    for (int k = 0; k < NT; ++k) put(t, k, _mm512_reduce_add_ps(acc[k]));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -279,11 +290,11 @@ inline float load_w1(const uint8_t *p) {
 template <int32_t Type, int NT>
 void float_tile(const Tile &t) {
     constexpr int64_t es = Type == GGML_F32 ? 4 : 2;
-    const int64_t n16 = t.n_cols / 16 * 16;
+    const int64_t n16 = t.c0 + (t.c1 - t.c0) / 16 * 16;
     __m512 acc[NT][2];
     for (int k = 0; k < NT; ++k) acc[k][0] = acc[k][1] = _mm512_setzero_ps();
     const uint8_t *row = t.w + t.r * t.row_bytes;
-    int64_t c = 0;
+    int64_t c = t.c0;
     for (; c + 32 <= n16; c += 32) {
         const __m512 w0 = load_w16<Type>(row + c * es), w1 = load_w16<Type>(row + (c + 16) * es);
         for (int k = 0; k < NT; ++k) {
@@ -300,8 +311,8 @@ void float_tile(const Tile &t) {
     for (int k = 0; k < NT; ++k) {
         const float *xt = t.x + (t.t0 + k) * t.n_cols;
         float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1]));
-        for (int64_t e = n16; e < t.n_cols; ++e) s += load_w1<Type>(row + e * es) * xt[e];
-        t.y[(t.t0 + k) * t.ldy + t.r] = s;
+        for (int64_t e = n16; e < t.c1; ++e) s += load_w1<Type>(row + e * es) * xt[e];
+        put(t, k, s);
     }
 }
 
@@ -313,7 +324,7 @@ template <int NT> void bf16_tile(const Tile &t) { float_tile<GGML_BF16, NT>(t); 
 
 using TileFn = void (*)(const Tile &);
 
-#define LUCE_TILES(fn) {fn<1>, fn<2>, fn<3>, fn<4>, fn<5>, fn<6>, fn<7>, fn<8>}
+#define LUCE_TILES(fn) {fn<1>, fn<2>, fn<3>, fn<4>}
 
 const TileFn *tiles_for(int32_t type) {
     static const TileFn f32[] = LUCE_TILES(f32_tile), f16_[] = LUCE_TILES(f16_tile),
@@ -341,13 +352,19 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
     if (fns == nullptr) return false;
     QuantizedActs a;
     const int64_t block = act_block(type);
-    if (block != 0) a = quantize_acts(x, n_cols, n_tok, block);
-    Tile t{static_cast<const uint8_t *>(w), row_bytes(type, n_cols), n_cols, 0, &a, x, 0, y, ldy};
-    // Rows outer, token tiles inner: a row is read from memory once, then from L1/L2 per tile.
-    for (t.r = row_begin; t.r < row_end; ++t.r) {
+    if (block != 0) a = quantize_acts(x, n_cols, n_tok, block, avx2::quantize_block);
+    Tile t{static_cast<const uint8_t *>(w), row_bytes(type, n_cols), n_cols, 0, &a, x, 0, 0, 0, false, y, ldy};
+    // Column passes, token tiles, rows: the activations of one tile and pass stay in L1 while
+    // every weight row goes by (weights are re-read per tile, from cache when they fit there).
+    // Tiles inside rows would read each weight row once, but the tiles' activations then no
+    // longer fit L1 together and measure ~2x slower at 8 tokens.
+    const int64_t chunk = column_chunk(n_cols, n_tok < kMaxTile ? n_tok : kMaxTile, block != 0 ? 1 : 4);
+    for (t.c0 = 0; t.c0 < n_cols; t.c0 += chunk) {
+        t.c1 = t.c0 + chunk < n_cols ? t.c0 + chunk : n_cols;
+        t.accumulate = t.c0 > 0;
         for (t.t0 = 0; t.t0 < n_tok; t.t0 += kMaxTile) {
             const int64_t nt = n_tok - t.t0 < kMaxTile ? n_tok - t.t0 : kMaxTile;
-            fns[nt - 1](t);
+            for (t.r = row_begin; t.r < row_end; ++t.r) fns[nt - 1](t);
         }
     }
     return true;

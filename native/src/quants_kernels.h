@@ -16,13 +16,15 @@ extern const int8_t kIq4nlValues[16];
 void k_scale_min(const uint8_t *q, int j, uint8_t *sc, uint8_t *m);
 
 // Activations as the quantized-weight kernels consume them (llama.cpp does the same): each
-// block of kActBlock(type) values of a token row becomes d * q with
+// block of act_block(type) values of a token row becomes d * q with
 //   amax = max |x|,  d = amax / 127,  q = rint(x * (127 / amax))  in [-127, 127]
 // (all in fp32, round-half-even; d = 0 and q = 0 for an all-zero block). sums16 holds the sum
 // of q over each 16 consecutive values (the K types' min/offset terms need them).
-// Layout: d [n_tok][n_cols / block], q [n_tok][n_cols], sums16 [n_tok][n_cols / 16].
+// Layout: d [n_tok][n_cols / block]; q [n_tok][q_stride]; sums16 [n_tok][s_stride]. The row
+// strides are padded past n_cols (n_cols / 16) by 64 bytes: rows 4 KiB apart would all fall in
+// the same L1 sets and evict each other when a tile of tokens is read together.
 struct QuantizedActs {
-    int64_t n_cols = 0, n_tok = 0, block = 0;
+    int64_t n_cols = 0, n_tok = 0, block = 0, q_stride = 0, s_stride = 0;
     float *d = nullptr;
     int8_t *q = nullptr;
     int16_t *sums16 = nullptr;
@@ -32,9 +34,21 @@ struct QuantizedActs {
 // 0 for float weights (which take fp32 activations as they are).
 int64_t act_block(int32_t type);
 
+// Quantizes one block of `block` values (a multiple of 32): q[0..block), *d. Each ISA has its
+// own; all give identical results (the operations are exact or correctly rounded).
+using QuantizeBlockFn = void (*)(const float *x, int64_t block, int8_t *q, float *d);
+void quantize_block_scalar(const float *x, int64_t block, int8_t *q, float *d);
+
 // Quantizes x [n_tok][n_cols] into a thread-local buffer reused across calls (no allocation
 // per token once warm). n_cols must be a multiple of block.
-QuantizedActs quantize_acts(const float *x, int64_t n_cols, int64_t n_tok, int64_t block);
+QuantizedActs quantize_acts(const float *x, int64_t n_cols, int64_t n_tok, int64_t block,
+                            QuantizeBlockFn quantize_block = quantize_block_scalar);
+
+// Columns per pass of the SIMD matmuls: a multiple of 256 (every block size divides it) small
+// enough that the activations of the n_tok tokens of one tile for one pass (x_bytes per value:
+// 1 when quantized, 4 as fp32) stay in L1 while every weight row of the pass is applied to them.
+// n_cols itself when that already fits.
+int64_t column_chunk(int64_t n_cols, int64_t n_tok, int64_t x_bytes);
 
 // Runs the fastest SIMD matmul the CPU supports for `type`; false if there is none (the
 // caller then runs matmul_rows_reference). Same contract as matmul_rows.

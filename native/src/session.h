@@ -21,6 +21,10 @@ constexpr int MAX_STEP = 64;
 struct RecurrentState {
     float *conv = nullptr;  // [Kc-1][CD] last raw qkv projections, oldest first
     float *ssm = nullptr;   // [HV][DK][DV] fp32
+    // Rollback checkpoints (speculative verify, speculative.cpp), null in plain decoding: the
+    // state after each token of a step [T][HV][DK][DV] and the step's raw qkv rows [T][CD].
+    float *ssm_history = nullptr;
+    float *qkv_history = nullptr;
 };
 
 // Step buffers, [T][...] with T <= MAX_STEP.

@@ -13,7 +13,12 @@
 namespace luce {
 
 namespace {
-constexpr int SPIN_ROUNDS = 20000;  // ~tens of microseconds before a worker sleeps
+// Spin rounds before a worker sleeps (~tens of microseconds): ops of one step follow each other
+// within microseconds, but a longer spin only burns a core the OS could give to a worker.
+constexpr int SPIN_ROUNDS = 4000;
+// Spin rounds of the dispatching thread before it yields while waiting for stragglers (a worker
+// may have been descheduled on a busy machine; spinning would then delay it further).
+constexpr int WAIT_SPINS = 256;
 }
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -59,7 +64,10 @@ void ThreadPool::dispatch(int64_t n, int64_t grain, void *ctx, Trampoline fn) {
     }
     wake_.notify_all();
     run_share(0);
-    while (pending_.load(std::memory_order_acquire) != 0) LUCE_PAUSE();
+    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins < WAIT_SPINS) LUCE_PAUSE();
+        else std::this_thread::yield();
+    }
 }
 
 void ThreadPool::worker(int index) {

@@ -1,0 +1,342 @@
+// speculative.cpp — block-diffusion speculative decoding over a qwen35 target (spec engine.md §4,
+// drafters.md §1.7). One step, with `anchor` the last committed token (not yet run by the target)
+// at position p:
+//   1. draft:  the drafter runs the block [anchor, mask x (B-1)] at p.. over the fused features of
+//              positions < p; its heads give q proposals d_1..d_q (q = B-1, or B for DSpark
+//              next-token slots; fewer near max_tokens, under the long-context cap or the DSpark
+//              confidence gate).
+//   2. verify: the target runs [anchor, d_1..d_q] (T = q+1 rows) with logits for every row,
+//              capturing the drafter's taps and per-row DeltaNet checkpoints.
+//   3. accept (greedy): n = longest prefix with d_{i+1} == argmax(row i); bonus = argmax(row n).
+//      accept (sampled, T > 0): standard rejection sampling. Row i's target distribution p_i
+//              (the sampler's temperature/top-k/top-p) and the drafter's proposal q_i: accept
+//              d_{i+1} with probability min(1, p_i(d)/q_i(d)); at the first rejection the bonus is
+//              drawn from normalize(max(p_i - q_i, 0)) (p_i if that has no mass); if all q are
+//              accepted the bonus is drawn from p_q. Each committed token then has exactly the
+//              target's distribution (Leviathan et al. 2023, Thm. 1), whatever q is.
+//   4. commit anchor, d_1..d_n (n+1 positions), roll the target back to p+n+1 (rollback below),
+//      append their taps to the drafter context, emit d_1..d_n and the bonus; bonus = next anchor.
+// Greedy output therefore equals plain greedy decoding token for token: every committed token is
+// the target's argmax given the committed prefix.
+//
+// Adaptive policy (spec engine.md §4.8): an EMA of accepted drafts per step (alpha 0.1, 0.5 on
+// the probe after a burst, start 2 x threshold) against threshold = 0.8 x (ratio - 1), ratio = the
+// measured spec-step / plain-step time (1.9 until both are measured). Below it, greedy decoding
+// runs bursts of 40 plain steps (features still captured), then probes with one spec step.
+#include "speculative.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "errors.h"
+#include "generate.h"
+#include "sampling.h"
+
+namespace luce {
+
+namespace {
+
+constexpr int MAX_DRAFT_BLOCK = 32;          // CLI hard cap on B (spec engine.md §3)
+constexpr int DEFAULT_VERIFY_CAP_FROM = 8192;  // committed tokens (spec engine.md §4.9)
+constexpr int VERIFY_CAP_MIN = 8;
+constexpr double DEFAULT_STEP_RATIO = 1.9, EMA_ALPHA = 0.1, PROBE_ALPHA = 0.5, THRESHOLD_SLACK = 0.8;
+constexpr int BURST_STEPS = 40;
+
+double now_seconds() {
+    using clock = std::chrono::steady_clock;
+    return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+int block_rows(const Drafter &d, int requested) {
+    const int ckpt = d.hp.block_size, hi = std::min(2 * ckpt, MAX_DRAFT_BLOCK);
+    if (requested == 0) return std::min(ckpt, MAX_DRAFT_BLOCK);
+    if (requested < 2 || requested > hi)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "--draft-block-size must be in [2, %d] for this drafter (up to 2x the "
+             "checkpoint horizon %d, at most %d); got %d", hi, ckpt, MAX_DRAFT_BLOCK, requested);
+    return requested;
+}
+
+// The sampler's distribution over the vocabulary (sampling.h: temperature, top-k, top-p with
+// ties to the lower id), as explicit probabilities so rejection sampling can compare it with q.
+void target_probs(const float *logits, int V, const luce_generate_params &p, std::vector<int32_t> &ids,
+                  float *probs) {
+    std::iota(ids.begin(), ids.end(), 0);
+    const int k = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    std::fill(probs, probs + V, 0.f);
+    const float top = logits[ids[0]];
+    double sum = 0.0;
+    for (int i = 0; i < k; ++i) sum += (probs[ids[size_t(i)]] = std::exp((logits[ids[size_t(i)]] - top) / p.temperature));
+    int keep = k;
+    if (p.top_p < 1.f) {
+        double mass = 0.0;
+        for (int i = 0; i < k; ++i) {
+            mass += probs[ids[size_t(i)]] / sum;
+            if (mass >= double(p.top_p)) {
+                keep = i + 1;
+                break;
+            }
+        }
+        for (int i = keep; i < k; ++i) probs[ids[size_t(i)]] = 0.f;
+    }
+    double kept = 0.0;
+    for (int i = 0; i < keep; ++i) kept += probs[ids[size_t(i)]];
+    for (int i = 0; i < keep; ++i) probs[ids[size_t(i)]] = float(probs[ids[size_t(i)]] / kept);
+}
+
+int32_t draw(const float *w, int V, Rng &rng) {
+    double sum = 0.0;
+    for (int i = 0; i < V; ++i) sum += w[i];
+    double u = rng.uniform() * sum;
+    int32_t last = 0;
+    for (int i = 0; i < V; ++i) {
+        if (w[i] <= 0.f) continue;
+        last = i;
+        u -= w[i];
+        if (u < 0.0) return i;
+    }
+    return last;
+}
+
+// Rollback checkpoints of every DeltaNet layer for one verify of up to W rows. Memory, per
+// recurrent layer: W x (HV*DK*DV + CD) + (Kc-1) x CD floats (W = verify width; Qwen3.5-27B,
+// W = 17: 48 layers x 17 x (48*128*128 + 10240) x 4 B ~= 2.6 GB). Restoring is a copy: no replay.
+struct Checkpoints {
+    Session &s;
+    int W = 0;
+    std::vector<void *> owned;
+    std::vector<float *> conv_before;  // per layer [(Kc-1)][CD] state before the verify step
+
+    Checkpoints(Session &s_, int W_) : s(s_), W(W_) {
+        const Hparams &hp = s.model->hp;
+        Backend &be = *s.model->backend;
+        const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
+        conv_before.assign(size_t(hp.n_layer), nullptr);
+        try {
+            for (int i = 0; i < hp.n_layer; ++i) {
+                if (!hp.recurrent[size_t(i)]) continue;
+                RecurrentState &st = s.recurrent[size_t(i)];
+                owned.push_back(st.ssm_history = static_cast<float *>(be.alloc(size_t(W) * SS * sizeof(float))));
+                owned.push_back(st.qkv_history = static_cast<float *>(be.alloc(size_t(W) * CD * sizeof(float))));
+                owned.push_back(conv_before[size_t(i)] = static_cast<float *>(
+                                    be.alloc(size_t(hp.ssm_conv - 1) * CD * sizeof(float) + 1)));
+            }
+        } catch (...) {
+            release();
+            throw;
+        }
+    }
+    ~Checkpoints() { release(); }
+    void release() {
+        for (RecurrentState &st : s.recurrent) st.ssm_history = st.qkv_history = nullptr;
+        for (void *p : owned) s.model->backend->release(p);
+        owned.clear();
+    }
+    void before_verify() {
+        const Hparams &hp = s.model->hp;
+        const size_t n = size_t(hp.ssm_conv - 1) * size_t(hp.conv_channels()) * sizeof(float);
+        for (int i = 0; i < hp.n_layer; ++i)
+            if (hp.recurrent[size_t(i)]) s.model->backend->copy(conv_before[size_t(i)], s.recurrent[size_t(i)].conv, n);
+    }
+    // After a verify of T rows starting at position p, keep rows 0..keep-1: the recurrent state
+    // is the checkpoint after row keep-1, the conv state the last Kc-1 raw inputs of
+    // (state before the step ++ qkv rows 0..keep-1); attention needs only n_past.
+    void rollback(int p, int keep) {
+        const Hparams &hp = s.model->hp;
+        Backend &be = *s.model->backend;
+        const int S = hp.ssm_conv - 1;
+        const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (!hp.recurrent[size_t(i)]) continue;
+            RecurrentState &st = s.recurrent[size_t(i)];
+            be.copy(st.ssm, st.ssm_history + size_t(keep - 1) * SS, SS * sizeof(float));
+            for (int r = 0; r < S; ++r) {
+                const int src = keep - S + r;  // index into (old state ++ rows); < 0 reads old state
+                const float *row = src < 0 ? conv_before[size_t(i)] + size_t(S + src) * CD
+                                           : st.qkv_history + size_t(src) * CD;
+                be.copy(st.conv + size_t(r) * CD, row, CD * sizeof(float));
+            }
+        }
+        s.n_past = p + keep;
+    }
+};
+
+struct AdaptivePolicy {
+    bool enabled;
+    double ratio = DEFAULT_STEP_RATIO, spec_time = 0, plain_time = 0, ema;
+    int burst_left = 0;
+    bool probing = false;
+
+    explicit AdaptivePolicy(bool on) : enabled(on), ema(2 * threshold()) {}
+    double threshold() const { return THRESHOLD_SLACK * (ratio - 1.0); }
+    static void mix(double &avg, double x) { avg = avg == 0 ? x : 0.9 * avg + 0.1 * x; }
+    void after_spec(int accepted, double seconds) {
+        mix(spec_time, seconds);
+        if (spec_time > 0 && plain_time > 0) ratio = spec_time / plain_time;
+        const double a = probing ? PROBE_ALPHA : EMA_ALPHA;
+        ema = (1 - a) * ema + a * accepted;
+        probing = false;
+        if (enabled && ema < threshold()) burst_left = BURST_STEPS;
+    }
+    void after_plain(double seconds) {
+        mix(plain_time, seconds);
+        if (burst_left > 0 && --burst_left == 0) probing = true;
+    }
+};
+
+}  // namespace
+
+luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, int n_prompt,
+                                 const luce_generate_params &p, luce_token_callback callback, void *user_data,
+                                 int32_t *out_tokens, int out_capacity, luce_generate_stats *stats) {
+    check_generate_request(s, prompt, n_prompt, p, out_tokens, out_capacity);
+    if (d.target != s.model) fail(LUCE_ERR_INVALID_ARGUMENT, "the drafter is bound to another target model");
+    if (p.ddtree) fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification is not built yet (use chain verification)");
+    if (!(p.dspark_confidence_threshold >= 0.f && p.dspark_confidence_threshold < 1.f))
+        fail(LUCE_ERR_INVALID_ARGUMENT, "the DSpark confidence threshold must be in [0, 1)");
+    const int B = block_rows(d, p.draft_block_size);
+    const int q_max = d.proposals(B);
+    const int cap_from = p.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p.verify_cap_from;
+    const int V = s.model->hp.n_vocab, E = d.hp.n_embd, N = d.n_taps();
+    const bool sampled = p.temperature > 0.f;
+    Backend &be = *s.model->backend;
+
+    DraftContext ctx(d, n_prompt + p.max_tokens + B + 1);
+    Checkpoints ckpt(s, q_max + 1);
+    std::vector<float> taps(size_t(MAX_STEP) * N * E), logits(size_t(q_max + 1) * V), hidden(size_t(B) * E);
+    std::vector<float> q_probs(sampled ? size_t(q_max) * V : 0), p_row(static_cast<size_t>(V)), conf(static_cast<size_t>(B));
+    std::vector<int32_t> block(size_t(B), d.hp.mask_token_id), tokens(static_cast<size_t>(q_max + 1)), ids(static_cast<size_t>(V));
+    HiddenCapture capture{d.hp.target_layer_ids.data(), N, taps.data()};
+    Rng rng(p.seed);
+    ChainSampling chain_sampling{p.temperature, &rng, sampled ? q_probs.data() : nullptr};
+    AdaptivePolicy policy(!p.no_adaptive && !sampled);  // bursts would bypass rejection sampling
+
+    luce_generate_stats st{};
+    st.n_prompt = n_prompt;
+    st.block_size = B;
+    luce_status status = LUCE_OK;
+    auto choose = [&](const float *row) -> int32_t {
+        if (!sampled) return be.argmax(row, V);
+        target_probs(row, V, p, ids, p_row.data());
+        return draw(p_row.data(), V, rng);
+    };
+    auto is_stop = [&](int32_t id) {
+        return !p.ignore_eos && std::find(p.stop_ids, p.stop_ids + p.n_stop_ids, id) != p.stop_ids + p.n_stop_ids;
+    };
+    // Appends committed tokens to the output; false when generation ends (stop id, budget, callback).
+    auto emit = [&](const int32_t *toks, int n) -> bool {
+        int m = 0;
+        while (m < n && st.n_generated < p.max_tokens && !is_stop(toks[m])) out_tokens[st.n_generated++] = toks[m++];
+        if (m < n && is_stop(toks[m])) st.stopped_by_eos = 1;
+        if (m > 0 && callback && callback(user_data, toks, m) != 0) {
+            status = LUCE_ERR_CANCELLED;
+            return false;
+        }
+        return m == n && st.n_generated < p.max_tokens;
+    };
+
+    // Prefill in MAX_STEP chunks, capturing taps for the drafter context.
+    const double t0 = now_seconds();
+    for (int c0 = 0; c0 < n_prompt; c0 += MAX_STEP) {
+        const int T = std::min(MAX_STEP, n_prompt - c0);
+        forward_step(s, prompt + c0, T, logits.data(), T - 1, &capture);
+        draft_append_context(d, ctx, taps.data(), T);
+    }
+    int32_t anchor = p.max_tokens > 0 ? choose(logits.data()) : -1;
+    const double t1 = now_seconds();
+    st.prefill_seconds = t1 - t0;
+    bool going = p.max_tokens > 0 && emit(&anchor, 1);
+
+    while (going) {
+        const int remaining = p.max_tokens - st.n_generated;
+        const int start = s.n_past;  // the anchor's position
+        int q = std::min(q_max, remaining - 1);
+        if (cap_from > 0 && start >= cap_from) q = std::min(q, std::max(VERIFY_CAP_MIN, B / 2) - 1);
+        const double step_t0 = now_seconds();
+
+        if (q <= 0 || policy.burst_left > 0) {  // plain step: one token, features still captured
+            forward_step(s, &anchor, 1, logits.data(), 0, &capture);
+            draft_append_context(d, ctx, taps.data(), 1);
+            anchor = choose(logits.data());
+            ++st.plain_steps;
+            policy.after_plain(now_seconds() - step_t0);
+            going = emit(&anchor, 1);
+            continue;
+        }
+
+        // 1. Draft.
+        block[0] = anchor;
+        draft_forward(d, ctx, block.data(), B, hidden.data());
+        const int row0 = d.hp.sample_from_anchor ? 0 : 1;
+        draft_chain(d, hidden.data() + size_t(row0) * E, q, anchor, tokens.data() + 1, conf.data(),
+                    sampled ? &chain_sampling : nullptr);
+        if (p.dspark_confidence_threshold > 0.f && d.hp.confidence_dim > 0)
+            for (int i = 0; i < q; ++i)
+                if (conf[size_t(i)] < p.dspark_confidence_threshold) {
+                    q = i;
+                    break;
+                }
+        const double t_drafted = now_seconds();
+
+        // 2. Verify [anchor, d_1..d_q].
+        tokens[0] = anchor;
+        const int T = q + 1;
+        ckpt.before_verify();
+        forward_step(s, tokens.data(), T, logits.data(), 0, &capture);
+        const double t_verified = now_seconds();
+
+        // 3. Accept.
+        int n = 0;
+        int32_t bonus = -1;
+        if (!sampled) {
+            while (n < q && tokens[size_t(n + 1)] == be.argmax(logits.data() + size_t(n) * V, V)) ++n;
+            bonus = be.argmax(logits.data() + size_t(n) * V, V);
+        } else {
+            for (; n < q; ++n) {
+                const int32_t dt = tokens[size_t(n + 1)];
+                const float *qi = q_probs.data() + size_t(n) * V;
+                target_probs(logits.data() + size_t(n) * V, V, p, ids, p_row.data());
+                if (rng.uniform() * qi[dt] < p_row[size_t(dt)]) continue;  // u < p/q
+                double mass = 0.0;
+                for (int v = 0; v < V; ++v) mass += (p_row[size_t(v)] = std::max(p_row[size_t(v)] - qi[v], 0.f));
+                if (mass <= 0.0) target_probs(logits.data() + size_t(n) * V, V, p, ids, p_row.data());
+                bonus = draw(p_row.data(), V, rng);
+                break;
+            }
+            if (bonus < 0) bonus = choose(logits.data() + size_t(q) * V);
+        }
+
+        // 4. Commit n+1 positions; roll the rest back.
+        if (n + 1 < T) ckpt.rollback(start, n + 1);
+        const double t_rolled = now_seconds();
+        draft_append_context(d, ctx, taps.data(), n + 1);
+
+        ++st.spec_steps;
+        st.n_drafted += q;
+        st.n_accepted += n;
+        st.full_accept_steps += (n == q);
+        st.zero_accept_steps += (n == 0);
+        st.max_accepted = std::max(st.max_accepted, n);
+        st.draft_seconds += (t_drafted - step_t0) + (now_seconds() - t_rolled);
+        st.verify_seconds += t_verified - t_drafted;
+        st.rollback_seconds += t_rolled - t_verified;
+        policy.after_spec(n, now_seconds() - step_t0);
+
+        tokens[size_t(n + 1)] = bonus;
+        going = emit(tokens.data() + 1, n + 1);
+        anchor = bonus;
+    }
+    st.decode_seconds = now_seconds() - t1;
+    st.tau = st.spec_steps ? double(st.n_accepted + st.spec_steps) / st.spec_steps : 0.0;
+    st.acceptance = st.n_drafted ? double(st.n_accepted) / st.n_drafted : 0.0;
+    if (stats) *stats = st;
+    if (status == LUCE_ERR_CANCELLED) set_last_error("generation stopped by the token callback");
+    return status;
+}
+
+}  // namespace luce
