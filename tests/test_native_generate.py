@@ -128,3 +128,24 @@ def test_first_token_distribution(engine, temperature, top_k, top_p):
         counts[tok] += 1
     assert counts[~keep].sum() == 0
     assert _chi_square_ok(counts, target)
+
+
+def test_text_and_chat_prompts_go_through_the_gguf_tokenizer(tmp_path_factory):
+    """A text prompt is encoded with the GGUF's tokenizer; chat=True first renders it with the
+    GGUF's chat template (luce.chat.render_chat, checked against transformers elsewhere)."""
+    from fixtures.tiny_qwen35 import tiny_qwen35
+    from luce.chat import render_chat
+
+    _, path, _ = tiny_qwen35(tmp_path_factory, "base")
+    with Engine(path, threads=1, ctx_size=256) as eng:
+        tok = eng.tokenizer
+        text = "The quick brown fox"
+        plain = eng.generate(text, max_tokens=6, ignore_eos=True)
+        assert plain.tokens == eng.generate(prompt_ids=tok.encode(text), max_tokens=6,
+                                            ignore_eos=True).tokens
+        rendered = render_chat(tok.chat_template, [{"role": "user", "content": text}],
+                               add_generation_prompt=True)
+        chat = eng.generate(text, chat=True, max_tokens=6, ignore_eos=True)
+        assert chat.prompt_tokens == len(tok.encode(rendered)) > plain.prompt_tokens
+        assert chat.tokens == eng.generate(prompt_ids=tok.encode(rendered), max_tokens=6,
+                                           ignore_eos=True).tokens

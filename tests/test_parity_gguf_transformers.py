@@ -84,7 +84,7 @@ def test_prefill_and_decode_logits(tmp_path, name):
     assert_logits_close(steps, case.ref[n_prefill - 1: n_prefill + n_steps], case.tol, "decode")
 
 
-@pytest.mark.parametrize("name", ["f32", "bf16"])
+@pytest.mark.parametrize("name", ["f32"])
 def test_greedy_generation_matches_transformers(tmp_path, name):
     """64 greedy tokens equal transformers' generate() on the same GGUF (EOS ignored on both)."""
     native_kw, _, _ = VARIANTS[name]

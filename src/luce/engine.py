@@ -10,7 +10,7 @@
         print(g.stats["tau"], g.stats["acceptance"])
 
 The engine owns one native model and one session (KV cache + DeltaNet state, `ctx_size`
-positions). Every call to `generate` or `logits` starts from an empty context. The tokenizer and
+positions; `kv_cache="f16"` halves the attention cache at a ~1e-3 relative cost in accuracy). Every call to `generate` or `logits` starts from an empty context. The tokenizer and
 chat template come from the GGUF itself. Errors are LuceError with one line from the runtime.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from luce.binding import check, ffi, lib
 from luce.errors import LuceError
 
 DEVICES = ("cpu", "gpu", "auto")
+KV_CACHE_TYPES = {"f32": 0, "f16": 1}  # luce_kv_type
 DEFAULT_CTX_SIZE = 4096
 DEFAULT_MAX_TOKENS = 128
 
@@ -94,7 +95,10 @@ DRAFTER_KINDS = ("DFlash", "DFlash 2", "DSpark")
 
 class Engine:
     def __init__(self, model: str | os.PathLike, *, device: str = "cpu", threads: int = 0,
-                 ctx_size: int = DEFAULT_CTX_SIZE, draft: str | os.PathLike | None = None):
+                 ctx_size: int = DEFAULT_CTX_SIZE, kv_cache: str = "f32",
+                 draft: str | os.PathLike | None = None):
+        if kv_cache not in KV_CACHE_TYPES:
+            raise LuceError(f"unknown KV cache type '{kv_cache}' (choose from {', '.join(KV_CACHE_TYPES)})")
         if device not in DEVICES:
             raise LuceError(f"unknown device '{device}' (choose from {', '.join(DEVICES)})")
         if not isinstance(threads, int) or threads < 0:
@@ -117,7 +121,7 @@ class Engine:
         self.info = ModelInfo._from_native(info)
         sess = ffi.new("luce_session **")
         try:
-            check(lib().luce_session_create(self._model, int(ctx_size), sess))
+            check(lib().luce_session_create(self._model, int(ctx_size), KV_CACHE_TYPES[kv_cache], sess))
         except LuceError:
             self.close()
             raise
