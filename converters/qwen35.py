@@ -95,25 +95,35 @@ class Qwen35Config:
     @classmethod
     def from_hf(cls, config: dict) -> Qwen35Config:
         text = config.get("text_config") or config
+        if not isinstance(text, dict):
+            raise LuceError("config.json: text_config is not an object")
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
 
         def need(key):
-            if key not in text:
+            # a config.json is untrusted: every size must be a positive integer before it sizes anything
+            value = text.get(key)
+            if value is None:
                 raise LuceError(f"config.json: missing {key!r}")
-            return text[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise LuceError(f"config.json: {key} must be a positive integer, got {value!r}")
+            return value
 
         def get(key, default):
-            value = text.get(key)
-            return default if value is None else value
+            return default if text.get(key) is None else need(key)
+
+        def number(value, key):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise LuceError(f"config.json: {key} must be a positive number, got {value!r}")
+            return float(value)
 
         head_dim = get("head_dim", need("hidden_size") // need("num_attention_heads"))
-        partial = rope.get("partial_rotary_factor", get("partial_rotary_factor", _DEFAULT_PARTIAL_ROTARY_FACTOR))
+        partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", _DEFAULT_PARTIAL_ROTARY_FACTOR))
         theta = rope.get("rope_theta", text.get("rope_theta"))
         if theta is None:
             raise LuceError("config.json: missing rope_theta (in rope_parameters or at the top level)")
         sections = list(rope.get("mrope_section") or _DEFAULT_MROPE_SECTION)
-        if len(sections) > _MROPE_SLOTS:
-            raise LuceError(f"config.json: mrope_section has {len(sections)} entries, at most {_MROPE_SLOTS}")
+        if len(sections) > _MROPE_SLOTS or not all(isinstance(x, int) and x >= 0 for x in sections):
+            raise LuceError(f"config.json: mrope_section must be at most {_MROPE_SLOTS} counts, got {sections}")
         # the multimodal wrapper keeps tie_word_embeddings at its own top level
         tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
         cfg = cls(
@@ -124,9 +134,9 @@ class Qwen35Config:
             num_heads=need("num_attention_heads"),
             num_kv_heads=need("num_key_value_heads"),
             head_dim=head_dim,
-            rms_norm_eps=float(need("rms_norm_eps")),
-            rope_theta=float(theta),
-            rotary_dim=int(round(head_dim * partial)),
+            rms_norm_eps=number(text.get("rms_norm_eps"), "rms_norm_eps"),
+            rope_theta=number(theta, "rope_theta"),
+            rotary_dim=int(round(head_dim * number(partial, "partial_rotary_factor"))),
             mrope_sections=tuple(sections + [0] * (_MROPE_SLOTS - len(sections))),
             context_length=get("max_position_embeddings", _DEFAULT_CONTEXT_LENGTH),
             conv_kernel=need("linear_conv_kernel_dim"),
