@@ -14,6 +14,8 @@
 //
 // Shapes: a row of n_cols elements is nb = n_cols/256 blocks (n_cols/32 for Q8_0); xq for token
 // t is a.q + t*q_stride, its block scales a.d + t*nb, its per-16 sums a.sums16 + t*s_stride.
+// The whole file is x86-64 only (other targets build the scalar level alone).
+#if defined(__x86_64__)
 #include <immintrin.h>
 
 #include <cstring>
@@ -408,3 +410,5 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
 
 }  // namespace avx2
 }  // namespace luce
+
+#endif  // __x86_64__

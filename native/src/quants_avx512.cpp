@@ -7,6 +7,8 @@
 //   - AVX-512 has no sign_epi8: signed weight codes (Q8_0, IQ4_XS) use |w| and negate the
 //     activation under the mask of negative weights (_mm512_mask_sub_epi8).
 // Tiles of up to 4 tokens; everything else as in quants_avx2.cpp.
+// The whole file is x86-64 only (other targets build the scalar level alone).
+#if defined(__x86_64__)
 #include <immintrin.h>
 
 #include <cstring>
@@ -295,23 +297,26 @@ inline float load_w1(const uint8_t *p) {
 template <int32_t Type, int NT, int RM>
 void float_tile(const Tile &t) {
     constexpr int64_t es = Type == GGML_F32 ? 4 : 2;
+    // A accumulators per (row, token), 16*A columns per step; a lone token gets 4 so more
+    // cache lines are in flight while it streams from memory.
+    constexpr int A = NT == 1 && RM == 1 ? 4 : 2;
     const int64_t n16 = t.c0 + (t.c1 - t.c0) / 16 * 16;
-    __m512 acc[RM][NT][2];
+    __m512 acc[RM][NT][A];
     for (int m = 0; m < RM; ++m)
-        for (int k = 0; k < NT; ++k) acc[m][k][0] = acc[m][k][1] = _mm512_setzero_ps();
+        for (int k = 0; k < NT; ++k)
+            for (int a = 0; a < A; ++a) acc[m][k][a] = _mm512_setzero_ps();
     const uint8_t *rows[RM];
     for (int m = 0; m < RM; ++m) rows[m] = t.w + (t.r + m) * t.row_bytes;
     int64_t c = t.c0;
-    for (; c + 32 <= n16; c += 32) {
-        __m512 w0[RM], w1[RM];
+    for (; c + 16 * A <= n16; c += 16 * A) {
+        __m512 w[RM][A];
         for (int m = 0; m < RM; ++m)
-            w0[m] = load_w16<Type>(rows[m] + c * es), w1[m] = load_w16<Type>(rows[m] + (c + 16) * es);
+            for (int a = 0; a < A; ++a) w[m][a] = load_w16<Type>(rows[m] + (c + 16 * a) * es);
         for (int k = 0; k < NT; ++k) {
             const float *xt = t.x + (t.t0 + k) * t.n_cols + c;
-            const __m512 x0 = _mm512_loadu_ps(xt), x1 = _mm512_loadu_ps(xt + 16);
-            for (int m = 0; m < RM; ++m) {
-                acc[m][k][0] = _mm512_fmadd_ps(w0[m], x0, acc[m][k][0]);
-                acc[m][k][1] = _mm512_fmadd_ps(w1[m], x1, acc[m][k][1]);
+            for (int a = 0; a < A; ++a) {
+                const __m512 xv = _mm512_loadu_ps(xt + 16 * a);
+                for (int m = 0; m < RM; ++m) acc[m][k][a] = _mm512_fmadd_ps(w[m][a], xv, acc[m][k][a]);
             }
         }
     }
@@ -325,7 +330,9 @@ void float_tile(const Tile &t) {
     for (int m = 0; m < RM; ++m) {
         for (int k = 0; k < NT; ++k) {
             const float *xt = t.x + (t.t0 + k) * t.n_cols;
-            float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][k][0], acc[m][k][1]));
+            __m512 sum = acc[m][k][0];
+            for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, acc[m][k][a]);
+            float s = _mm512_reduce_add_ps(sum);
             for (int64_t e = n16; e < t.c1; ++e) s += load_w1<Type>(rows[m] + e * es) * xt[e];
             put_row(t, k, t.r + m, s);
         }
@@ -414,3 +421,5 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
 
 }  // namespace avx512
 }  // namespace luce
+
+#endif  // __x86_64__
