@@ -220,3 +220,37 @@ def test_native_loader_refuses_a_mismatched_pair_on_its_own(pair, tmp_path):
 def test_not_a_drafter_is_refused(pair):
     with pytest.raises(LuceError, match="not a drafter"):
         Engine(pair.target, threads=1, draft=pair.target)
+
+
+# ---- stop ids and streaming ----------------------------------------------------------------------
+
+def _native_generate(eng, prompt, n, stop_ids, oracle, on_tokens=None):
+    """luce_generate with an explicit stop list (Engine uses the tokenizer's end-of-generation ids)."""
+    from luce.binding import check, ffi, lib
+
+    stop = ffi.new("int32_t[]", stop_ids)
+    orc = ffi.new("int32_t[]", oracle)
+    params = ffi.new("luce_generate_params *", {"max_tokens": n, "top_p": 1.0, "stop_ids": stop,
+                                                "n_stop_ids": len(stop_ids), "no_adaptive": 1,
+                                                "oracle_tokens": orc, "n_oracle_tokens": len(oracle)})
+    out, stats = ffi.new("int32_t[]", n), ffi.new("luce_generate_stats *")
+    cb = ffi.NULL
+    if on_tokens is not None:
+        cb = ffi.callback("int32_t(void *, const int32_t *, int32_t)",
+                          lambda _u, toks, k: on_tokens([toks[i] for i in range(k)]) or 0)
+    ids = ffi.new("int32_t[]", prompt)
+    check(lib().luce_session_reset(eng._session))
+    check(lib().luce_generate(eng._session, eng._drafter, ids, len(prompt), params, cb, ffi.NULL, out, n, stats))
+    return [out[i] for i in range(stats.n_generated)], stats
+
+
+def test_stop_id_inside_an_accepted_run_ends_generation_there(pair, plain):
+    """The stop token is committed in the middle of a fully accepted block: output ends right
+    before it, as in plain decoding, and the streamed batches add up to the output."""
+    ref = plain["short"]
+    i = next(k for k in range(12, len(ref)) if ref[k] not in ref[:k])  # first occurrence of its token
+    streamed = []
+    with Engine(pair.target, threads=1, draft=pair.drafters["dflash"]) as eng:
+        tokens, st = _native_generate(eng, PROMPTS["short"], 60, [ref[i]], ref, streamed.extend)
+    assert tokens == ref[:i] == streamed
+    assert st.stopped_by_eos == 1 and st.max_accepted == 7
