@@ -263,3 +263,17 @@ def test_stop_id_inside_an_accepted_run_ends_generation_there(pair, plain):
         tokens, st = _native_generate(eng, PROMPTS["short"], 60, [ref[i]], ref, streamed.extend)
     assert tokens == ref[:i] == streamed
     assert st.stopped_by_eos == 1 and st.max_accepted == 7
+
+
+def test_speculative_generation_needs_an_empty_session(pair):
+    """The drafter context must hold every committed position's features: a session that already
+    holds a prefix is refused (the plain loop accepts it)."""
+    from luce.binding import ffi, lib
+
+    with Engine(pair.target, threads=1, draft=pair.drafters["dflash"]) as eng:
+        eng.logits([1, 2, 3])  # leaves 3 positions in the session
+        params = ffi.new("luce_generate_params *", {"max_tokens": 4, "top_p": 1.0})
+        out, ids = ffi.new("int32_t[]", 4), ffi.new("int32_t[]", [4, 5])
+        status = lib().luce_generate(eng._session, eng._drafter, ids, 2, params, ffi.NULL, ffi.NULL, out, 4,
+                                     ffi.NULL)
+        assert status == 1 and "empty session" in ffi.string(lib().luce_last_error()).decode()
