@@ -30,7 +30,8 @@ int32_t argmax_row(const float *x, int n) {
 // q = softmax(scores / T) over ids (n of them), scattered into a zeroed q_row [V]; draws one id.
 int32_t sample_softmax(const float *scores, const int32_t *ids, int n, float T, Rng &rng, float *q_row, int V) {
     float top = *std::max_element(scores, scores + n);
-    std::vector<double> p(static_cast<size_t>(n));
+    thread_local std::vector<double> p;  // scratch that only grows: no allocation per step
+    p.resize(size_t(n));
     double sum = 0.0;
     for (int i = 0; i < n; ++i) sum += (p[size_t(i)] = std::exp(double(scores[i] - top) / T));
     if (q_row) {
@@ -49,8 +50,13 @@ void selector_chain(const Drafter &d, const float *hidden, const float *logits, 
                     int32_t *tokens, const ChainSampling *smp) {
     Backend &be = *d.target->backend;
     const int V = d.target->hp.n_vocab, R = d.hp.selector_rank, k = d.hp.selector_top_k;
-    std::vector<float> hproj(size_t(n_rows) * R), pred(static_cast<size_t>(R)), succ(static_cast<size_t>(R)), scores(static_cast<size_t>(k));
-    std::vector<int32_t> ids(static_cast<size_t>(V));
+    thread_local std::vector<float> hproj, pred, succ, scores;  // scratch that only grows
+    thread_local std::vector<int32_t> ids;
+    hproj.resize(size_t(n_rows) * R);
+    pred.resize(size_t(R));
+    succ.resize(size_t(R));
+    scores.resize(size_t(k));
+    ids.resize(size_t(V));
     be.matmul(d.sel_hproj, hidden, n_rows, hproj.data(), R);
     int32_t prev = anchor;
     for (int t = 0; t < n_rows; ++t) {
@@ -85,7 +91,9 @@ void markov_chain(const Drafter &d, const float *hidden, float *logits, int n_ro
                   float *confidence, const ChainSampling *smp) {
     Backend &be = *d.target->backend;
     const int V = d.target->hp.n_vocab, R = d.hp.markov_rank, E = d.hp.n_embd;
-    std::vector<float> e(static_cast<size_t>(R)), bias(static_cast<size_t>(V));
+    thread_local std::vector<float> e, bias;  // scratch that only grows
+    e.resize(size_t(R));
+    bias.resize(size_t(V));
     int32_t prev = anchor;
     for (int t = 0; t < n_rows; ++t) {
         float *U = logits + int64_t(t) * V;
@@ -122,7 +130,8 @@ void draft_chain(const Drafter &d, const float *hidden, int n_rows, int32_t anch
     if (anchor < 0 || anchor >= V)
         fail(LUCE_ERR_INVALID_ARGUMENT, "anchor token %d is out of range (vocabulary has %d tokens)", anchor, V);
     if (n_rows == 0) return;
-    std::vector<float> logits(size_t(n_rows) * size_t(V));
+    thread_local std::vector<float> logits;  // [n_rows][V] scratch that only grows
+    logits.resize(size_t(n_rows) * size_t(V));
     tm.backend->matmul(tm.output, hidden, n_rows, logits.data(), V);
     if (d.hp.kind == DRAFT_DSPARK) {
         markov_chain(d, hidden, logits.data(), n_rows, anchor, tokens, confidence, smp);
