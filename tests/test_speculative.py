@@ -131,6 +131,31 @@ def test_layouts_give_the_same_drafter(pair, plain):
            {k: b.stats[k] for k in ("n_drafted", "n_accepted")}
 
 
+# ---- DDTree ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["dflash", "dflash2", "dspark", "dflash_swa"])
+def test_ddtree_is_lossless(pair, plain, name):
+    """Tree verification: every node sees only its ancestors, DeltaNet runs each node from its
+    parent's state, the accepted path's K/V move to consecutive slots. Random drafters (wide
+    trees, K = 8 when the budget exceeds the depth, short paths) and the oracle continuation on
+    the tree's first-child chain (deep paths) must all give the plain greedy tokens."""
+    ref = plain["short"][:150]
+    wide = 2 * CKPT_BLOCK[name]
+    with Engine(pair.target, threads=1, draft=pair.drafters[name]) as eng:
+        for budget, block, oracle in ((22, 0, None), (40, wide, None), (4, 0, _corrupt(ref, 13, 5)),
+                                      (22, 0, _corrupt(ref, 13, 5)), (9, wide, _corrupt(ref, 17, 3))):
+            g = eng.generate(prompt_ids=PROMPTS["short"], max_tokens=150, ignore_eos=True, ddtree=True,
+                             ddtree_budget=budget, draft_block_size=block, adaptive=False, oracle_tokens=oracle)
+            assert g.tokens == ref, (budget, block, oracle is not None)
+            s = g.stats
+            if budget > 2 * CKPT_BLOCK[name]:  # wide tree: more nodes verified than a chain holds
+                assert s["n_drafted"] > s["spec_steps"] * (CKPT_BLOCK[name] - 1)
+            if oracle is not None:  # accepted paths of several nodes; chain-shaped trees to the bottom
+                assert s["max_accepted"] >= (budget if budget <= CKPT_BLOCK[name] - 1 else 2), s
+    long = _spec(pair, name, "long", 60, ddtree=True, adaptive=False)
+    assert long.tokens == plain["long"][:60]
+
+
 # ---- sampling ----------------------------------------------------------------------------------
 
 def _softmax_topk(logits, k, temperature):
@@ -199,10 +224,12 @@ def test_bad_block_size_is_refused_with_the_rule(pair):
                 eng.generate(prompt_ids=[1, 2], max_tokens=4, draft_block_size=bad)
 
 
-def test_ddtree_is_refused_until_built(pair):
+def test_ddtree_is_greedy_only(pair):
     with Engine(pair.target, threads=1, draft=pair.drafters["dflash"]) as eng:
-        with pytest.raises(LuceError, match="DDTree"):
-            eng.generate(prompt_ids=[1, 2], max_tokens=4, ddtree=True)
+        with pytest.raises(LuceError, match="DDTree tree verification is greedy only"):
+            eng.generate(prompt_ids=[1, 2], max_tokens=4, ddtree=True, temperature=0.5)
+        with pytest.raises(LuceError, match="--ddtree-budget must be in 1..63"):
+            eng.generate(prompt_ids=[1, 2], max_tokens=4, ddtree=True, ddtree_budget=64)
 
 
 def test_mismatched_pair_is_refused_before_compute(pair, tmp_path):

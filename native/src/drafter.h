@@ -127,4 +127,12 @@ struct ChainSampling {
 void draft_chain(const Drafter &d, const float *hidden, int n_rows, int32_t anchor, int32_t *tokens,
                  float *confidence, const ChainSampling *sampling = nullptr);
 
+// Tree candidates (DDTree): the k best next tokens after `prev` at one proposal row, with their
+// log-probabilities under the drafter's scores there, best first. U_row [V] = target_head(h) of the
+// row, hidden_row [E] = h. DFlash: log-softmax of U (prev unused); DFlash 2: the selector's
+// top-k of U rescored with prev and renormalised over them; DSpark: log-softmax of
+// U + W2 W1[prev]. k <= the candidate set (DFlash 2: selector_top_k).
+int draft_candidates(const Drafter &d, const float *U_row, const float *hidden_row, int32_t prev, int k,
+                     int32_t *ids, float *logp);
+
 }  // namespace luce

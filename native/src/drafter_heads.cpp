@@ -153,4 +153,56 @@ void draft_chain(const Drafter &d, const float *hidden, int n_rows, int32_t anch
     }
 }
 
+int draft_candidates(const Drafter &d, const float *U_row, const float *hidden_row, int32_t prev, int k,
+                     int32_t *ids, float *logp) {
+    Backend &be = *d.target->backend;
+    const int V = d.target->hp.n_vocab;
+    thread_local std::vector<float> scores, tmp, e;
+    thread_local std::vector<int32_t> order;
+    order.resize(size_t(V));
+    std::iota(order.begin(), order.end(), 0);
+    int n = V;
+    if (d.hp.kind == DRAFT_DSPARK) {
+        e.resize(size_t(d.hp.markov_rank));
+        scores.resize(size_t(V));
+        be.get_rows(d.markov_w1, &prev, 1, e.data());
+        be.matmul(d.markov_w2, e.data(), 1, scores.data(), V);
+        for (int i = 0; i < V; ++i) scores[size_t(i)] += U_row[i];
+    } else if (d.hp.selector_rank) {
+        const int R = d.hp.selector_rank, kk = d.hp.selector_top_k;
+        std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](int32_t a, int32_t b) {
+            return U_row[a] > U_row[b] || (U_row[a] == U_row[b] && a < b);
+        });
+        tmp.resize(size_t(2 * R));
+        be.matmul(d.sel_hproj, hidden_row, 1, tmp.data(), R);
+        be.get_rows(d.sel_pred, &prev, 1, tmp.data() + R);
+        scores.assign(size_t(V), -INFINITY);
+        e.resize(size_t(R));
+        for (int i = 0; i < kk; ++i) {
+            be.get_rows(d.sel_succ, &order[size_t(i)], 1, e.data());
+            float dot = 0.f;
+            for (int r = 0; r < R; ++r) dot += tmp[size_t(R + r)] * tmp[size_t(r)] * e[size_t(r)];
+            scores[size_t(order[size_t(i)])] = U_row[order[size_t(i)]] + dot;
+        }
+        n = kk;
+        std::iota(order.begin(), order.end(), 0);
+    } else {
+        scores.assign(U_row, U_row + V);
+    }
+    k = std::min(k, n);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        return scores[size_t(a)] > scores[size_t(b)] || (scores[size_t(a)] == scores[size_t(b)] && a < b);
+    });
+    // log-softmax normaliser over the candidate set (-inf entries contribute nothing)
+    const float top = scores[size_t(order[0])];
+    double sum = 0.0;
+    for (int i = 0; i < V; ++i) sum += std::exp(double(scores[size_t(i)] - top));
+    const float lse = top + float(std::log(sum));
+    for (int i = 0; i < k; ++i) {
+        ids[i] = order[size_t(i)];
+        logp[i] = scores[size_t(order[size_t(i)])] - lse;
+    }
+    return k;
+}
+
 }  // namespace luce

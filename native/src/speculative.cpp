@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <queue>
 #include <vector>
 
 #include "errors.h"
@@ -44,6 +45,8 @@ constexpr int DEFAULT_VERIFY_CAP_FROM = 8192;  // committed tokens (spec engine.
 constexpr int VERIFY_CAP_MIN = 8;
 constexpr double DEFAULT_STEP_RATIO = 1.9, EMA_ALPHA = 0.1, PROBE_ALPHA = 0.5, THRESHOLD_SLACK = 0.8;
 constexpr int BURST_STEPS = 40;
+constexpr int DEFAULT_DDTREE_BUDGET = 22;
+constexpr int DDTREE_WIDE_K = 8;  // candidates per node when the budget exceeds the depth, else 1
 
 double now_seconds() {
     using clock = std::chrono::steady_clock;
@@ -159,10 +162,12 @@ struct Checkpoints {
     void detach() {
         for (RecurrentState &st : s.recurrent) st.ssm_history = st.qkv_history = nullptr;
     }
-    // After a verify of T rows starting at position p, keep rows 0..keep-1: the recurrent state
-    // is the checkpoint after row keep-1, the conv state the last Kc-1 raw inputs of
-    // (state before the step ++ qkv rows 0..keep-1); attention needs only n_past.
-    void rollback(int p, int keep) {
+    // After a verify step at position p, keep the given rows (row indices of the step in commit
+    // order: 0..n for a chain, the accepted root-to-leaf path for a tree): the recurrent state is
+    // the checkpoint after the last one, the conv state the last Kc-1 raw inputs of (state before
+    // the step ++ those rows' qkv); attention needs only n_past (a tree's path K/V are moved to
+    // consecutive slots by the caller).
+    void restore(int p, const int32_t *rows, int n_rows) {
         const Hparams &hp = s.model->hp;
         Backend &be = *s.model->backend;
         const int S = hp.ssm_conv - 1;
@@ -170,17 +175,90 @@ struct Checkpoints {
         for (int i = 0; i < hp.n_layer; ++i) {
             if (!hp.recurrent[size_t(i)]) continue;
             RecurrentState &st = s.recurrent[size_t(i)];
-            be.copy(st.ssm, ssm_history[size_t(i)] + size_t(keep - 1) * SS, SS * sizeof(float));
+            be.copy(st.ssm, ssm_history[size_t(i)] + size_t(rows[n_rows - 1]) * SS, SS * sizeof(float));
             for (int r = 0; r < S; ++r) {
-                const int src = keep - S + r;  // index into (old state ++ rows); < 0 reads old state
+                const int src = n_rows - S + r;  // index into (old state ++ kept rows); < 0 reads old state
                 const float *row = src < 0 ? conv_before[size_t(i)] + size_t(S + src) * CD
-                                           : qkv_history[size_t(i)] + size_t(src) * CD;
+                                           : qkv_history[size_t(i)] + size_t(rows[src]) * CD;
                 be.copy(st.conv + size_t(r) * CD, row, CD * sizeof(float));
             }
         }
-        s.n_past = p + keep;
+        s.n_past = p + n_rows;
     }
 };
+
+// DDTree (spec engine.md §4.7): a best-first tree of at most `budget` nodes under the root (the
+// anchor). Node depth d takes its candidates from proposal row d-1, conditioned on the node's own
+// token as predecessor (draft_candidates): k = 8 per node when the budget exceeds the depth L,
+// else 1 (a chain). Expansion order = cumulative log-probability, so the budget goes to the most
+// likely branches; a node is always created after its parent.
+struct TreeNode {
+    int32_t token;
+    int parent;  // -1 for the root
+    int depth;
+    float cum;   // sum of log-probabilities from the root
+};
+
+std::vector<TreeNode> build_tree(const Drafter &d, const float *U, const float *hidden, int L, int32_t anchor,
+                                 int budget) {
+    const int V = d.target->hp.n_vocab, E = d.hp.n_embd, K = budget > L ? DDTREE_WIDE_K : 1;
+    std::vector<TreeNode> nodes{{anchor, -1, 0, 0.f}};
+    std::vector<std::vector<int32_t>> cand_ids;
+    std::vector<std::vector<float>> cand_logp;
+    auto expand = [&](int node) {  // candidates for the children of `node` (depth + 1 -> row depth)
+        const int row = nodes[size_t(node)].depth;
+        cand_ids.resize(size_t(node) + 1);
+        cand_logp.resize(size_t(node) + 1);
+        cand_ids[size_t(node)].resize(size_t(K));
+        cand_logp[size_t(node)].resize(size_t(K));
+        const int k = draft_candidates(d, U + int64_t(row) * V, hidden + int64_t(row) * E, nodes[size_t(node)].token,
+                                       K, cand_ids[size_t(node)].data(), cand_logp[size_t(node)].data());
+        cand_ids[size_t(node)].resize(size_t(k));
+        cand_logp[size_t(node)].resize(size_t(k));
+    };
+    struct Entry {
+        float score;
+        int parent, rank;
+        bool operator<(const Entry &o) const { return score < o.score; }
+    };
+    std::priority_queue<Entry> heap;
+    expand(0);
+    heap.push({cand_logp[0][0], 0, 0});
+    while (!heap.empty() && int(nodes.size()) < budget + 1) {
+        const Entry e = heap.top();
+        heap.pop();
+        const int depth = nodes[size_t(e.parent)].depth + 1, n = int(nodes.size());
+        nodes.push_back({cand_ids[size_t(e.parent)][size_t(e.rank)], e.parent, depth, e.score});
+        if (e.rank + 1 < int(cand_ids[size_t(e.parent)].size()))  // its next sibling
+            heap.push({nodes[size_t(e.parent)].cum + cand_logp[size_t(e.parent)][size_t(e.rank + 1)], e.parent,
+                       e.rank + 1});
+        if (depth < L) {  // its best child
+            expand(n);
+            heap.push({e.score + cand_logp[size_t(n)][0], n, 0});
+        }
+    }
+    return nodes;
+}
+
+// Moves the K/V rows of the accepted path's nodes (cache slots start + path[i]) to the
+// consecutive slots start + i they belong at now. path[i] >= i and increases, so in place.
+void compact_kv(Session &s, int start, const std::vector<int32_t> &path) {
+    const Hparams &hp = s.model->hp;
+    Backend &be = *s.model->backend;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        if (hp.recurrent[size_t(il)]) continue;
+        KvLayer &kv = s.kv[size_t(il)];
+        const size_t row = size_t(hp.head_dim) * (kv.f16 ? 2 : 4);
+        for (size_t i = 1; i < path.size(); ++i) {
+            if (path[i] == int32_t(i)) continue;
+            for (int h = 0; h < hp.n_head_kv[size_t(il)]; ++h) {
+                const size_t dst = (size_t(h) * kv.n_ctx + start + i) * row, src = (size_t(h) * kv.n_ctx + start + path[i]) * row;
+                be.copy(static_cast<char *>(kv.k) + dst, static_cast<char *>(kv.k) + src, row);
+                be.copy(static_cast<char *>(kv.v) + dst, static_cast<char *>(kv.v) + src, row);
+            }
+        }
+    }
+}
 
 struct AdaptivePolicy {
     bool enabled;
@@ -217,7 +295,9 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     // sequence has to go through this loop.
     if (s.n_past != 0)
         fail(LUCE_ERR_INVALID_ARGUMENT, "speculative decoding needs an empty session (%d positions are used)", s.n_past);
-    if (p.ddtree) fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification is not built yet (use chain verification)");
+    if (p.ddtree && sampled) fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification is greedy only (temperature 0)");
+    if (p.ddtree && (p.ddtree_budget < 0 || p.ddtree_budget > MAX_STEP - 1))
+        fail(LUCE_ERR_INVALID_ARGUMENT, "--ddtree-budget must be in 1..%d; got %d", MAX_STEP - 1, p.ddtree_budget);
     if (!(p.dspark_confidence_threshold >= 0.f && p.dspark_confidence_threshold < 1.f))
         fail(LUCE_ERR_INVALID_ARGUMENT, "the DSpark confidence threshold must be in [0, 1)");
     if (p.n_oracle_tokens < 0 || (p.n_oracle_tokens > 0 && (!p.oracle_tokens || sampled)))
@@ -231,11 +311,18 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     const int V = s.model->hp.n_vocab, E = d.hp.n_embd, N = d.n_taps();
     Backend &be = *s.model->backend;
 
-    DraftContext ctx(d, n_prompt + p.max_tokens + B + 1);
-    Checkpoints ckpt(s, q_max + 1);
-    std::vector<float> taps(size_t(MAX_STEP) * N * E), logits(size_t(q_max + 1) * V), hidden(size_t(B) * E);
+    const int budget = p.ddtree_budget ? p.ddtree_budget : DEFAULT_DDTREE_BUDGET;
+    const int W = p.ddtree ? std::max(q_max, budget) + 1 : q_max + 1;  // most rows one verify runs
+    DraftContext ctx(d, n_prompt + p.max_tokens + W + B + 1);
+    Checkpoints ckpt(s, W);
+    std::vector<float> taps(size_t(MAX_STEP) * N * E), logits(size_t(W) * V), hidden(size_t(B) * E);
     std::vector<float> q_probs(sampled ? size_t(q_max) * V : 0), p_row(static_cast<size_t>(V)), conf(static_cast<size_t>(B));
-    std::vector<int32_t> block(size_t(B), d.hp.mask_token_id), tokens(static_cast<size_t>(q_max + 1)), ids(static_cast<size_t>(V));
+    std::vector<int32_t> block(size_t(B), d.hp.mask_token_id), tokens(static_cast<size_t>(W)), ids(static_cast<size_t>(V));
+    std::vector<float> row_logits(p.ddtree ? size_t(q_max) * V : 0);
+    std::vector<int32_t> tree_pos(static_cast<size_t>(W)), tree_slot(static_cast<size_t>(W)), tree_parent(static_cast<size_t>(W)), path;
+    std::vector<uint8_t> tree_mask(p.ddtree ? size_t(W) * size_t(s.n_ctx) : 0);
+    std::vector<int32_t> chain_rows(static_cast<size_t>(W));
+    std::iota(chain_rows.begin(), chain_rows.end(), 0);
     HiddenCapture capture{d.hp.target_layer_ids.data(), N, taps.data()};
     Rng rng(p.seed);
     ChainSampling chain_sampling{p.temperature, &rng, sampled ? q_probs.data() : nullptr};
@@ -298,6 +385,75 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
         block[0] = anchor;
         draft_forward(d, ctx, block.data(), B, hidden.data());
         const int row0 = d.hp.sample_from_anchor ? 0 : 1;
+        if (p.ddtree) {
+            // Tree: build, verify all nodes at once (ancestor-only attention, DeltaNet from each
+            // node's parent), follow the target's argmax down the tree, commit that path.
+            be.matmul(s.model->output, hidden.data() + size_t(row0) * E, q, row_logits.data(), V);
+            std::vector<TreeNode> nodes = build_tree(d, row_logits.data(), hidden.data() + size_t(row0) * E, q, anchor,
+                                                     budget);
+            const int T = int(nodes.size());
+            // Test hook: the oracle continuation goes on the tree's first-child chain.
+            for (int cur = 0, depth = 1; depth <= q; ++depth) {
+                int child = -1;
+                for (int c = cur + 1; c < T && child < 0; ++c)
+                    if (nodes[size_t(c)].parent == cur) child = c;
+                const int g = st.n_generated - 1 + depth;
+                if (child < 0 || g >= p.n_oracle_tokens) break;
+                nodes[size_t(child)].token = p.oracle_tokens[g];
+                cur = child;
+            }
+            std::fill(tree_mask.begin(), tree_mask.begin() + size_t(T) * s.n_ctx, 0);
+            for (int t = 0; t < T; ++t) {
+                tokens[size_t(t)] = nodes[size_t(t)].token;
+                tree_pos[size_t(t)] = start + nodes[size_t(t)].depth;
+                tree_slot[size_t(t)] = start + t;
+                tree_parent[size_t(t)] = nodes[size_t(t)].parent;
+                uint8_t *m = tree_mask.data() + size_t(t) * s.n_ctx;
+                std::fill(m, m + start, 1);
+                for (int a = t; a >= 0; a = nodes[size_t(a)].parent) m[start + a] = 1;
+            }
+            const double t_drafted = now_seconds();
+            const TreeStep tree{tree_pos.data(), tree_slot.data(), tree_parent.data(), tree_mask.data()};
+            ckpt.attach();
+            s.tree = &tree;
+            forward_step(s, tokens.data(), T, logits.data(), 0, &capture);
+            s.tree = nullptr;
+            ckpt.detach();
+            const double t_verified = now_seconds();
+            path.assign(1, 0);
+            int32_t bonus = -1;
+            for (int cur = 0; bonus < 0;) {
+                const int32_t want = be.argmax(logits.data() + size_t(cur) * V, V);
+                int child = -1;
+                for (int c = cur + 1; c < T && child < 0; ++c)
+                    if (nodes[size_t(c)].parent == cur && nodes[size_t(c)].token == want) child = c;
+                if (child < 0) bonus = want;
+                else path.push_back(cur = child);
+            }
+            const int n = int(path.size()) - 1;
+            compact_kv(s, start, path);
+            ckpt.restore(start, path.data(), n + 1);
+            for (int i = 0; i <= n; ++i)  // the path's taps, in order (path[i] >= i: in place)
+                if (path[size_t(i)] != i)
+                    std::copy_n(taps.data() + size_t(path[size_t(i)]) * N * E, size_t(N) * E, taps.data() + size_t(i) * N * E);
+            const double t_rolled = now_seconds();
+            draft_append_context(d, ctx, taps.data(), n + 1);
+            ++st.spec_steps;
+            st.n_drafted += T - 1;
+            st.n_accepted += n;
+            st.full_accept_steps += (n == q);
+            st.zero_accept_steps += (n == 0);
+            st.max_accepted = std::max(st.max_accepted, n);
+            st.draft_seconds += (t_drafted - step_t0) + (now_seconds() - t_rolled);
+            st.verify_seconds += t_verified - t_drafted;
+            st.rollback_seconds += t_rolled - t_verified;
+            policy.after_spec(n, now_seconds() - step_t0);
+            for (int i = 1; i <= n; ++i) tokens[size_t(i)] = nodes[size_t(path[size_t(i)])].token;
+            tokens[size_t(n + 1)] = bonus;
+            going = emit(tokens.data() + 1, n + 1);
+            anchor = bonus;
+            continue;
+        }
         draft_chain(d, hidden.data() + size_t(row0) * E, q, anchor, tokens.data() + 1, conf.data(),
                     sampled ? &chain_sampling : nullptr);
         for (int i = 1; i <= q; ++i) {  // test hook: proposals from a known continuation
@@ -342,7 +498,7 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
         }
 
         // 4. Commit n+1 positions; roll the rest back.
-        if (n + 1 < T) ckpt.rollback(start, n + 1);
+        if (n + 1 < T) ckpt.restore(start, chain_rows.data(), n + 1);
         const double t_rolled = now_seconds();
         draft_append_context(d, ctx, taps.data(), n + 1);
 
