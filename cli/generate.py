@@ -163,7 +163,7 @@ class Stream:
 @click.option("--draft-block-size", type=click.IntRange(min=0), default=DEFAULT_DRAFT_BLOCK_SIZE, show_default=True,
               help="Draft block rows (0: the drafter's checkpoint value; else 2..2x it, at most 32).")
 @click.option("--ddtree", is_flag=True, help="Tree verification (DDTree) instead of a single chain.")
-@click.option("--ddtree-budget", type=click.IntRange(min=1), default=DEFAULT_DDTREE_BUDGET, show_default=True,
+@click.option("--ddtree-budget", type=click.IntRange(1, 63), default=DEFAULT_DDTREE_BUDGET, show_default=True,
               help="DDTree nodes per verify step.")
 @click.option("--no-adaptive", is_flag=True,
               help="Always draft (never fall back to bursts of plain decoding when acceptance is low).")

@@ -304,3 +304,28 @@ def test_speculative_generation_needs_an_empty_session(pair):
         status = lib().luce_generate(eng._session, eng._drafter, ids, 2, params, ffi.NULL, ffi.NULL, out, 4,
                                      ffi.NULL)
         assert status == 1 and "empty session" in ffi.string(lib().luce_last_error()).decode()
+
+
+def test_f16_kv_cache_chain_and_tree(pair):
+    """With an f16 attention cache, speculative output equals plain output on the same cache type
+    (tree commits move f16 rows)."""
+    prompt = PROMPTS["short"]
+    with Engine(pair.target, threads=1, kv_cache="f16") as eng:
+        ref = eng.generate(prompt_ids=prompt, max_tokens=80, ignore_eos=True).tokens
+    with Engine(pair.target, threads=1, kv_cache="f16", draft=pair.drafters["dflash2"]) as eng:
+        oracle = _corrupt(ref, 11, 4)
+        chain = eng.generate(prompt_ids=prompt, max_tokens=80, ignore_eos=True, adaptive=False, oracle_tokens=oracle)
+        tree = eng.generate(prompt_ids=prompt, max_tokens=80, ignore_eos=True, adaptive=False, oracle_tokens=oracle,
+                            ddtree=True, ddtree_budget=30)
+    assert chain.tokens == tree.tokens == ref
+    assert tree.stats["max_accepted"] >= 2
+
+
+def test_tree_fits_a_tight_context(pair, plain):
+    """The context holds exactly prompt + max_tokens: the tree shrinks near the end instead of
+    writing cache slots past it."""
+    prompt = PROMPTS["short"]
+    with Engine(pair.target, threads=1, ctx_size=len(prompt) + 30, draft=pair.drafters["dflash2"]) as eng:
+        g = eng.generate(prompt_ids=prompt, max_tokens=30, ignore_eos=True, ddtree=True, ddtree_budget=40,
+                         adaptive=False, oracle_tokens=plain["short"])
+    assert g.tokens == plain["short"][:30]

@@ -16,6 +16,7 @@ from luce.cli.main import cli
 
 
 PROMPT_IDS, N = [3, 17, 42, 99, 5], 16
+CKPT = {"dflash": 8, "dflash2": 8, "dspark": 7}
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +43,17 @@ def greedy_reference(model, prompt_ids, n):
     return ids[len(prompt_ids):]
 
 
-@pytest.mark.parametrize("drafter,block", [("dflash2", 16), ("dspark", 3), ("dflash", 2)])
-def test_draft_output_equals_transformers_greedy(tiny, pair, drafter, block):
+@pytest.mark.parametrize("drafter,block,tree", [("dflash2", 16, []), ("dspark", 3, []), ("dflash", 2, []),
+                                                ("dflash2", 0, ["--ddtree"]), ("dspark", 0, ["--ddtree", "--ddtree-budget", 5])])
+def test_draft_output_equals_transformers_greedy(tiny, pair, drafter, block, tree):
     gguf, reference = tiny
-    result = run("generate", "-m", gguf, "--draft", pair.drafters[drafter], "--draft-block-size", block,
+    result = run("generate", "-m", gguf, "--draft", pair.drafters[drafter], "--draft-block-size", block, *tree,
                  "--prompt-ids", ",".join(map(str, PROMPT_IDS)), "-n", N, "--ignore-eos", "--no-adaptive",
                  "-t", 1, "--json")
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     assert record["tokens"] == reference
-    assert record["stats"]["spec_steps"] > 0 and record["stats"]["block_size"] == block
+    assert record["stats"]["spec_steps"] > 0 and record["stats"]["block_size"] == (block or CKPT[drafter])
 
 
 def test_stats_block_names_tau_and_acceptance(pair, luce_cmd):
@@ -96,9 +98,10 @@ def test_speculative_options_need_a_drafter(pair):
 
 def test_bench_draft_sweeps_block_sizes(pair):
     result = run("bench", "-m", pair.target, "--draft", pair.drafters["dflash2"], "-p", 8, "-n", 16,
-                 "--draft-block-size", "4,8", "-r", 1, "--no-warmup", "-t", 1, "-o", "json")
+                 "--draft-block-size", "4,8", "--verify", "chain,tree", "-r", 1, "--no-warmup", "-t", 1, "-o", "json")
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert [(r["draft"], r["block"], r["verify"]) for r in rows] == \
-        [("none", None, None), ("dflash2.gguf", 4, "chain"), ("dflash2.gguf", 8, "chain")]
+        [("none", None, None), ("dflash2.gguf", 4, "chain"), ("dflash2.gguf", 4, "tree"),
+         ("dflash2.gguf", 8, "chain"), ("dflash2.gguf", 8, "tree")]
     assert all(r["tau"] >= 1 and 0 <= r["acceptance"] <= 1 and r["speedup"] > 0 for r in rows[1:])
