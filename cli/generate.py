@@ -6,7 +6,9 @@ Every prompt input is read and checked before the model is loaded, so a typo fai
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -198,6 +200,8 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
         raise click.UsageError("--chat renders text prompts; it cannot apply to --prompt-ids")
     if model is None:
         raise click.UsageError("a model is required: -m TARGET.gguf (a qwen35 GGUF)")
+    if output_file is not None and not Path(output_file).resolve().parent.is_dir():
+        raise LuceError(f"output folder {Path(output_file).resolve().parent} does not exist")
 
     # every prompt input is checked before the (slow) model load
     if prompt_ids is not None:
@@ -218,23 +222,32 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
         settings.update(draft_block_size=draft_block_size, ddtree=ddtree, ddtree_budget=ddtree_budget,
                         adaptive=not no_adaptive, dspark_confidence_threshold=dspark_confidence_threshold,
                         verify_cap_from=verify_cap if verify_cap > 0 else -1)
-    with Engine(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft) as engine:
-        if prompts_file is not None:
-            run_batch(engine, jobs, settings, output_file, as_json)
-        elif as_json:
-            click.echo(json.dumps(result_record(engine.generate(**jobs[0], **settings)), ensure_ascii=False))
-        else:
-            stream = Stream()
-            gen = engine.generate(**jobs[0], **settings, on_text=stream)
-            stream.finish(gen.text)
-            print_stats(gen.stats)
+    try:
+        with Engine(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft) as engine:
+            if prompts_file is not None:
+                run_batch(engine, jobs, settings, output_file, as_json)
+            elif as_json:
+                click.echo(json.dumps(result_record(engine.generate(**jobs[0], **settings)), ensure_ascii=False))
+            else:
+                stream = Stream()
+                gen = engine.generate(**jobs[0], **settings, on_text=stream)
+                stream.finish(gen.text)
+                print_stats(gen.stats)
+    except BrokenPipeError:
+        # the reader went away (`luce generate ... | head`): stop quietly, as Unix tools do;
+        # stdout is pointed at /dev/null so Python's exit-time flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)  # 128 + SIGPIPE, what a shell reports for a tool killed by the pipe
 
 
 def run_batch(engine, jobs: list[dict], settings: dict, output_file: str | None, as_json: bool) -> None:
     """Generate each prompt in order; each result line is written and flushed as it finishes, so an
     interrupted run keeps every finished result. A prompt the engine refuses (e.g. longer than the
     context) gets an {"error": ...} line; the run goes on and exits 1 at the end."""
-    out = open(output_file, "w", encoding="utf-8") if output_file else sys.stdout
+    try:
+        out = open(output_file, "w", encoding="utf-8") if output_file else sys.stdout
+    except OSError as e:
+        raise LuceError(f"cannot write {output_file}: {e.strerror or e}") from None
     failed = 0
     try:
         for index, job in enumerate(jobs):

@@ -244,6 +244,7 @@ def test_missing_model_file(tmp_path):
     (lambda d: ["--prompts", d / "bad.jsonl"], "bad.jsonl:2: not valid JSON"),
     (lambda d: ["--prompts", d / "noprompt.jsonl"], 'noprompt.jsonl:1: expected a JSON string or an object with a "prompt"'),
     (lambda d: ["--prompts", d / "blank.jsonl"], "no prompts"),
+    (lambda d: ["--prompts", d / "bad.jsonl", "--output", d / "missing" / "out.jsonl"], "output folder"),
 ])
 def test_bad_prompt_inputs_fail_before_loading(not_a_gguf, tmp_path, make_args, message):
     (tmp_path / "empty.txt").write_text("\n")
@@ -289,3 +290,18 @@ def test_subprocess_generate_json_and_error(tiny, luce_cmd):
     bad = luce_cmd("generate", "-m", gguf, "--prompt-ids", "1,99999")
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.strip().count("\n") == 0 and "out of range" in bad.stderr
+
+
+def test_subprocess_closed_pipe_ends_quietly(tiny):
+    """`luce generate ... | head -c 1`: the reader leaves early; no traceback, exit 141."""
+    import subprocess
+
+    from conftest import LUCE_SCRIPT
+
+    _, gguf, _ = tiny
+    proc = subprocess.Popen([str(LUCE_SCRIPT), "generate", "-m", str(gguf), "-p", "The quick", "-n", "3000",
+                             "--ignore-eos", "-c", "4096"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+    assert len(proc.stdout.read(1)) == 1
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and b"Traceback" not in err

@@ -149,3 +149,21 @@ def test_text_and_chat_prompts_go_through_the_gguf_tokenizer(tmp_path_factory):
         assert chat.prompt_tokens == len(tok.encode(rendered)) > plain.prompt_tokens
         assert chat.tokens == eng.generate(prompt_ids=tok.encode(rendered), max_tokens=6,
                                            ignore_eos=True).tokens
+
+
+def test_thread_count_does_not_change_a_single_bit(tmp_path):
+    """Work is split by rows, heads and channels, never inside a sum, so any thread count gives
+    bit-identical logits (prefill chunks and single-token decode steps alike). The model is wide
+    enough (E = 256) that decode-step matmuls are really split."""
+    from fixtures.native_eval import decode_step_logits
+    from fixtures.random_qwen35_gguf import K_QUANT_TINY
+    from gguf.constants import GGMLQuantizationType as Q
+
+    path = write_random_qwen35(tmp_path / "w.gguf", K_QUANT_TINY, seed=6, weight_type=Q.Q4_K)
+    ids = [int(i) for i in np.random.default_rng(0).integers(0, K_QUANT_TINY.vocab, 80)]
+    results = []
+    for threads in (1, 2, 3):
+        with Engine(path, threads=threads, ctx_size=128) as eng:
+            results.append(decode_step_logits(eng, ids, 70, 10))
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])

@@ -71,6 +71,16 @@ def test_crafted_qwen35_hparams_are_refused(crafted_results, name):
     assert message and "\n" not in message
 
 
+@pytest.mark.parametrize("name", sorted({**CRAFTED, **CRAFTED_QWEN35}))
+def test_crafted_files_through_the_engine(tmp_path, name):
+    """What a user of luce.Engine (and `luce generate`) sees: one LuceError line naming the file,
+    status FORMAT."""
+    path = {**CRAFTED, **CRAFTED_QWEN35}[name](tmp_path / f"{name}.gguf")
+    with pytest.raises(LuceError) as e:
+        Engine(path)
+    assert e.value.status == FORMAT and "\n" not in str(e.value) and path.name in str(e.value)
+
+
 def test_oversized_block_count_names_the_key_and_bound(crafted_results):
     status, message = crafted_results["block_count_2_31"]
     assert "qwen35.block_count" in message and "2147483648" in message
@@ -108,6 +118,14 @@ def test_wrong_architecture(tmp_path):
     parts.kvs[0] = KV("general.architecture", VT.STRING, "llama")
     err = _error(lambda: Engine(write_gguf(tmp_path / "llama.gguf", parts)))
     assert err.status == UNSUPPORTED and "'llama'" in str(err)
+
+
+def test_split_gguf_part_is_refused_with_the_reason(tmp_path):
+    parts = qwen35_gguf_parts()
+    parts.kvs += [KV("split.no", VT.UINT16, 0), KV("split.count", VT.UINT16, 2),
+                  KV("split.tensors.count", VT.INT32, len(parts.tensors))]
+    err = _error(lambda: Engine(write_gguf(tmp_path / "m-00001-of-00002.gguf", parts)))
+    assert err.status == UNSUPPORTED and "split GGUF (2 parts)" in str(err)
 
 
 def test_unsupported_weight_types_are_listed_with_counts(tmp_path):
@@ -156,3 +174,46 @@ def test_bad_prompts(tiny_path):
         assert err.status == CONTEXT_FULL and "context size 32" in str(err)
         # The engine is still usable after refusals.
         assert eng.logits([1, 2, 3]).shape == (3, 512)
+
+
+# Mutation fuzzing of the header: the KV section and tensor table of a valid model, with a few
+# random bytes overwritten per case (seeded). Whatever the bytes say, a load must end in OK,
+# FORMAT or UNSUPPORTED (never a crash, an OUT_OF_MEMORY from a trusted size, or a hang).
+_FUZZ_CHILD = r"""
+import os, random, resource, sys, json
+resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))
+from luce.binding import ffi, lib
+L = lib()
+base = open(sys.argv[1], "rb").read()
+header_len, n_cases, out_path = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rng = random.Random(1234)
+seen = {}
+for case in range(n_cases):
+    data = bytearray(base)
+    for _ in range(rng.choice([1, 2, 4, 8])):
+        pos = rng.randrange(24, header_len)
+        data[pos] = rng.choice([0, 0xFF, 0x7F, 0x80, rng.randrange(256)])
+    with open(out_path, "wb") as f:
+        f.write(data)
+    m = ffi.new("luce_model **")
+    params = ffi.new("luce_model_params *", {"device": 0, "n_threads": 1, "gpu_index": 0})
+    status = L.luce_model_load(out_path.encode(), params, m)
+    L.luce_model_free(m[0])
+    seen[status] = seen.get(status, 0) + 1
+print(json.dumps(seen))
+"""
+
+
+def test_header_mutations_never_crash(tmp_path):
+    from luce.converters.gguf_reader import GGUFFile
+
+    path = write_random_qwen35(tmp_path / "base.gguf", seed=9)
+    with GGUFFile.open(path) as f:
+        header_len = f.data_offset  # KV section + tensor table + padding
+    proc = subprocess.run([sys.executable, "-c", _FUZZ_CHILD, str(path), str(header_len), "400",
+                           str(tmp_path / "case.gguf")],
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = {int(k): v for k, v in json.loads(proc.stdout).items()}
+    assert set(seen) <= {0, FORMAT, UNSUPPORTED}, seen
+    assert seen.get(FORMAT, 0) > 100  # the mutations do hit validated fields

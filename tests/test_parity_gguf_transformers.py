@@ -24,6 +24,10 @@ from fixtures.native_eval import assert_logits_close, decode_step_logits
 from fixtures.random_qwen35_gguf import K_QUANT_TINY, write_random_qwen35
 from luce import Engine
 
+# Tiny models: torch's intra-op threads only add contention under pytest-xdist (a 64-token
+# generate() took 15 s with them on a busy 2-core machine, 0.4 s without).
+torch.set_num_threads(1)
+
 FLOAT_TOL = 1e-4
 QUANT_TOL = 4e-2
 N_PROMPT = 150  # > 2 prefill chunks of 64

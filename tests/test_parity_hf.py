@@ -14,7 +14,11 @@ import torch
 
 from fixtures.native_eval import assert_logits_close, decode_step_logits
 from fixtures.tiny_qwen35 import tiny_qwen35
-from luce import Engine
+from luce import Engine, LuceError
+
+# Tiny models: torch's intra-op threads only add contention under pytest-xdist (a 64-token
+# generate() took 15 s with them on a busy 2-core machine, 0.4 s without).
+torch.set_num_threads(1)
 
 REL_TOL = 1e-4
 N_PROMPT = 150
@@ -41,6 +45,21 @@ def test_decode_steps_match_hf(tiny):
     with Engine(path, threads=2, ctx_size=512) as eng:
         ours = decode_step_logits(eng, ids, n_prefill, n_steps)
     assert_logits_close(ours, ref[n_prefill - 1: n_prefill + n_steps], REL_TOL, "decode")
+
+
+def test_hidden_state_capture_matches_hf(tiny):
+    """Captured layer outputs (for drafters) equal HF's hidden_states[i + 1] (the output of
+    decoder layer i) at every position, over several prefill chunks."""
+    model, path, ids, _ = tiny
+    layers = [0, 3, 5, 6]  # both kinds; not the last layer (HF normalises its final entry)
+    with torch.no_grad():
+        hs = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    ref = np.stack([hs[i + 1][0].double().numpy() for i in layers], axis=1)  # [n, layers, E]
+    with Engine(path, threads=2, ctx_size=512) as eng:
+        ours = eng.hidden_states(ids, layers)
+        with pytest.raises(LuceError):
+            eng.hidden_states(ids[:3], [3, 1])
+    assert_logits_close(ours, ref, REL_TOL, "hidden states")
 
 
 def test_f16_kv_cache_stays_close_to_hf(tiny):

@@ -105,17 +105,21 @@ def test_decode_refuses_out_of_range_ids(tiny):
 
 
 def test_metadata_errors_are_one_line(tiny):
-    base = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen35", "tokenizer.ggml.tokens": ["a", "b"],
-            "tokenizer.ggml.token_type": [1, 1], "tokenizer.ggml.merges": ["a b"]}
-    Tokenizer.from_metadata(base)  # the minimal valid case builds
+    base = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen35", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+            "tokenizer.ggml.token_type": [1, 1, 1], "tokenizer.ggml.merges": ["a b"]}
+    assert Tokenizer.from_metadata(base).encode("abba") == [2, 1, 0]  # the minimal valid case works
     bad = [
         ({"tokenizer.ggml.model": "llama"}, "tokenizer model 'llama'"),
         ({"tokenizer.ggml.pre": "llama-bpe"}, "pre-tokenizer 'llama-bpe'"),
         ({"tokenizer.ggml.tokens": None}, "tokens is missing"),
         ({"tokenizer.ggml.merges": None}, "merges is missing"),
         ({"tokenizer.ggml.merges": ["ab"]}, "malformed merge"),
-        ({"tokenizer.ggml.token_type": [1]}, "2 tokens but 1 token types"),
+        ({"tokenizer.ggml.token_type": [1]}, "3 tokens but 1 token types"),
     ]
+    # an empty control token (a crafted file) must not match between every two characters
+    empty_control = Tokenizer.from_metadata(base | {"tokenizer.ggml.tokens": ["a", "b", "ab", ""],
+                                                    "tokenizer.ggml.token_type": [1, 1, 1, 3]})
+    assert empty_control.encode("abba") == [2, 1, 0]
     for change, message in bad:
         with pytest.raises(LuceError, match=message):
             Tokenizer.from_metadata(base | change)
@@ -179,6 +183,14 @@ def test_real_vocabulary_tokens_without_a_merge_path(real):
     assert ids == hf.encode("俱乐部", add_special_tokens=False) and len(ids) > 1
     assert tiktoken.encode("俱乐部") == [104328]
     assert ours.decode(ids) == ours.decode([104328]) == "俱乐部"
+
+
+def test_real_vocabulary_long_runs(real):
+    """Pieces thousands of symbols long (letters, spaces, punctuation, CJK) merge like both oracles."""
+    ours, tiktoken, hf = real
+    for text in ["a" * 3000, " " * 4000 + "x", "hello" * 1500, "人工智能" * 400, "=" * 3000 + "\n"]:
+        ids = ours.encode(text)
+        assert ids == tiktoken.encode(text) == hf.encode(text, add_special_tokens=False)
 
 
 def test_real_vocabulary_long_prompt(real):

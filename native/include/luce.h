@@ -85,7 +85,8 @@ typedef enum {
     LUCE_KV_F16 = 1   /* half the memory; keys/values rounded to IEEE half */
 } luce_kv_type;
 
-/* n_ctx positions (1 .. the model's context length); kv_type is a luce_kv_type. */
+/* n_ctx positions (1 .. the model's context length); kv_type is a luce_kv_type.
+   A session uses its model: free every session before luce_model_free. */
 luce_status luce_session_create(luce_model *model, int32_t n_ctx, int32_t kv_type, luce_session **out);
 void luce_session_free(luce_session *session);
 luce_status luce_session_reset(luce_session *session);
@@ -96,6 +97,25 @@ int32_t luce_session_n_past(const luce_session *session);
    logits of the last n_logit_rows positions, row-major [n_logit_rows][n_vocab]. */
 luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
                               float *logits, int32_t n_logit_rows);
+
+/* As luce_session_eval, and also captures hidden states for drafters: for every evaluated
+   position t and every i < n_layers, hidden[(t * n_layers + i) * n_embd ..] receives the output
+   of main layer layer_ids[i] (the residual stream after that layer, before the final norm).
+   layer_ids: strictly increasing, each in 0 .. n_layer-1. hidden: n_tokens * n_layers * n_embd floats. */
+luce_status luce_session_eval_hidden(luce_session *session, const int32_t *tokens, int32_t n_tokens,
+                                     float *logits, int32_t n_logit_rows,
+                                     const int32_t *layer_ids, int32_t n_layers, float *hidden);
+
+/* Rollback by snapshot and replay (what speculative verification needs after a partial accept):
+   a snapshot holds n_past and the DeltaNet conv + recurrent state of every recurrent layer
+   (attention keys past n_past are never visible, so the KV cache needs no copy). Memory: per
+   DeltaNet layer (Kc-1)*CD + HV*DK*DV floats (3.1 MiB for a 27B layer). Restoring into another
+   session than the one snapshotted is refused. */
+typedef struct luce_snapshot luce_snapshot;
+
+luce_status luce_session_snapshot(const luce_session *session, luce_snapshot **out);
+luce_status luce_session_restore(luce_session *session, const luce_snapshot *snapshot);
+void luce_snapshot_free(luce_snapshot *snapshot);
 
 /* ---- drafter (issue 4) --------------------------------------------------------------------- */
 

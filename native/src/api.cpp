@@ -13,6 +13,10 @@
 
 #define LUCE_API extern "C" __attribute__((visibility("default")))
 
+struct luce_snapshot {
+    luce::Session::Snapshot snap;
+};
+
 using luce::fail;
 using luce::guard;
 
@@ -101,11 +105,42 @@ LUCE_API int32_t luce_session_n_past(const luce_session *session) {
     return session ? session->s->n_past : 0;
 }
 
+LUCE_API luce_status luce_session_snapshot(const luce_session *session, luce_snapshot **out) {
+    return guard([&] {
+        require(session, "session");
+        require(out, "out");
+        *out = nullptr;
+        auto h = std::make_unique<luce_snapshot>();
+        session->s->snapshot(h->snap);
+        *out = h.release();
+    });
+}
+
+LUCE_API luce_status luce_session_restore(luce_session *session, const luce_snapshot *snapshot) {
+    return guard([&] {
+        require(session, "session");
+        require(snapshot, "snapshot");
+        session->s->restore(snapshot->snap);
+    });
+}
+
+LUCE_API void luce_snapshot_free(luce_snapshot *snapshot) { delete snapshot; }
+
 LUCE_API luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
                                        float *logits, int32_t n_logit_rows) {
     return guard([&] {
         require(session, "session");
         luce::session_eval(*session->s, tokens, n_tokens, logits, n_logit_rows);
+    });
+}
+
+LUCE_API luce_status luce_session_eval_hidden(luce_session *session, const int32_t *tokens,
+                                              int32_t n_tokens, float *logits, int32_t n_logit_rows,
+                                              const int32_t *layer_ids, int32_t n_layers, float *hidden) {
+    return guard([&] {
+        require(session, "session");
+        luce::HiddenCapture capture{layer_ids, n_layers, hidden};
+        luce::session_eval(*session->s, tokens, n_tokens, logits, n_logit_rows, &capture);
     });
 }
 

@@ -31,7 +31,8 @@ void check_tokens(const Session &s, const int32_t *tokens, int n) {
 
 }  // namespace
 
-void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n_logit_rows) {
+void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n_logit_rows,
+                  const HiddenCapture *capture) {
     if (n < 0 || (n > 0 && !tokens)) fail(LUCE_ERR_INVALID_ARGUMENT, "no tokens to evaluate");
     if (n_logit_rows < 0 || n_logit_rows > n)
         fail(LUCE_ERR_INVALID_ARGUMENT, "n_logit_rows = %d must be in 0..%d", n_logit_rows, n);
@@ -40,13 +41,30 @@ void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n
     if (int64_t(s.n_past) + n > s.n_ctx)
         fail(LUCE_ERR_CONTEXT_FULL, "%d tokens do not fit the context: %d of %d positions are used",
              n, s.n_past, s.n_ctx);
+    const Hparams &hp = s.model->hp;
+    if (capture) {
+        if (capture->n_layers < 1 || !capture->layer_ids || !capture->out)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "hidden capture needs layer ids and an output buffer");
+        for (int i = 0; i < capture->n_layers; ++i) {
+            const int id = capture->layer_ids[i];
+            if (id < 0 || id >= hp.n_layer || (i > 0 && id <= capture->layer_ids[i - 1]))
+                fail(LUCE_ERR_INVALID_ARGUMENT,
+                     "capture layer ids must increase strictly within 0..%d (got %d at %d)",
+                     hp.n_layer - 1, id, i);
+        }
+    }
     const int first_logit = n - n_logit_rows;  // global index of the first row wanted
-    const int64_t V = s.model->hp.n_vocab;
+    const int64_t V = hp.n_vocab;
     for (int c0 = 0; c0 < n; c0 += MAX_STEP) {
         const int T = std::min(MAX_STEP, n - c0);
         const int row0 = std::max(0, first_logit - c0);
         float *dst = (row0 < T && logits) ? logits + int64_t(c0 + row0 - first_logit) * V : nullptr;
-        forward_step(s, tokens + c0, T, dst, row0, nullptr);
+        HiddenCapture chunk_capture;
+        if (capture) {
+            chunk_capture = *capture;
+            chunk_capture.out = capture->out + int64_t(c0) * capture->n_layers * hp.n_embd;
+        }
+        forward_step(s, tokens + c0, T, dst, row0, capture ? &chunk_capture : nullptr);
     }
 }
 

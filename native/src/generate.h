@@ -8,7 +8,10 @@ namespace luce {
 
 // Appends n tokens to the session in MAX_STEP chunks; writes the logits of the last n_logit_rows
 // positions (host, row-major) when logits is not null. Validates ids and context first.
-void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n_logit_rows);
+// capture (may be null) receives hidden states of every position: its `out` is the start of a
+// host buffer [n][n_layers][E] for the whole call.
+void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n_logit_rows,
+                  const HiddenCapture *capture = nullptr);
 
 // Refuses a bad request before any work: prompt, max_tokens vs the output buffer and the
 // context, sampling parameters, stop ids (shared by plain and speculative decoding).

@@ -41,6 +41,7 @@ const char *KEY_SSM_GROUPS = "qwen35.ssm.group_count";
 const char *KEY_SSM_RANK = "qwen35.ssm.time_step_rank";
 const char *KEY_SSM_INNER = "qwen35.ssm.inner_size";
 const char *KEY_EOS = "tokenizer.ggml.eos_token_id";
+const char *KEY_SPLIT_COUNT = "split.count";
 
 constexpr int64_t DEFAULT_INTERVAL = 4;       // llama.cpp's default when the key is absent
 constexpr double DEFAULT_ROPE_BASE = 10000.0;
@@ -254,6 +255,12 @@ std::unique_ptr<Model> load_model(const std::string &path, int n_threads) {
     if (arch != ARCH)
         fail(LUCE_ERR_UNSUPPORTED, "unsupported architecture '%s' (luce runs '%s' targets)",
              arch.c_str(), ARCH);
+    // Split files (e.g. a BF16 27B in two parts) keep tensor offsets per part; loading one part
+    // alone would only fail later on a missing tensor, so say what is going on.
+    if (f.get_int(KEY_SPLIT_COUNT, 1) > 1)
+        fail(LUCE_ERR_UNSUPPORTED,
+             "%s is part of a split GGUF (%lld parts); merge it first (llama-gguf-split --merge)",
+             path.c_str(), (long long)f.get_int(KEY_SPLIT_COUNT));
     check_weight_types(f);
     m->hp = read_hparams(f);
     Hparams &hp = m->hp;

@@ -273,7 +273,12 @@ void quantize_block_scalar(const float *x, int64_t block, int8_t *q, float *d) {
     for (int64_t i = 0; i < block; ++i) amax = std::fmax(amax, std::fabs(x[i]));
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     *d = amax / 127.0f;
-    for (int64_t i = 0; i < block; ++i) q[i] = int8_t(std::nearbyint(x[i] * id));
+    for (int64_t i = 0; i < block; ++i) {
+        // A NaN/Inf activation must not reach a float->int8 conversion (undefined behaviour);
+        // its block's result is garbage either way (d is Inf or the sum NaN).
+        const float r = std::nearbyint(x[i] * id);
+        q[i] = r >= -127.0f && r <= 127.0f ? int8_t(r) : 0;
+    }
 }
 
 QuantizedActs quantize_acts(const float *x, int64_t n_cols, int64_t n_tok, int64_t block,

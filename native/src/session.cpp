@@ -82,4 +82,45 @@ void Session::reset() {
     n_past = 0;
 }
 
+namespace {
+
+// Element counts of the two state buffers of a recurrent layer.
+void state_sizes(const Hparams &hp, size_t &n_conv, size_t &n_ssm) {
+    n_conv = size_t(hp.ssm_conv - 1) * size_t(hp.conv_channels());
+    n_ssm = size_t(hp.ssm_hv) * size_t(hp.ssm_dv) * size_t(hp.ssm_dk);
+}
+
+}  // namespace
+
+void Session::snapshot(Snapshot &out) const {
+    const Hparams &hp = model->hp;
+    size_t n_conv, n_ssm;
+    state_sizes(hp, n_conv, n_ssm);
+    out.owner = this;
+    out.n_past = n_past;
+    out.state.clear();
+    for (int i = 0; i < hp.n_layer; ++i) {
+        if (!hp.recurrent[size_t(i)]) continue;
+        const size_t at = out.state.size();
+        out.state.resize(at + n_conv + n_ssm);
+        model->backend->download(out.state.data() + at, recurrent[size_t(i)].conv, n_conv * sizeof(float));
+        model->backend->download(out.state.data() + at + n_conv, recurrent[size_t(i)].ssm, n_ssm * sizeof(float));
+    }
+}
+
+void Session::restore(const Snapshot &in) {
+    if (in.owner != this) fail(LUCE_ERR_INVALID_ARGUMENT, "snapshot belongs to another session");
+    const Hparams &hp = model->hp;
+    size_t n_conv, n_ssm;
+    state_sizes(hp, n_conv, n_ssm);
+    size_t at = 0;
+    for (int i = 0; i < hp.n_layer; ++i) {
+        if (!hp.recurrent[size_t(i)]) continue;
+        model->backend->upload(recurrent[size_t(i)].conv, in.state.data() + at, n_conv * sizeof(float));
+        model->backend->upload(recurrent[size_t(i)].ssm, in.state.data() + at + n_conv, n_ssm * sizeof(float));
+        at += n_conv + n_ssm;
+    }
+    n_past = in.n_past;
+}
+
 }  // namespace luce

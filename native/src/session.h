@@ -80,9 +80,18 @@ struct Session {
     Session &operator=(const Session &) = delete;
 
     void reset();  // empty context, zero state
-    // Rollback hook (issue 4): attention needs only n_past = n (keys past it are never visible);
-    // DeltaNet state must be restored from a per-position checkpoint written by
-    // Backend::gated_delta_net(state_history) and the matching conv window.
+
+    // Rollback (issue 4). Attention needs only n_past lowered (keys past it are never visible);
+    // DeltaNet state cannot be trimmed, so it is restored: either from a snapshot taken before
+    // the step (then the accepted tokens are replayed), or, later, from the per-position states
+    // Backend::gated_delta_net(state_history) can write during verify.
+    struct Snapshot {
+        const Session *owner = nullptr;
+        int n_past = 0;
+        std::vector<float> state;  // conv then ssm state of each recurrent layer, in layer order
+    };
+    void snapshot(Snapshot &out) const;
+    void restore(const Snapshot &in);
 };
 
 // One forward step over T <= MAX_STEP tokens at positions n_past .. n_past+T-1; advances n_past.

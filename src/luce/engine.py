@@ -216,6 +216,20 @@ class Engine:
                                       ffi.from_buffer("float[]", out), len(ids)))
         return out
 
+    def hidden_states(self, token_ids: Sequence[int], layers: Sequence[int]) -> np.ndarray:
+        """Outputs of the given main layers (residual stream before the final norm) at every
+        position of `token_ids`, from an empty context: [n, len(layers), n_embd] float32.
+        This is what drafters are fed (issue 4); layers must increase strictly."""
+        ids = self._ids_array(token_ids)
+        layer_ids = np.ascontiguousarray(list(layers), dtype=np.int32)
+        session = self._live_session()
+        check(lib().luce_session_reset(session))
+        out = np.empty((len(ids), len(layer_ids), self.info.n_embd), dtype=np.float32)
+        check(lib().luce_session_eval_hidden(
+            session, ffi.from_buffer("int32_t[]", ids), len(ids), ffi.NULL, 0,
+            ffi.from_buffer("int32_t[]", layer_ids), len(layer_ids), ffi.from_buffer("float[]", out)))
+        return out
+
     def _ids_array(self, token_ids: Sequence[int]) -> np.ndarray:
         ids = np.asarray(list(token_ids), dtype=np.int64)
         if ids.size == 0:

@@ -22,6 +22,7 @@ Shapes and sizes: ids are ints in [0, n_vocab); Qwen3.5's real vocabulary has 24
 from __future__ import annotations
 
 import codecs
+import heapq
 import os
 import unicodedata
 from functools import lru_cache
@@ -80,8 +81,9 @@ class Tokenizer:
         self._bytes: dict[int, bytes] = {}  # filled on first decode of each id: loading stays fast
         self._ids = {t: i for i, t in enumerate(tokens) if token_types[i] in (TokenType.NORMAL, TokenType.BYTE)}
         self._ranks = _merge_ranks(merges)
-        self._control = {t: i for i, t in enumerate(tokens) if token_types[i] == TokenType.CONTROL}
-        self._user = {t: i for i, t in enumerate(tokens) if token_types[i] == TokenType.USER_DEFINED}
+        # empty texts are skipped: an empty pattern would match between every two characters
+        self._control = {t: i for i, t in enumerate(tokens) if token_types[i] == TokenType.CONTROL and t}
+        self._user = {t: i for i, t in enumerate(tokens) if token_types[i] == TokenType.USER_DEFINED and t}
         self._split_all = _alternation(self._control | self._user)
         self._split_user = _alternation(self._user)
         self.eog_ids = frozenset(
@@ -211,27 +213,39 @@ def _merge_ranks(merges: list[str]) -> dict[tuple[str, str], int]:
 
 
 def _bpe(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
-    """Merge adjacent symbols of `word`, always the pair with the lowest rank first, until no
-    adjacent pair has a merge. All occurrences of that pair are merged left to right."""
+    """Merge adjacent symbols of `word`, lowest merge rank first (leftmost among equal ranks),
+    until no adjacent pair has a merge: the same order as the `tokenizers` BPE model.
+
+    A heap of candidate pairs over a linked list of symbols makes this O(n log n) in the piece
+    length, so a pathological piece (a 50 KB run of letters or spaces) stays fast. A heap entry is
+    stale once either of its symbols has been merged away; it is then skipped.
+    """
     symbols = list(word)
-    while len(symbols) > 1:
-        best, best_rank = None, None
-        for pair in zip(symbols, symbols[1:]):
-            rank = ranks.get(pair)
-            if rank is not None and (best_rank is None or rank < best_rank):
-                best, best_rank = pair, rank
-        if best is None:
-            break
-        merged, i = [], 0
-        while i < len(symbols):
-            if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
-                merged.append(symbols[i] + symbols[i + 1])
-                i += 2
-            else:
-                merged.append(symbols[i])
-                i += 1
-        symbols = merged
-    return symbols
+    n = len(symbols)
+    if n < 2:
+        return symbols
+    nxt, prv = list(range(1, n + 1)), list(range(-1, n - 1))  # linked list over positions; n = end
+    heap = []
+    for i in range(n - 1):
+        rank = ranks.get((symbols[i], symbols[i + 1]))
+        if rank is not None:
+            heap.append((rank, i, symbols[i], symbols[i + 1]))
+    heapq.heapify(heap)
+    while heap:
+        rank, i, left, right = heapq.heappop(heap)
+        j = nxt[i]
+        if symbols[i] != left or j >= n or symbols[j] != right:
+            continue  # stale: a neighbour already took part of this pair
+        symbols[i], symbols[j] = left + right, None  # merge j into i, unlink j
+        nxt[i] = nxt[j]
+        if nxt[j] < n:
+            prv[nxt[j]] = i
+        for a, b in ((prv[i], i), (i, nxt[i])):  # the two new neighbouring pairs
+            if a >= 0 and b < n:
+                pair_rank = ranks.get((symbols[a], symbols[b]))
+                if pair_rank is not None:
+                    heapq.heappush(heap, (pair_rank, a, symbols[a], symbols[b]))
+    return [sym for sym in symbols if sym is not None]
 
 
 def _alternation(tokens) -> regex.Pattern | None:
