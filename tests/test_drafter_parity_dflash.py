@@ -136,6 +136,19 @@ def test_swa_causal_layer_matches_zlab(pairs, tgt, n_ctx):
                  f"DFlash hidden, causal SWA layer, n_ctx={n_ctx}")
 
 
+def test_swa_variant_is_distinguishable(pairs, tgt):
+    """Fixture strength: on the same weights, dropping the in-block causal mask or the window each
+    moves the reference far beyond the tolerance, so the SWA test pins both."""
+    _, oracle = pairs("swa_causal")
+    tensors = pairs.drafter("swa_causal").tensors
+    feats, block = features(30, seed=30), mask_block(ANCHOR, BLOCK)
+    want = zlab.forward(oracle, tgt.embed, feats, block)
+    not_causal = zlab.build(_config("swa_causal") | {"is_causal": False}, tensors)
+    no_window = zlab.build(_config("plain"), tensors)
+    for other in (not_causal, no_window):
+        assert np.abs(zlab.forward(other, tgt.embed, feats, block) - want).max() > 100 * REL
+
+
 def test_argmax_chain_matches_zlab(pairs, tgt):
     native, oracle = pairs("plain")
     hidden = zlab.forward(oracle, tgt.embed, features(9, seed=9), mask_block(ANCHOR, BLOCK))[1:]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fixtures.drafter_parity import (BLOCK, assert_close, assert_tokens_equal, convert_drafter, dflash_config,
+from fixtures.drafter_parity import (BLOCK, TAPS, assert_close, assert_tokens_equal, convert_drafter, dflash_config,
                                      dflash2_config, features, mask_block, target)
 from fixtures.native_drafter import NativeDrafter
 from oracles import nemo, zlab
@@ -103,6 +103,28 @@ def windowed(tmp_path_factory, tgt):
     native.close()
 
 
+def test_upstream_layout_matches_zlab(tmp_path_factory, tgt):
+    """The same weights converted to the llama.cpp `dflash` layout (flat keys, 1-based target_layers,
+    attn_conv_base / selector_* names) load to the same drafter."""
+    drafter = convert_drafter(tmp_path_factory.mktemp("dflash2_upstream"), dflash2_config(), "dflash2", seed=9,
+                              layout="llama.cpp")
+    z = zlab.build(drafter.cfg, drafter.tensors, dflash2=True)
+    feats, block = features(10, seed=10), mask_block(ANCHOR, BLOCK)
+    hidden = zlab.forward(z, tgt.embed, feats, block)
+    with NativeDrafter(tgt.gguf, drafter.gguf) as native:
+        assert (native.info["kind"], native.info["target_layer_ids"]) == (1, TAPS)
+        assert_close(native.forward(feats, block), hidden, REL, "DFlash 2 hidden, llama.cpp layout")
+        assert_tokens_equal(native.chain(hidden[1:], ANCHOR)[0], zlab.selector_walk(z, hidden[1:], tgt.lm_head, ANCHOR),
+                            "DFlash 2 selector walk, llama.cpp layout")
+
+
+# Known divergence, reported to the lead: the converter writes a sliding-window pattern only for
+# in-block causal layers (converters/drafter_config.py::_sliding_window; the lucebox
+# `sliding_window_pattern` means "sliding = causal"), so a bidirectional sliding layer loses its
+# window altogether, while both oracles keep the context window (spec/drafters.md §1.5: the window
+# keeps context keys with position > (a+j) - W). For Qwen3.8-DFlash2 (window 2048) this changes the
+# drafts once the context passes 2048 tokens. strict: an XPASS fails the suite once it is fixed.
+@pytest.mark.xfail(strict=True, reason="bidirectional sliding layers lose their window in the GGUF")
 def test_bidirectional_sliding_window_matches_zlab_and_nemo(windowed, tgt):
     native, z, nm = windowed
     feats, block = features(30, seed=30), mask_block(ANCHOR, BLOCK)

@@ -91,3 +91,19 @@ def test_chain_without_confidence_output(pair):
     hidden = np.random.default_rng(5).standard_normal((BLOCK, 64)).astype(np.float32)
     assert_tokens_equal(native.chain(hidden, 99, confidence=False)[0], nemo.markov_chain(model, hidden, 99)[0],
                         "DSpark Markov chain on random rows")
+
+
+def test_upstream_layout_matches_nemo(tmp_path_factory, tgt):
+    """The same weights in the llama.cpp `dflash` layout (markov_w1 / markov_w2 / conf_proj names)."""
+    drafter = convert_drafter(tmp_path_factory.mktemp("dspark_upstream"), dspark_config(True), "dspark", seed=23,
+                              layout="llama.cpp")
+    model = nemo.build_dspark(drafter.cfg, drafter.tensors, tgt.embed, tgt.lm_head)
+    feats, block = features(10, seed=10), mask_block(ANCHOR, BLOCK)
+    hidden = nemo.dspark_forward(model, feats, block)
+    want_tokens, want_confidence = nemo.markov_chain(model, hidden, ANCHOR)
+    with NativeDrafter(tgt.gguf, drafter.gguf) as native:
+        assert (native.info["kind"], native.info["sample_from_anchor"]) == (2, 1)
+        assert_close(native.forward(feats, block), hidden, REL, "DSpark hidden, llama.cpp layout")
+        tokens, confidence = native.chain(hidden, ANCHOR)
+    assert_tokens_equal(tokens, want_tokens, "DSpark Markov chain, llama.cpp layout")
+    np.testing.assert_allclose(confidence, want_confidence, rtol=0, atol=CONFIDENCE_ATOL)

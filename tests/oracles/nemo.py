@@ -50,7 +50,7 @@ def import_dflash2():
     root = Path(importlib.util.find_spec("nemo_automodel").origin).parent
     for name in _BARE_PACKAGES:
         _register_bare_package(name, root)
-    if importlib.util.find_spec("datasets") is None and "datasets" not in sys.modules:
+    if "datasets" not in sys.modules and importlib.util.find_spec("datasets") is None:
         stand_in = types.ModuleType("datasets")
         stand_in.Dataset = stand_in.DatasetDict = _DatasetsNotInstalled
         sys.modules["datasets"] = stand_in
