@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fixtures.drafter_parity import (BLOCK, TAPS, assert_close, assert_tokens_equal, convert_drafter, dflash_config,
-                                     dflash2_config, features, mask_block, target)
+                                     dflash2_config, features, mask_block, stored_types, target)
 from fixtures.native_drafter import NativeDrafter
 from oracles import nemo, zlab
 
@@ -116,6 +116,22 @@ def test_upstream_layout_matches_zlab(tmp_path_factory, tgt):
         assert_close(native.forward(feats, block), hidden, REL, "DFlash 2 hidden, llama.cpp layout")
         assert_tokens_equal(native.chain(hidden[1:], ANCHOR)[0], zlab.selector_walk(z, hidden[1:], tgt.lm_head, ANCHOR),
                             "DFlash 2 selector walk, llama.cpp layout")
+
+
+def test_f16_file_matches_zlab(tmp_path_factory, tgt):
+    """The default file type: matrices, conv projections and selector codebooks stored as F16
+    (weights drawn f16-exact, so the oracle runs on the same values); the runtime's f16 matmul and
+    codebook-row lookups must keep fp32 accuracy (f16 weights multiply fp32 activations as they are)."""
+    drafter = convert_drafter(tmp_path_factory.mktemp("dflash2_f16"), dflash2_config(), "dflash2", seed=11,
+                              outtype="f16")
+    assert list(stored_types(drafter.gguf).values()).count("F16") >= 10
+    z = zlab.build(drafter.cfg, drafter.tensors, dflash2=True)
+    feats, block = features(10, seed=12), mask_block(ANCHOR, BLOCK)
+    hidden = zlab.forward(z, tgt.embed, feats, block)
+    with NativeDrafter(tgt.gguf, drafter.gguf) as native:
+        assert_close(native.forward(feats, block), hidden, REL, "DFlash 2 hidden, f16 file")
+        assert_tokens_equal(native.chain(hidden[1:], ANCHOR)[0], zlab.selector_walk(z, hidden[1:], tgt.lm_head, ANCHOR),
+                            "DFlash 2 selector walk, f16 file")
 
 
 # Known divergence, reported to the lead: the converter writes a sliding-window pattern only for

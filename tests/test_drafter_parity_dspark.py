@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fixtures.drafter_parity import (TAPS, assert_close, assert_tokens_equal, convert_drafter, dspark_config,
-                                     features, mask_block, target)
+                                     features, mask_block, stored_types, target)
 from fixtures.native_drafter import NativeDrafter
 from oracles import nemo
 
@@ -106,4 +106,21 @@ def test_upstream_layout_matches_nemo(tmp_path_factory, tgt):
         assert_close(native.forward(feats, block), hidden, REL, "DSpark hidden, llama.cpp layout")
         tokens, confidence = native.chain(hidden, ANCHOR)
     assert_tokens_equal(tokens, want_tokens, "DSpark Markov chain, llama.cpp layout")
+    np.testing.assert_allclose(confidence, want_confidence, rtol=0, atol=CONFIDENCE_ATOL)
+
+
+def test_f16_file_matches_nemo(tmp_path_factory, tgt):
+    """The default file type: Markov tables and confidence weight stored as F16 (weights drawn
+    f16-exact); lookups of W1[prev] and the W2 product must keep fp32 accuracy."""
+    drafter = convert_drafter(tmp_path_factory.mktemp("dspark_f16"), dspark_config(True), "dspark", seed=24,
+                              outtype="f16")
+    assert list(stored_types(drafter.gguf).values()).count("F16") >= 10
+    model = nemo.build_dspark(drafter.cfg, drafter.tensors, tgt.embed, tgt.lm_head)
+    feats, block = features(10, seed=11), mask_block(ANCHOR, BLOCK)
+    hidden = nemo.dspark_forward(model, feats, block)
+    want_tokens, want_confidence = nemo.markov_chain(model, hidden, ANCHOR)
+    with NativeDrafter(tgt.gguf, drafter.gguf) as native:
+        assert_close(native.forward(feats, block), hidden, REL, "DSpark hidden, f16 file")
+        tokens, confidence = native.chain(hidden, ANCHOR)
+    assert_tokens_equal(tokens, want_tokens, "DSpark Markov chain, f16 file")
     np.testing.assert_allclose(confidence, want_confidence, rtol=0, atol=CONFIDENCE_ATOL)
