@@ -52,23 +52,22 @@ def tgt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory, tgt):
-    """name -> (native drafter, z-lab oracle), built lazily and freed at module end."""
+    """name -> (native drafter, z-lab oracle, converted drafter), built lazily, freed at module end."""
     built = {}
 
     def get(name):
         if name not in built:
             drafter = convert_drafter(tmp_path_factory.mktemp(f"dflash_{name}"), _config(name), "dflash", SEEDS[name])
             built[name] = (NativeDrafter(tgt.gguf, drafter.gguf), zlab.build(drafter.cfg, drafter.tensors), drafter)
-        return built[name][:2]
+        return built[name]
 
-    get.drafter = lambda name: built[name][2]
     yield get
     for native, _, _ in built.values():
         native.close()
 
 
 def test_info_describes_the_checkpoint(pairs):
-    native, _ = pairs("plain")
+    native, _, _ = pairs("plain")
     info = native.info
     assert (info["kind"], info["n_layer"], info["n_embd"], info["n_head"], info["n_head_kv"], info["head_dim"],
             info["n_ff"]) == (0, 2, 64, 4, 2, 16, 128)
@@ -78,7 +77,7 @@ def test_info_describes_the_checkpoint(pairs):
 
 @pytest.mark.parametrize("n_ctx", [1, 9, 64])
 def test_forward_matches_zlab(pairs, tgt, n_ctx):
-    native, oracle = pairs("plain")
+    native, oracle, _ = pairs("plain")
     feats, block = features(n_ctx, seed=n_ctx), mask_block(ANCHOR, BLOCK)
     assert_close(native.forward(feats, block), zlab.forward(oracle, tgt.embed, feats, block), REL,
                  f"DFlash hidden, n_ctx={n_ctx}")
@@ -86,7 +85,7 @@ def test_forward_matches_zlab(pairs, tgt, n_ctx):
 
 @pytest.mark.parametrize("n_block", [2, 2 * BLOCK])
 def test_forward_other_block_sizes(pairs, tgt, n_block):
-    native, oracle = pairs("plain")
+    native, oracle, _ = pairs("plain")
     feats, block = features(13, seed=5), mask_block(ANCHOR, n_block)
     assert_close(native.forward(feats, block), zlab.forward(oracle, tgt.embed, feats, block), REL,
                  f"DFlash hidden, block {n_block}")
@@ -94,7 +93,7 @@ def test_forward_other_block_sizes(pairs, tgt, n_block):
 
 def test_forward_any_block_tokens(pairs, tgt):
     """Rows are embedded from the block ids themselves (not assumed to be masks)."""
-    native, oracle = pairs("plain")
+    native, oracle, _ = pairs("plain")
     feats, block = features(6, seed=6), [3, 250, 500, 7, 499, 0, 500, 42]
     assert_close(native.forward(feats, block), zlab.forward(oracle, tgt.embed, feats, block), REL,
                  "DFlash hidden, arbitrary block ids")
@@ -103,7 +102,7 @@ def test_forward_any_block_tokens(pairs, tgt):
 def test_forward_matches_zlab_incremental_decode(pairs, tgt):
     """What z-lab's decode loop computes after committing the context in steps of 5, 3, 1 and 7 rows
     (cached context K/V, block K/V cropped away each step) equals luce's forward over all 16 rows."""
-    native, oracle = pairs("plain")
+    native, oracle, _ = pairs("plain")
     feats, block = features(16, seed=16), mask_block(ANCHOR, BLOCK)
     want = zlab.forward_incremental(oracle, tgt.embed, feats, [5, 3, 1, 7], block)
     np.testing.assert_allclose(want, zlab.forward(oracle, tgt.embed, feats, block), atol=1e-5)  # oracle self-check
@@ -112,12 +111,11 @@ def test_forward_matches_zlab_incremental_decode(pairs, tgt):
 
 @pytest.mark.parametrize("name", ["yarn_rope_scaling", "yarn_rope_parameters"])
 def test_yarn_rope_matches_hf(pairs, tgt, name):
-    native, oracle = pairs(name)
+    native, oracle, drafter = pairs(name)
     feats, block = features(200, seed=2), mask_block(ANCHOR, BLOCK)
     want = zlab.forward(oracle, tgt.embed, feats, block)
     # The same weights with plain RoPE at the same theta must land far outside the tolerance,
     # or this test could not tell YaRN from no YaRN.
-    drafter = pairs.drafter(name)
     plain_cfg = {k: v for k, v in drafter.cfg.items() if k not in ("rope_scaling", "rope_parameters")}
     plain_cfg["rope_theta"] = oracle.config.rope_parameters["rope_theta"]
     plain = zlab.build(plain_cfg, drafter.tensors)
@@ -129,7 +127,7 @@ def test_yarn_rope_matches_hf(pairs, tgt, name):
 def test_swa_causal_layer_matches_zlab(pairs, tgt, n_ctx):
     """dflash 0.1.0 builds the in-block causal + window mask for sliding layers itself (is_causal
     defaults to 'layer is sliding'); n_ctx 30 > window 12 makes the window cut context keys."""
-    native, oracle = pairs("swa_causal")
+    native, oracle, _ = pairs("swa_causal")
     assert [layer.self_attn.is_causal for layer in oracle.layers] == [True, False]
     feats, block = features(n_ctx, seed=n_ctx), mask_block(ANCHOR, BLOCK)
     assert_close(native.forward(feats, block), zlab.forward(oracle, tgt.embed, feats, block), REL,
@@ -139,8 +137,8 @@ def test_swa_causal_layer_matches_zlab(pairs, tgt, n_ctx):
 def test_swa_variant_is_distinguishable(pairs, tgt):
     """Fixture strength: on the same weights, dropping the in-block causal mask or the window each
     moves the reference far beyond the tolerance, so the SWA test pins both."""
-    _, oracle = pairs("swa_causal")
-    tensors = pairs.drafter("swa_causal").tensors
+    _, oracle, drafter = pairs("swa_causal")
+    tensors = drafter.tensors
     feats, block = features(30, seed=30), mask_block(ANCHOR, BLOCK)
     want = zlab.forward(oracle, tgt.embed, feats, block)
     not_causal = zlab.build(_config("swa_causal") | {"is_causal": False}, tensors)
@@ -150,7 +148,7 @@ def test_swa_variant_is_distinguishable(pairs, tgt):
 
 
 def test_argmax_chain_matches_zlab(pairs, tgt):
-    native, oracle = pairs("plain")
+    native, oracle, _ = pairs("plain")
     hidden = zlab.forward(oracle, tgt.embed, features(9, seed=9), mask_block(ANCHOR, BLOCK))[1:]
     tokens, _ = native.chain(hidden, ANCHOR)
     assert_tokens_equal(tokens, zlab.argmax_chain(oracle, hidden, tgt.lm_head), "DFlash proposals")

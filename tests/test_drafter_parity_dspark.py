@@ -55,12 +55,12 @@ def test_info_describes_the_checkpoint(pair):
     assert (info["has_conv"], info["has_selector"]) == (0, 0)
 
 
-@pytest.mark.parametrize("n_ctx", [3, 40])
-def test_backbone_matches_nemo(pair, n_ctx):
+@pytest.mark.parametrize("n_ctx, n_block", [(3, BLOCK), (40, BLOCK), (9, 2), (9, 2 * BLOCK)])
+def test_backbone_matches_nemo(pair, n_ctx, n_block):
     native, model, _ = pair
-    feats, block = features(n_ctx, seed=n_ctx), mask_block(ANCHOR, BLOCK)
+    feats, block = features(n_ctx, seed=n_ctx), mask_block(ANCHOR, n_block)
     assert_close(native.forward(feats, block), nemo.dspark_forward(model, feats, block), REL,
-                 f"DSpark hidden (YaRN factor 32), n_ctx={n_ctx}")
+                 f"DSpark hidden (YaRN factor 32), n_ctx={n_ctx}, block {n_block}")
 
 
 @pytest.mark.parametrize("anchor, seed", [(ANCHOR, 1), (450, 2)])
