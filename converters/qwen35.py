@@ -37,16 +37,15 @@ from gguf import GGUFWriter, LlamaFileType, MODEL_ARCH_NAMES, MODEL_ARCH, MODEL_
 from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
-from luce.converters.hf_checkpoint import Checkpoint
+from luce.converters.detect import TARGET_ARCHITECTURES, is_target_config
 from luce.converters.output import atomic_output
 from luce.converters.qwen35_vocab import add_tokenizer_metadata
+from luce.converters.safetensors_source import Checkpoint, open_checkpoint
 from luce.errors import LuceError
 
 log = logging.getLogger(__name__)
 
 ARCH = MODEL_ARCH_NAMES[MODEL_ARCH.QWEN35]
-HF_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
-HF_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 
 # --outtype -> (ggml type of 2-D weights, general.file_type)
 OUTTYPES = {
@@ -61,13 +60,8 @@ DEFAULT_OUTTYPE = "f32"
 _DEFAULT_PARTIAL_ROTARY_FACTOR = 0.25
 _DEFAULT_FULL_ATTENTION_INTERVAL = 4
 _DEFAULT_MROPE_SECTION = (11, 11, 10)
+_DEFAULT_CONTEXT_LENGTH = 32768
 _MROPE_SLOTS = 4  # llama.cpp reads exactly four sections (T, H, W, unused)
-
-
-def is_qwen35_config(config: dict) -> bool:
-    """True for the config.json of a Qwen3.5 (dense) checkpoint, the dispatch rule of `luce convert`."""
-    archs = config.get("architectures") or []
-    return any(a in HF_ARCHITECTURES for a in archs) or config.get("model_type") in HF_MODEL_TYPES
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,25 +95,35 @@ class Qwen35Config:
     @classmethod
     def from_hf(cls, config: dict) -> Qwen35Config:
         text = config.get("text_config") or config
+        if not isinstance(text, dict):
+            raise LuceError("config.json: text_config is not an object")
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
 
         def need(key):
-            if key not in text:
+            # a config.json is untrusted: every size must be a positive integer before it sizes anything
+            value = text.get(key)
+            if value is None:
                 raise LuceError(f"config.json: missing {key!r}")
-            return text[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise LuceError(f"config.json: {key} must be a positive integer, got {value!r}")
+            return value
 
         def get(key, default):
-            value = text.get(key)
-            return default if value is None else value
+            return default if text.get(key) is None else need(key)
+
+        def number(value, key):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise LuceError(f"config.json: {key} must be a positive number, got {value!r}")
+            return float(value)
 
         head_dim = get("head_dim", need("hidden_size") // need("num_attention_heads"))
-        partial = rope.get("partial_rotary_factor", get("partial_rotary_factor", _DEFAULT_PARTIAL_ROTARY_FACTOR))
+        partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", _DEFAULT_PARTIAL_ROTARY_FACTOR))
         theta = rope.get("rope_theta", text.get("rope_theta"))
         if theta is None:
             raise LuceError("config.json: missing rope_theta (in rope_parameters or at the top level)")
         sections = list(rope.get("mrope_section") or _DEFAULT_MROPE_SECTION)
-        if len(sections) > _MROPE_SLOTS:
-            raise LuceError(f"config.json: mrope_section has {len(sections)} entries, at most {_MROPE_SLOTS}")
+        if len(sections) > _MROPE_SLOTS or not all(isinstance(x, int) and x >= 0 for x in sections):
+            raise LuceError(f"config.json: mrope_section must be at most {_MROPE_SLOTS} counts, got {sections}")
         # the multimodal wrapper keeps tie_word_embeddings at its own top level
         tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
         cfg = cls(
@@ -130,11 +134,11 @@ class Qwen35Config:
             num_heads=need("num_attention_heads"),
             num_kv_heads=need("num_key_value_heads"),
             head_dim=head_dim,
-            rms_norm_eps=float(need("rms_norm_eps")),
-            rope_theta=float(theta),
-            rotary_dim=int(round(head_dim * partial)),
+            rms_norm_eps=number(text.get("rms_norm_eps"), "rms_norm_eps"),
+            rope_theta=number(theta, "rope_theta"),
+            rotary_dim=int(round(head_dim * number(partial, "partial_rotary_factor"))),
             mrope_sections=tuple(sections + [0] * (_MROPE_SLOTS - len(sections))),
-            context_length=get("max_position_embeddings", 32768),
+            context_length=get("max_position_embeddings", _DEFAULT_CONTEXT_LENGTH),
             conv_kernel=need("linear_conv_kernel_dim"),
             key_heads=need("linear_num_key_heads"),
             value_heads=need("linear_num_value_heads"),
@@ -433,9 +437,19 @@ def convert_qwen35(
     if outtype not in OUTTYPES:
         raise LuceError(f"unknown outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
     weight_type, file_type = OUTTYPES[outtype]
-    ckpt = Checkpoint(src_dir)
-    if not is_qwen35_config(ckpt.config):
-        raise LuceError(f"{src_dir}: config.json is not a Qwen3.5 checkpoint ({', '.join(HF_ARCHITECTURES)})")
+    src = Path(src_dir)
+    ckpt = open_checkpoint(src, use_sidecar=False)
+    try:
+        return _convert(ckpt, src if src.is_dir() else src.parent, Path(out_path), weight_type, file_type,
+                        progress, force)
+    finally:
+        ckpt.close()
+
+
+def _convert(ckpt: Checkpoint, folder: Path, out_path: Path, weight_type: QT, file_type: LlamaFileType,
+             progress: Progress | None, force: bool) -> dict:
+    if not is_target_config(ckpt.config):  # the rule `luce convert` dispatches on
+        raise LuceError(f"{folder}: config.json is not a Qwen3.5 checkpoint ({', '.join(TARGET_ARCHITECTURES)})")
     cfg = Qwen35Config.from_hf(ckpt.config)
     plan, has_mtp = plan_tensors(cfg, ckpt, weight_type)
     transforms = _transforms(cfg)
@@ -443,8 +457,8 @@ def convert_qwen35(
 
     with atomic_output(out_path, force) as tmp_path:
         w = GGUFWriter(tmp_path, ARCH)
-        _add_hparams(w, cfg, Path(src_dir).resolve().name, has_mtp, file_type)
-        add_tokenizer_metadata(w, ckpt.directory, cfg.vocab_size)
+        _add_hparams(w, cfg, folder.resolve().name, has_mtp, file_type)
+        add_tokenizer_metadata(w, folder, cfg.vocab_size)
         for t, (shape, dtype, nbytes) in zip(plan, infos):
             w.add_tensor_info(t.gguf_name, shape, dtype, nbytes, raw_dtype=t.qtype)
         w.write_header_to_file()
@@ -453,17 +467,18 @@ def convert_qwen35(
         if progress is not None:
             progress.start(len(plan), sum(nbytes for _, _, nbytes in infos))
         for t, (_, _, nbytes) in zip(plan, infos):
-            data = transforms[t.transform](ckpt.load(t.hf_name))
+            # float32 throughout: +1 and the reorders are exact there (F16 sources widen exactly too)
+            data = transforms[t.transform](ckpt.read(ckpt.tensors[t.hf_name]).astype(np.float32, copy=False))
             w.write_tensor_data(quantize(np.ascontiguousarray(data, dtype=np.float32), t.qtype))
             if progress is not None:
                 progress.advance(t.gguf_name, nbytes)
         w.close()
-    log.info("wrote %s: %d tensors, %s", out_path, len(plan), outtype)
+    log.info("wrote %s: %d tensors, %s", out_path, len(plan), weight_type.name)
     return {
         "format": f"Qwen3.5 target ({ARCH})",
         "layers": f"{cfg.num_layers} + 1 MTP" if has_mtp else cfg.num_layers,
         "hidden": cfg.hidden_size,
         "tensor_types": dict(Counter(t.qtype.name for t in plan)),
         "n_tensors": len(plan),
-        "output_bytes": Path(out_path).stat().st_size,
+        "output_bytes": out_path.stat().st_size,
     }

@@ -71,27 +71,20 @@ class Case:
             self.ref = self.hf(torch.tensor([self.ids])).logits[0].double().numpy()
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def case(request, tmp_path_factory):
-    return Case(tmp_path_factory.mktemp(request.param), request.param)
-
-
-def test_prefill_logits(case):
-    with Engine(case.path, threads=2, ctx_size=256) as eng:
-        ours = eng.logits(case.ids)
-    assert_logits_close(ours, case.ref, case.tol, "prefill")
-
-
-def test_step_by_step_decode_logits(case):
-    """Prefill 70 tokens in one call, then feed tokens one at a time: each step's logits must
-    equal the full-sequence reference at that position (KV cache + DeltaNet state carried)."""
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_prefill_and_decode_logits(tmp_path, name):
+    """One test per variant (the oracle's setup dominates the cost): the prefill of 150 tokens
+    (three chunks of 64), then a second pass that prefills 70 tokens and feeds 12 one at a time;
+    each step's logits must equal the full-sequence reference at that position."""
+    case = Case(tmp_path, name)
     n_prefill, n_steps = 70, 12
     with Engine(case.path, threads=2, ctx_size=256) as eng:
-        ours = decode_step_logits(eng, case.ids, n_prefill, n_steps)
-    assert_logits_close(ours, case.ref[n_prefill - 1: n_prefill + n_steps], case.tol, "decode")
+        assert_logits_close(eng.logits(case.ids), case.ref, case.tol, "prefill")
+        steps = decode_step_logits(eng, case.ids, n_prefill, n_steps)
+    assert_logits_close(steps, case.ref[n_prefill - 1: n_prefill + n_steps], case.tol, "decode")
 
 
-@pytest.mark.parametrize("name", ["f32", "bf16"])
+@pytest.mark.parametrize("name", ["f32"])
 def test_greedy_generation_matches_transformers(tmp_path, name):
     """64 greedy tokens equal transformers' generate() on the same GGUF (EOS ignored on both)."""
     native_kw, _, _ = VARIANTS[name]

@@ -43,6 +43,16 @@ def test_decode_steps_match_hf(tiny):
     assert_logits_close(ours, ref[n_prefill - 1: n_prefill + n_steps], REL_TOL, "decode")
 
 
+def test_f16_kv_cache_stays_close_to_hf(tiny):
+    """The f16 KV cache rounds keys and values to IEEE half (relative error 2^-11): logits move,
+    but by far less than a wrong cache layout would move them."""
+    _, path, ids, ref = tiny
+    with Engine(path, threads=2, ctx_size=512, kv_cache="f16") as eng:
+        ours = eng.logits(ids)
+    assert_logits_close(ours, ref, 5e-3, "prefill with f16 KV")
+    assert np.abs(ours - ref).max() > 0  # the half-precision path really ran
+
+
 def test_greedy_64_tokens_match_hf(tiny):
     model, path, ids, _ = tiny
     prompt = ids[:24]

@@ -3,8 +3,11 @@
 - Dequantization of every supported type equals gguf-py's `gguf.quants.dequantize` bit for bit,
   on random blocks (every bit pattern of the quant payload, sane f16 scales) and on blocks that
   the `libgguf` package quantizes from real-looking data exactly as llama.cpp does.
-- The quantized matmul (luce_matvec / luce_matmul, several shapes and token counts) matches a
-  float64 reference (gguf-py's dequantized weights @ x) within the bound derived in `matmul_bound`.
+- The matmul (luce_matvec / luce_matmul; every SIMD level the CPU has; several shapes, token
+  counts, column passes and row blocks) matches float64 `x_k @ dequantize(W).T` within Higham's
+  fp32 summation bound (`fp32_sum_bound`), x_k being x after the documented int8 activation
+  quantization (`kernel_activations`); on llama.cpp-quantized data it also matches the exact
+  `x @ W.T` within the activation-rounding bound (`activation_rounding_bound`).
 - Sizes are validated at the ABI: wrong nbytes, unsupported types, ragged rows -> LuceError.
 """
 from __future__ import annotations
@@ -44,7 +47,7 @@ _FLAGS = _cpu_flags()
 KERNEL_LEVELS = {
     "scalar": True,
     "avx2": {"avx2", "fma", "f16c"} <= _FLAGS,
-    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= _FLAGS,
+    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "bmi2"} <= _FLAGS,
 }
 
 
@@ -215,6 +218,17 @@ def test_dequantize_random_blocks_bit_exact(qtype):
     assert_bits_equal(qtype, ours, gguf_dequantize(raw, qtype), raw)
 
 
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
+def test_dequantize_every_16_bit_pattern(qtype):
+    """All 2^16 encodings (zeros, subnormals, infinities; NaNs left out: their payloads say
+    nothing about the format) widen exactly as gguf-py widens them."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    exp_mask, mant_mask = (0x7C00, 0x03FF) if qtype == T.F16 else (0x7F80, 0x007F)
+    bits = bits[~(((bits & exp_mask) == exp_mask) & ((bits & mant_mask) != 0))]
+    raw = bits.view(np.uint8)
+    assert_bits_equal(qtype, dequantize(qtype, raw, bits.size), gguf_dequantize(raw, qtype), raw)
+
+
 @pytest.mark.parametrize("qtype", LIBGGUF_TYPES + [T.Q8_0], ids=lambda t: t.name)
 def test_dequantize_llama_cpp_quantized_bit_exact(qtype):
     """Blocks as llama.cpp writes them (libgguf for K/IQ types, gguf-py for Q8_0, both
@@ -261,6 +275,32 @@ def test_matmul_rows_not_multiple_of_256(qtype, kernel_level):
     w64 = gguf_dequantize(raw, qtype).reshape(n_rows, n_cols).astype(np.float64)
     for n_tok in (1, 5):
         assert_matmul_close(qtype, raw, w64, rng.standard_normal((n_tok, n_cols)).astype(np.float32))
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)
+def test_matmul_wide_rows_run_in_column_passes(qtype, kernel_level):
+    """Rows wider than one L1 pass of a token tile (quants_kernels.h column_chunk: 32 KiB of
+    activations, 8192 int8 or 2048 fp32 columns for 4 tokens): passes add into y, the last
+    pass carries the float tail."""
+    rng = np.random.default_rng(91 + int(qtype))
+    n_cols = 8192 + 512 if qtype in QUANTIZED else 2048 + 301
+    block, _ = GGML_QUANT_SIZES[qtype]
+    raw = matmul_raw(qtype, 3 * n_cols // block, rng)
+    w64 = gguf_dequantize(raw, qtype).reshape(3, n_cols).astype(np.float64)
+    assert_matmul_close(qtype, raw, w64, rng.standard_normal((6, n_cols)).astype(np.float32))
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)
+def test_matmul_many_rows_run_in_row_blocks(qtype, kernel_level):
+    """More than one tile of tokens over more rows than one L2 row block (1 MiB of weight slice:
+    <= 256 rows of 2048 fp32/fp16 columns, <= 3855 rows of 512 quantized columns), an odd count
+    so the AVX-512 float row pairs leave one row over."""
+    rng = np.random.default_rng(123 + int(qtype))
+    n_rows, n_cols = (4001, 512) if qtype in QUANTIZED else (301, 2304)
+    block, _ = GGML_QUANT_SIZES[qtype]
+    raw = matmul_raw(qtype, n_rows * n_cols // block, rng)
+    w64 = gguf_dequantize(raw, qtype).reshape(n_rows, n_cols).astype(np.float64)
+    assert_matmul_close(qtype, raw, w64, rng.standard_normal((6, n_cols)).astype(np.float32))
 
 
 @pytest.mark.parametrize("qtype", LIBGGUF_TYPES, ids=lambda t: t.name)
@@ -331,13 +371,10 @@ def test_unsupported_type_is_refused_by_name(qtype):
     histogram of unsupported types uses the same table)."""
     raw = np.zeros(1024, dtype=np.uint8)
     out = np.empty(1024, dtype=np.float32)
-    with pytest.raises(LuceError, match=rf"\b{qtype.name.lower()}\b.*not supported"):
-        # the name check is case-insensitive: ggml spells q4_K, gguf-py Q4_K
-        try:
-            check(lib().luce_dequantize(int(qtype), ffi.from_buffer(raw), raw.nbytes,
-                                        ffi.from_buffer("float[]", out), 256))
-        except LuceError as e:
-            raise LuceError(str(e).lower()) from e
+    # case-insensitive: ggml spells q4_K, gguf-py Q4_K
+    with pytest.raises(LuceError, match=rf"(?i)\b{qtype.name}\b.*not supported"):
+        check(lib().luce_dequantize(int(qtype), ffi.from_buffer(raw), raw.nbytes,
+                                    ffi.from_buffer("float[]", out), 256))
 
 
 def test_unknown_type_id_is_refused():

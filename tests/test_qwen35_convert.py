@@ -274,6 +274,46 @@ def test_bf16_checkpoint_is_widened_exactly(tmp_path_factory, tmp_path):
     assert (want - got).abs().max().item() == 0.0
 
 
+def gguf_tensors(path) -> dict:
+    return {t.name: np.asarray(t.data) for t in GGUFReader(path).tensors}
+
+
+def test_sharded_checkpoint_converts_to_the_same_tensors(tmp_path_factory, tmp_path):
+    """model.safetensors.index.json + two shards, as large checkpoints ship."""
+    from safetensors.numpy import load_file, save_file
+
+    _, gguf_path, hf_dir = tiny_qwen35(tmp_path_factory, "base")
+    shard_dir = tmp_path / "sharded"
+    shard_dir.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf_dir / name, shard_dir / name)
+    tensors = load_file(hf_dir / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, members in shards.items():
+        save_file({n: tensors[n] for n in members}, shard_dir / file)
+    weight_map = {n: file for file, members in shards.items() for n in members}
+    (shard_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    convert_qwen35(shard_dir, tmp_path / "sharded.gguf")
+    want, got = gguf_tensors(gguf_path), gguf_tensors(tmp_path / "sharded.gguf")
+    assert set(got) == set(want) and all(np.array_equal(got[n], want[n]) for n in want)
+
+
+def test_legacy_rope_fields_give_the_same_keys(small_checkpoint, tmp_path):
+    """Older configs keep rope_theta / partial_rotary_factor at the top level and the mRoPE
+    sections in rope_scaling; the GGUF's rope keys must not depend on the spelling."""
+    config = json.loads((small_checkpoint / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config |= {"rope_theta": rope["rope_theta"], "partial_rotary_factor": rope["partial_rotary_factor"],
+               "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]}}
+    (small_checkpoint / "config.json").write_text(json.dumps(config))
+    convert_qwen35(small_checkpoint, tmp_path / "legacy.gguf")
+    reader = GGUFReader(tmp_path / "legacy.gguf")
+    assert reader_value(reader, "qwen35.rope.freq_base")[0] == np.float32(1e7)
+    assert reader_value(reader, "qwen35.rope.dimension_count")[0] == 8
+    assert list(reader_value(reader, "qwen35.rope.dimension_sections")[0]) == [2, 1, 1, 0]
+
+
 # --------------------------------------------------------------------------------------------
 # refusals: one LuceError, no output file
 
@@ -307,16 +347,20 @@ def drop_tensor(hf_dir, name):
 
 
 @pytest.mark.parametrize("damage,message", [
-    (lambda d: (d / "config.json").unlink(), "config.json: missing"),
+    (lambda d: (d / "config.json").unlink(), "no config.json"),
     (lambda d: edit_config(d, architectures=["LlamaForCausalLM"], model_type="llama"), "not a Qwen3.5 checkpoint"),
     (lambda d: edit_config(d, linear_num_key_heads=4), "not a multiple"),
     (lambda d: edit_config(d, hidden_size=None), "missing 'hidden_size'"),
+    (lambda d: edit_config(d, hidden_size="64"), "hidden_size must be a positive integer"),
+    (lambda d: edit_config(d, num_hidden_layers=-8), "num_hidden_layers must be a positive integer"),
+    (lambda d: edit_config(d, rms_norm_eps="tiny"), "rms_norm_eps must be a positive number"),
+    (lambda d: edit_config(d, text_config=[1]), "text_config is not an object"),
     (lambda d: edit_config(d, layer_types=["full_attention"] * 8), "full_attention_interval rule"),
     (lambda d: edit_config(d, intermediate_size=128), "does not match config.json"),
     (lambda d: drop_tensor(d, "model.layers.5.linear_attn.A_log"), "missing 1 tensor"),
     (lambda d: (d / "tokenizer.json").unlink(), "tokenizer.json: missing"),
-    (lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00"), "too short"),
-    (lambda d: (d / "model.safetensors").write_bytes((10**9).to_bytes(8, "little") + b"{}"), "exceeds the file"),
+    (lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00"), "truncated safetensors file"),
+    (lambda d: (d / "model.safetensors").write_bytes((10**9).to_bytes(8, "little") + b"{}"), "corrupt safetensors header"),
 ])
 def test_bad_checkpoint_is_one_error_and_no_file(small_checkpoint, tmp_path, damage, message):
     damage(small_checkpoint)
@@ -329,7 +373,7 @@ def test_bad_checkpoint_is_one_error_and_no_file(small_checkpoint, tmp_path, dam
 def test_truncated_tensor_data_is_refused(small_checkpoint, tmp_path):
     weights = small_checkpoint / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
-    with pytest.raises(LuceError, match="does not fit"):
+    with pytest.raises(LuceError, match="outside the file"):
         convert_qwen35(small_checkpoint, tmp_path / "out.gguf")
     assert not (tmp_path / "out.gguf").exists()
 
@@ -385,3 +429,23 @@ def test_fixture_is_deterministic(tmp_path):
     b, dir_b = build_checkpoint(tmp_path / "b", "tied")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert (dir_a / "tokenizer.json").read_text() == (dir_b / "tokenizer.json").read_text()
+
+
+def test_peak_memory_is_about_one_tensor(tmp_path):
+    """Streaming: the converter holds about one tensor (plus its encoded copy), never the model.
+    tracemalloc sees numpy's buffers; the checkpoint is many times its largest tensor."""
+    import tracemalloc
+
+    from luce.converters.safetensors_source import read_header
+
+    _, hf_dir = build_checkpoint(tmp_path / "hf", "base", hidden_size=256, intermediate_size=512)
+    sizes = [4 * int(np.prod(t.shape)) for t in read_header(hf_dir / "model.safetensors").values()]
+    total, largest = sum(sizes), max(sizes)
+    assert total > 10 * largest
+    tracemalloc.start()
+    try:
+        convert_qwen35(hf_dir, tmp_path / "m.gguf", outtype="q8_0")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * largest, (peak, largest, total)

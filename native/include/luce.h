@@ -80,7 +80,13 @@ luce_status luce_model_get_info(const luce_model *model, luce_model_info *out);
 
 typedef struct luce_session luce_session;
 
-luce_status luce_session_create(luce_model *model, int32_t n_ctx, luce_session **out);
+typedef enum {
+    LUCE_KV_F32 = 0,  /* exact: the reference for parity */
+    LUCE_KV_F16 = 1   /* half the memory; keys/values rounded to IEEE half */
+} luce_kv_type;
+
+/* n_ctx positions (1 .. the model's context length); kv_type is a luce_kv_type. */
+luce_status luce_session_create(luce_model *model, int32_t n_ctx, int32_t kv_type, luce_session **out);
 void luce_session_free(luce_session *session);
 luce_status luce_session_reset(luce_session *session);
 /* Number of tokens already in the session. */
@@ -150,6 +156,11 @@ typedef struct {
                                   0 = default (8192), < 0 = never */
     int32_t ddtree;            /* 1 = DDTree tree verification (not built yet: LUCE_ERR_UNSUPPORTED) */
     int32_t ddtree_budget;     /* tree nodes; 0 = default (22) */
+    /* Test hook (greedy only): the proposal for generated token g is oracle_tokens[g] when
+       g < n_oracle_tokens, instead of the drafter heads' (the drafter still runs). Tests use it to
+       force long accepted runs, full-block accepts and rejections at chosen slots. */
+    const int32_t *oracle_tokens;
+    int32_t n_oracle_tokens;
 } luce_generate_params;
 
 typedef struct {

@@ -74,13 +74,16 @@ LUCE_API luce_status luce_model_get_info(const luce_model *model, luce_model_inf
     });
 }
 
-LUCE_API luce_status luce_session_create(luce_model *model, int32_t n_ctx, luce_session **out) {
+LUCE_API luce_status luce_session_create(luce_model *model, int32_t n_ctx, int32_t kv_type,
+                                         luce_session **out) {
     return guard([&] {
         require(model, "model");
         require(out, "out");
         *out = nullptr;
+        if (kv_type != LUCE_KV_F32 && kv_type != LUCE_KV_F16)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "unknown KV cache type %d", kv_type);
         auto h = std::make_unique<luce_session>();
-        h->s = std::make_unique<luce::Session>(model->m.get(), n_ctx);
+        h->s = std::make_unique<luce::Session>(model->m.get(), n_ctx, kv_type == LUCE_KV_F16);
         *out = h.release();
     });
 }

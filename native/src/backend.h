@@ -27,11 +27,13 @@ struct Weight {
     bool present() const { return data != nullptr; }
 };
 
-// Attention KV storage of one full-attention layer: k and v are [Hkv][n_ctx][D] f32.
+// Attention KV storage of one full-attention layer: k and v are [Hkv][n_ctx][D], f32 or IEEE
+// half (f16 = true; stored rounded to nearest even, read back exactly).
 struct KvLayer {
-    float *k = nullptr;
-    float *v = nullptr;
+    void *k = nullptr;
+    void *v = nullptr;
     int n_ctx = 0;
+    bool f16 = false;
 };
 
 // Dimensions of one Gated DeltaNet layer (GGUF tiled head order: v head j reads k head j % HK).

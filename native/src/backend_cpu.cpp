@@ -13,6 +13,7 @@
 
 #include "errors.h"
 #include "quants.h"
+#include "quants_kernels.h"  // f16_to_f32
 
 namespace luce {
 
@@ -23,9 +24,14 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 // torch.nn.functional.softplus with its default threshold: x > 20 returns x.
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
-// Rows of a matmul per scheduling unit: keeps each thread's slice a multiple of 16 rows
-// (whole cache lines of y for small T) without starving threads on narrow matrices.
-constexpr int64_t MATMUL_GRAIN = 16;
+// Smallest share of work (in multiply-adds) worth waking another thread for: below it the
+// wake-up costs more than the arithmetic, so small ops of a tiny model run on one thread.
+constexpr int64_t MIN_WORK_PER_THREAD = 1 << 15;
+
+// Items per scheduling unit given the cost of one item; at least `floor` items.
+int64_t grain_for(int64_t work_per_item, int64_t floor = 1) {
+    return std::max(floor, MIN_WORK_PER_THREAD / std::max<int64_t>(1, work_per_item));
+}
 
 // The inner loops below are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load
 // time (GCC/Clang function multiversioning), so one binary runs anywhere and uses wide vectors
@@ -38,6 +44,35 @@ constexpr int64_t MATMUL_GRAIN = 16;
 #endif
 
 constexpr int LANES = 16;
+
+// IEEE binary32 -> binary16, round to nearest even (overflow -> inf, NaN kept quiet).
+uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t abs = x & 0x7FFFFFFFu;
+    if (abs > 0x7F800000u) return uint16_t(sign | 0x7E00u);          // NaN
+    if (abs >= 0x477FF000u) return uint16_t(sign | 0x7C00u);         // rounds to >= 65520: inf
+    if (abs < 0x38800000u) {                                         // subnormal half (or 0)
+        // value = abs_float; half subnormal unit = 2^-24: round(value * 2^24) to nearest even.
+        float a;
+        std::memcpy(&a, &abs, 4);
+        return uint16_t(sign | uint32_t(std::nearbyint(a * 16777216.0f)));
+    }
+    // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest even.
+    uint32_t h = (abs - 0x38000000u) >> 13;
+    const uint32_t rest = abs & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;        // carry may bump the exponent
+    return uint16_t(sign | h);
+}
+
+// A row of the KV cache as floats: f32 rows are used in place, f16 rows converted into scratch.
+inline const float *kv_row(const void *base, bool f16, int64_t index, int dim, float *scratch) {
+    if (!f16) return static_cast<const float *>(base) + index * dim;
+    const uint16_t *h = static_cast<const uint16_t *>(base) + index * dim;
+    for (int i = 0; i < dim; ++i) scratch[i] = f16_to_f32(h[i]);
+    return scratch;
+}
 
 LUCE_MULTIVERSION float dot(const float *a, const float *b, int n) {
     float acc[LANES] = {};
@@ -111,7 +146,7 @@ void CpuBackend::copy(void *dst, const void *src, size_t n) { std::memcpy(dst, s
 void CpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) {
     pool_.run(w.n_out, [&](int64_t r0, int64_t r1) {
         matmul_rows(w.type, w.data, w.n_in, r0, r1, x, T, y, ldy);
-    }, MATMUL_GRAIN);
+    }, grain_for(w.n_in * T, 16));  // >= 16 rows: whole cache lines of y
 }
 
 void CpuBackend::get_rows(const Weight &w, const int32_t *ids, int T, float *out) {
@@ -131,7 +166,7 @@ void CpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n
             const float scale = 1.0f / std::sqrt(dot(xr, xr, dim) / float(dim) + eps);
             for (int i = 0; i < dim; ++i) yr[i] = xr[i] * scale * w[i];
         }
-    }, 8);
+    }, grain_for(2 * dim));
 }
 
 void CpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim,
@@ -143,7 +178,7 @@ void CpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_r
             const float scale = 1.0f / std::sqrt(dot(orow, orow, dim) / float(dim) + eps);
             for (int i = 0; i < dim; ++i) orow[i] = orow[i] * scale * w[i] * silu(zr[i]);
         }
-    }, 8);
+    }, grain_for(8 * dim));
 }
 
 void CpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) {
@@ -154,7 +189,7 @@ void CpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_r
 void CpuBackend::swiglu(float *gate, const float *up, int64_t n) {
     pool_.run(n, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) gate[i] = silu(gate[i]) * up[i];
-    }, 4096);
+    }, grain_for(8));
 }
 
 void CpuBackend::add(float *x, const float *y, int64_t n) {
@@ -186,10 +221,18 @@ void CpuBackend::kv_store(KvLayer &kv, const float *k, const float *v, const int
                           int n_head_kv, int head_dim) {
     for (int t = 0; t < T; ++t)
         for (int h = 0; h < n_head_kv; ++h) {
-            int64_t dst = (int64_t(h) * kv.n_ctx + pos[t]) * head_dim;
-            int64_t src = (int64_t(t) * n_head_kv + h) * head_dim;
-            std::memcpy(kv.k + dst, k + src, sizeof(float) * size_t(head_dim));
-            std::memcpy(kv.v + dst, v + src, sizeof(float) * size_t(head_dim));
+            const int64_t dst = (int64_t(h) * kv.n_ctx + pos[t]) * head_dim;
+            const int64_t src = (int64_t(t) * n_head_kv + h) * head_dim;
+            if (kv.f16) {
+                uint16_t *kd = static_cast<uint16_t *>(kv.k) + dst, *vd = static_cast<uint16_t *>(kv.v) + dst;
+                for (int d = 0; d < head_dim; ++d) {
+                    kd[d] = f32_to_f16(k[src + d]);
+                    vd[d] = f32_to_f16(v[src + d]);
+                }
+            } else {
+                std::memcpy(static_cast<float *>(kv.k) + dst, k + src, sizeof(float) * size_t(head_dim));
+                std::memcpy(static_cast<float *>(kv.v) + dst, v + src, sizeof(float) * size_t(head_dim));
+            }
         }
 }
 
@@ -199,19 +242,19 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
     const float scale = 1.0f / std::sqrt(float(head_dim));
     pool_.run(int64_t(T) * n_head, [&](int64_t u0, int64_t u1) {
         // Per-thread scratch that only grows: no allocation per decoded token.
-        thread_local std::vector<float> scores;
+        thread_local std::vector<float> scores, row;
         if (scores.size() < size_t(kv.n_ctx)) scores.resize(size_t(kv.n_ctx));
+        if (row.size() < size_t(head_dim)) row.resize(size_t(head_dim));
         for (int64_t u = u0; u < u1; ++u) {
             const int t = int(u / n_head), h = int(u % n_head);
             const float *qh = q + u * head_dim;
-            const float *K = kv.k + int64_t(h / group) * kv.n_ctx * head_dim;
-            const float *V = kv.v + int64_t(h / group) * kv.n_ctx * head_dim;
+            const int64_t kv_base = int64_t(h / group) * kv.n_ctx;  // row index of key 0 of this head
             const int n_keys = mask ? kv.n_ctx : pos[t] + 1;
             const uint8_t *m = mask ? mask + int64_t(t) * kv.n_ctx : nullptr;
             float max_s = -INFINITY;
             for (int j = 0; j < n_keys; ++j) {
                 if (m && !m[j]) { scores[j] = -INFINITY; continue; }
-                scores[j] = dot(qh, K + int64_t(j) * head_dim, head_dim) * scale;
+                scores[j] = dot(qh, kv_row(kv.k, kv.f16, kv_base + j, head_dim, row.data()), head_dim) * scale;
                 max_s = std::max(max_s, scores[j]);
             }
             float *oh = out + u * head_dim;
@@ -221,12 +264,12 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
                 if (scores[j] == -INFINITY) continue;
                 float p = std::exp(scores[j] - max_s);
                 sum += p;
-                axpy(oh, p, V + int64_t(j) * head_dim, head_dim);
+                axpy(oh, p, kv_row(kv.v, kv.f16, kv_base + j, head_dim, row.data()), head_dim);
             }
             const float inv = sum > 0.f ? 1.0f / sum : 0.f;
             for (int d = 0; d < head_dim; ++d) oh[d] *= inv;
         }
-    });
+    }, grain_for(int64_t(mask ? kv.n_ctx : pos[T - 1] + 1) * head_dim * 2));
 }
 
 void CpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
@@ -251,7 +294,7 @@ void CpuBackend::conv_silu(const float *x, float *state, const float *w, int T, 
             float *dst = state + int64_t(i) * C + c0;
             if (src != dst) std::memmove(dst, src, sizeof(float) * size_t(c1 - c0));
         }
-    }, 64);
+    }, grain_for(int64_t(T) * (Kc + 8), 16));
 }
 
 void CpuBackend::gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
@@ -285,7 +328,7 @@ void CpuBackend::gated_delta_net(const float *conv, const float *b, const float 
                                 sizeof(float) * size_t(DK) * size_t(DV));
             }
         }
-    });
+    }, grain_for(int64_t(T) * DK * DV * 4));
 }
 
 int32_t CpuBackend::argmax(const float *x, int64_t n) {

@@ -309,7 +309,10 @@ QuantizedActs quantize_acts(const float *x, int64_t n_cols, int64_t n_tok, int64
 }
 
 int64_t column_chunk(int64_t n_cols, int64_t n_tok, int64_t x_bytes) {
-    constexpr int64_t kL1Budget = 16 * 1024;  // of 32-48 KiB L1d; the rest for weights and y
+    // One token: never split. A single pass streams each row contiguously; two passes over a
+    // 5120x17408 Q4_K matrix measured 2.7x slower (strided reads defeat the prefetchers).
+    if (n_tok <= 1) return n_cols;
+    constexpr int64_t kL1Budget = 32 * 1024;  // of the 48 KiB L1d; the rest for weights and y
     int64_t chunk = kL1Budget / (n_tok * x_bytes) / 256 * 256;
     if (chunk < 256) chunk = 256;
     return chunk >= n_cols ? n_cols : chunk;

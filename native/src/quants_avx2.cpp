@@ -14,6 +14,8 @@
 //
 // Shapes: a row of n_cols elements is nb = n_cols/256 blocks (n_cols/32 for Q8_0); xq for token
 // t is a.q + t*q_stride, its block scales a.d + t*nb, its per-16 sums a.sums16 + t*s_stride.
+// The whole file is x86-64 only (other targets build the scalar level alone).
+#if defined(__x86_64__)
 #include <immintrin.h>
 
 #include <cstring>
@@ -386,19 +388,21 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
     const int64_t block = act_block(type);
     if (block != 0) a = quantize_acts(x, n_cols, n_tok, block, quantize_block);
     Tile t{static_cast<const uint8_t *>(w), row_bytes(type, n_cols), n_cols, 0, 0, &a, x, 0, 0, 0, false, y, ldy};
-    // Column passes, token tiles, rows: the activations of one tile and pass stay in L1 while
-    // every weight row goes by (weights are re-read per tile, from cache when they fit there).
-    // Tiles inside rows would read each weight row once, but the tiles' activations then no
-    // longer fit L1 together and measure ~2x slower at 8 tokens.
+    // Column passes, row blocks, token tiles, rows (reasons: quants_avx512.cpp).
     const int64_t chunk = column_chunk(n_cols, n_tok < kMaxTile ? n_tok : kMaxTile, block != 0 ? 1 : 4);
+    const int64_t slice_bytes = row_bytes(type, chunk) > 0 ? row_bytes(type, chunk) : 1;
+    int64_t row_block = n_tok <= kMaxTile ? row_end - row_begin : (int64_t(1) << 20) / slice_bytes;
+    if (row_block < 1) row_block = 1;
     for (t.c0 = 0; t.c0 < n_cols; t.c0 += chunk) {
         t.c1 = t.c0 + chunk < n_cols ? t.c0 + chunk : n_cols;
         t.accumulate = t.c0 > 0;
-        for (t.t0 = 0; t.t0 < n_tok; t.t0 += kMaxTile) {
-            const int64_t nt = n_tok - t.t0 < kMaxTile ? n_tok - t.t0 : kMaxTile;
-            t.r0 = row_begin;
-            t.r1 = row_end;
-            fns[nt - 1](t);
+        for (int64_t rb0 = row_begin; rb0 < row_end; rb0 += row_block) {
+            t.r0 = rb0;
+            t.r1 = rb0 + row_block < row_end ? rb0 + row_block : row_end;
+            for (t.t0 = 0; t.t0 < n_tok; t.t0 += kMaxTile) {
+                const int64_t nt = n_tok - t.t0 < kMaxTile ? n_tok - t.t0 : kMaxTile;
+                fns[nt - 1](t);
+            }
         }
     }
     return true;
@@ -406,3 +410,5 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
 
 }  // namespace avx2
 }  // namespace luce
+
+#endif  // __x86_64__

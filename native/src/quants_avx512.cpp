@@ -7,6 +7,8 @@
 //   - AVX-512 has no sign_epi8: signed weight codes (Q8_0, IQ4_XS) use |w| and negate the
 //     activation under the mask of negative weights (_mm512_mask_sub_epi8).
 // Tiles of up to 4 tokens; everything else as in quants_avx2.cpp.
+// The whole file is x86-64 only (other targets build the scalar level alone).
+#if defined(__x86_64__)
 #include <immintrin.h>
 
 #include <cstring>
@@ -36,10 +38,12 @@ struct Tile {
     int64_t ldy;
 };
 
-inline void put(const Tile &t, int k, float v) {
-    float &out = t.y[(t.t0 + k) * t.ldy + t.r];
+inline void put_row(const Tile &t, int k, int64_t r, float v) {
+    float &out = t.y[(t.t0 + k) * t.ldy + r];
     out = t.accumulate ? out + v : v;
 }
+
+inline void put(const Tile &t, int k, float v) { put_row(t, k, t.r, v); }
 
 inline __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
 inline __m256i load256(const void *p) { return _mm256_loadu_si256(static_cast<const __m256i *>(p)); }
@@ -198,7 +202,13 @@ void iq4_xs_tile(const Tile &t) {
     for (int64_t i = t.c0 / 256; i < t.c1 / 256; ++i) {
         const uint8_t *b = row + i * 136;
         const float d = f16(b);
-        const uint16_t scales_h = load_u16(b + 2);
+        // 6-bit scales of the 8 sub-blocks, one per byte: pdep drops nibble ib of scales_l into
+        // byte ib's bits 0-3 and bit pair ib of scales_h into its bits 4-5 (spec §4's ls).
+        uint32_t scales_l;
+        std::memcpy(&scales_l, b + 4, 4);
+        const uint64_t ls8 = _pdep_u64(scales_l, 0x0F0F0F0F0F0F0F0FULL) | _pdep_u64(load_u16(b + 2), 0x3030303030303030ULL);
+        const __m512i ls16 = _mm512_castsi128_si512(
+            _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(ls8))), _mm_set1_epi16(32)));
         __m512i az[4], scv[4];
         __mmask64 neg[4];
         for (int j = 0; j < 4; ++j) {
@@ -207,12 +217,7 @@ void iq4_xs_tile(const Tile &t) {
             const __m512i v = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srlv_epi16(raw, lane_shift), low4));
             neg[j] = _mm512_movepi8_mask(v);
             az[j] = _mm512_abs_epi8(v);
-            int16_t ls[2];
-            for (int h = 0; h < 2; ++h) {
-                const int ib = 2 * j + h;
-                ls[h] = int16_t((((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32);
-            }
-            scv[j] = _mm512_inserti64x4(_mm512_set1_epi16(ls[0]), _mm256_set1_epi16(ls[1]), 1);
+            scv[j] = pick_pair(ls16, 2 * j, 2 * j + 1);
         }
         for (int k = 0; k < NT; ++k) {
             const int64_t tok = t.t0 + k;
@@ -287,38 +292,59 @@ inline float load_w1(const uint8_t *p) {
     return f;
 }
 
-template <int32_t Type, int NT>
+// RM weight rows (1 or 2) x NT tokens per call, two accumulators each: with RM = 2 every
+// activation load feeds two FMAs (loads, not FMAs, bound the 1-row version at 4 tokens).
+template <int32_t Type, int NT, int RM>
 void float_tile(const Tile &t) {
     constexpr int64_t es = Type == GGML_F32 ? 4 : 2;
+    // A accumulators per (row, token), 16*A columns per step; a lone token gets 4 so more
+    // cache lines are in flight while it streams from memory.
+    constexpr int A = NT == 1 && RM == 1 ? 4 : 2;
     const int64_t n16 = t.c0 + (t.c1 - t.c0) / 16 * 16;
-    __m512 acc[NT][2];
-    for (int k = 0; k < NT; ++k) acc[k][0] = acc[k][1] = _mm512_setzero_ps();
-    const uint8_t *row = t.w + t.r * t.row_bytes;
+    __m512 acc[RM][NT][A];
+    for (int m = 0; m < RM; ++m)
+        for (int k = 0; k < NT; ++k)
+            for (int a = 0; a < A; ++a) acc[m][k][a] = _mm512_setzero_ps();
+    const uint8_t *rows[RM];
+    for (int m = 0; m < RM; ++m) rows[m] = t.w + (t.r + m) * t.row_bytes;
     int64_t c = t.c0;
-    for (; c + 32 <= n16; c += 32) {
-        const __m512 w0 = load_w16<Type>(row + c * es), w1 = load_w16<Type>(row + (c + 16) * es);
+    for (; c + 16 * A <= n16; c += 16 * A) {
+        __m512 w[RM][A];
+        for (int m = 0; m < RM; ++m)
+            for (int a = 0; a < A; ++a) w[m][a] = load_w16<Type>(rows[m] + (c + 16 * a) * es);
         for (int k = 0; k < NT; ++k) {
             const float *xt = t.x + (t.t0 + k) * t.n_cols + c;
-            acc[k][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), acc[k][0]);
-            acc[k][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + 16), acc[k][1]);
+            for (int a = 0; a < A; ++a) {
+                const __m512 xv = _mm512_loadu_ps(xt + 16 * a);
+                for (int m = 0; m < RM; ++m) acc[m][k][a] = _mm512_fmadd_ps(w[m][a], xv, acc[m][k][a]);
+            }
         }
     }
     for (; c < n16; c += 16) {
-        const __m512 w0 = load_w16<Type>(row + c * es);
-        for (int k = 0; k < NT; ++k)
-            acc[k][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(t.x + (t.t0 + k) * t.n_cols + c), acc[k][0]);
+        for (int k = 0; k < NT; ++k) {
+            const __m512 x0 = _mm512_loadu_ps(t.x + (t.t0 + k) * t.n_cols + c);
+            for (int m = 0; m < RM; ++m)
+                acc[m][k][0] = _mm512_fmadd_ps(load_w16<Type>(rows[m] + c * es), x0, acc[m][k][0]);
+        }
     }
-    for (int k = 0; k < NT; ++k) {
-        const float *xt = t.x + (t.t0 + k) * t.n_cols;
-        float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1]));
-        for (int64_t e = n16; e < t.c1; ++e) s += load_w1<Type>(row + e * es) * xt[e];
-        put(t, k, s);
+    for (int m = 0; m < RM; ++m) {
+        for (int k = 0; k < NT; ++k) {
+            const float *xt = t.x + (t.t0 + k) * t.n_cols;
+            __m512 sum = acc[m][k][0];
+            for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, acc[m][k][a]);
+            float s = _mm512_reduce_add_ps(sum);
+            for (int64_t e = n16; e < t.c1; ++e) s += load_w1<Type>(rows[m] + e * es) * xt[e];
+            put_row(t, k, t.r + m, s);
+        }
     }
 }
 
-template <int NT> void f32_tile(const Tile &t) { float_tile<GGML_F32, NT>(t); }
-template <int NT> void f16_tile(const Tile &t) { float_tile<GGML_F16, NT>(t); }
-template <int NT> void bf16_tile(const Tile &t) { float_tile<GGML_BF16, NT>(t); }
+template <int NT> void f32_tile(const Tile &t) { float_tile<GGML_F32, NT, 1>(t); }
+template <int NT> void f16_tile(const Tile &t) { float_tile<GGML_F16, NT, 1>(t); }
+template <int NT> void bf16_tile(const Tile &t) { float_tile<GGML_BF16, NT, 1>(t); }
+template <int NT> void f32_tile2(const Tile &t) { float_tile<GGML_F32, NT, 2>(t); }
+template <int NT> void f16_tile2(const Tile &t) { float_tile<GGML_F16, NT, 2>(t); }
+template <int NT> void bf16_tile2(const Tile &t) { float_tile<GGML_BF16, NT, 2>(t); }
 
 // ---------------------------------------------------------------------------------------------
 
@@ -344,27 +370,50 @@ const TileFn *tiles_for(int32_t type) {
     }
 }
 
+// Two-row versions (float types only; nullptr otherwise).
+const TileFn *row_pair_tiles_for(int32_t type) {
+    static const TileFn f32[] = LUCE_TILES(f32_tile2), f16_[] = LUCE_TILES(f16_tile2),
+                        bf16[] = LUCE_TILES(bf16_tile2);
+    switch (type) {
+        case GGML_F32: return f32;
+        case GGML_F16: return f16_;
+        case GGML_BF16: return bf16;
+        default: return nullptr;
+    }
+}
+
 }  // namespace
 
 bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
                  const float *x, int64_t n_tok, float *y, int64_t ldy) {
-    const TileFn *fns = tiles_for(type);
+    const TileFn *fns = tiles_for(type), *pairs = row_pair_tiles_for(type);
     if (fns == nullptr) return false;
     QuantizedActs a;
     const int64_t block = act_block(type);
     if (block != 0) a = quantize_acts(x, n_cols, n_tok, block, avx2::quantize_block);
     Tile t{static_cast<const uint8_t *>(w), row_bytes(type, n_cols), n_cols, 0, &a, x, 0, 0, 0, false, y, ldy};
-    // Column passes, token tiles, rows: the activations of one tile and pass stay in L1 while
-    // every weight row goes by (weights are re-read per tile, from cache when they fit there).
-    // Tiles inside rows would read each weight row once, but the tiles' activations then no
-    // longer fit L1 together and measure ~2x slower at 8 tokens.
+    // Column passes, row blocks, token tiles, rows. The activations of one tile and pass stay in
+    // L1 while the rows of a block go by; a block's weight slice (<= 1 MiB) stays in L2 while
+    // every tile uses it. (Tiles inside rows would read each weight row once, but the tiles'
+    // activations then no longer fit L1 together: ~2x slower at 8 tokens.)
     const int64_t chunk = column_chunk(n_cols, n_tok < kMaxTile ? n_tok : kMaxTile, block != 0 ? 1 : 4);
+    const int64_t slice_bytes = row_bytes(type, chunk) > 0 ? row_bytes(type, chunk) : 1;
+    int64_t row_block = n_tok <= kMaxTile ? row_end - row_begin : ((int64_t(1) << 20) / slice_bytes) / 2 * 2;
+    if (row_block < 2) row_block = 2;
     for (t.c0 = 0; t.c0 < n_cols; t.c0 += chunk) {
         t.c1 = t.c0 + chunk < n_cols ? t.c0 + chunk : n_cols;
         t.accumulate = t.c0 > 0;
-        for (t.t0 = 0; t.t0 < n_tok; t.t0 += kMaxTile) {
-            const int64_t nt = n_tok - t.t0 < kMaxTile ? n_tok - t.t0 : kMaxTile;
-            for (t.r = row_begin; t.r < row_end; ++t.r) fns[nt - 1](t);
+        for (int64_t rb0 = row_begin; rb0 < row_end; rb0 += row_block) {
+            const int64_t rb1 = rb0 + row_block < row_end ? rb0 + row_block : row_end;
+            for (t.t0 = 0; t.t0 < n_tok; t.t0 += kMaxTile) {
+                const int64_t nt = n_tok - t.t0 < kMaxTile ? n_tok - t.t0 : kMaxTile;
+                t.r = rb0;
+                // Row pairs only with several tokens: a lone token is memory-bound and measured
+                // 1.8x slower reading two rows at once (two streams instead of one).
+                if (pairs != nullptr && nt >= 2)
+                    for (; t.r + 2 <= rb1; t.r += 2) pairs[nt - 1](t);
+                for (; t.r < rb1; ++t.r) fns[nt - 1](t);
+            }
         }
     }
     return true;
@@ -372,3 +421,5 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
 
 }  // namespace avx512
 }  // namespace luce
+
+#endif  // __x86_64__

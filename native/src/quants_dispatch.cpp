@@ -30,7 +30,7 @@ static KernelLevel cpu_level() {
             return kScalar;
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512vnni"))
+            __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("bmi2"))
             return kAvx512;
         return kAvx2;
     }();

@@ -19,7 +19,7 @@ T *take(Session &s, int64_t n) {
 
 }  // namespace
 
-Session::Session(Model *m, int n_ctx_) : model(m), n_ctx(n_ctx_) {
+Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), kv_f16(kv_f16_) {
     const Hparams &hp = m->hp;
     if (n_ctx < 1 || n_ctx > hp.n_ctx_train)
         fail(LUCE_ERR_INVALID_ARGUMENT, "context size %d is not in 1..%d (the model's context length)",
@@ -35,7 +35,8 @@ Session::Session(Model *m, int n_ctx_) : model(m), n_ctx(n_ctx_) {
                 recurrent[size_t(i)].ssm = take<float>(*this, inner * hp.ssm_dk);
             } else {
                 const int64_t n = int64_t(hp.n_head_kv[size_t(i)]) * n_ctx * hp.head_dim;
-                kv[size_t(i)] = KvLayer{take<float>(*this, n), take<float>(*this, n), n_ctx};
+                if (kv_f16) kv[size_t(i)] = KvLayer{take<uint16_t>(*this, n), take<uint16_t>(*this, n), n_ctx, true};
+                else kv[size_t(i)] = KvLayer{take<float>(*this, n), take<float>(*this, n), n_ctx, false};
             }
         }
         buf.tokens = take<int32_t>(*this, T);

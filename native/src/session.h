@@ -2,7 +2,7 @@
 //
 // Everything is allocated once at session creation with static shapes (T <= MAX_STEP tokens per
 // forward step), so prefill chunks and decode steps never allocate. Memory per session:
-//   KV: n_attention_layers x 2 x Hkv x n_ctx x D floats
+//   KV: n_attention_layers x 2 x Hkv x n_ctx x D values (f32, or f16 when asked for)
 //   DeltaNet: n_recurrent_layers x ((Kc-1) x CD + HV x DK x DV) floats, constant in context length.
 #pragma once
 
@@ -62,7 +62,9 @@ struct Session {
     StepBuffers buf;
     std::vector<void *> allocations;
 
-    Session(Model *m, int n_ctx);
+    bool kv_f16 = false;
+
+    Session(Model *m, int n_ctx, bool kv_f16);
     ~Session();
     Session(const Session &) = delete;
     Session &operator=(const Session &) = delete;

@@ -106,25 +106,32 @@ int32_t draw(const float *w, int V, Rng &rng) {
 // Rollback checkpoints of every DeltaNet layer for one verify of up to W rows. Memory, per
 // recurrent layer: W x (HV*DK*DV + CD) + (Kc-1) x CD floats (W = verify width; Qwen3.5-27B,
 // W = 17: 48 layers x 17 x (48*128*128 + 10240) x 4 B ~= 2.6 GB). Restoring is a copy: no replay.
+// The buffers are attached to the session only for the verify forward (attach/detach), since
+// a prefill chunk or a plain step must not write checkpoints.
 struct Checkpoints {
     Session &s;
     int W = 0;
     std::vector<void *> owned;
     std::vector<float *> conv_before;  // per layer [(Kc-1)][CD] state before the verify step
+    std::vector<float *> ssm_history, qkv_history;  // per layer [W][HV*DK*DV], [W][CD]
 
     Checkpoints(Session &s_, int W_) : s(s_), W(W_) {
         const Hparams &hp = s.model->hp;
         Backend &be = *s.model->backend;
         const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
         conv_before.assign(size_t(hp.n_layer), nullptr);
+        ssm_history.assign(size_t(hp.n_layer), nullptr);
+        qkv_history.assign(size_t(hp.n_layer), nullptr);
+        auto take = [&](size_t n_floats) {
+            owned.push_back(be.alloc(n_floats * sizeof(float)));
+            return static_cast<float *>(owned.back());
+        };
         try {
             for (int i = 0; i < hp.n_layer; ++i) {
                 if (!hp.recurrent[size_t(i)]) continue;
-                RecurrentState &st = s.recurrent[size_t(i)];
-                owned.push_back(st.ssm_history = static_cast<float *>(be.alloc(size_t(W) * SS * sizeof(float))));
-                owned.push_back(st.qkv_history = static_cast<float *>(be.alloc(size_t(W) * CD * sizeof(float))));
-                owned.push_back(conv_before[size_t(i)] = static_cast<float *>(
-                                    be.alloc(size_t(hp.ssm_conv - 1) * CD * sizeof(float) + 1)));
+                ssm_history[size_t(i)] = take(size_t(W) * SS);
+                qkv_history[size_t(i)] = take(size_t(W) * CD);
+                conv_before[size_t(i)] = take(size_t(hp.ssm_conv - 1) * CD + 1);
             }
         } catch (...) {
             release();
@@ -133,15 +140,24 @@ struct Checkpoints {
     }
     ~Checkpoints() { release(); }
     void release() {
-        for (RecurrentState &st : s.recurrent) st.ssm_history = st.qkv_history = nullptr;
+        detach();
         for (void *p : owned) s.model->backend->release(p);
         owned.clear();
     }
-    void before_verify() {
+    // Snapshot the conv windows and attach the per-row checkpoint buffers for a verify of <= W rows.
+    void attach() {
         const Hparams &hp = s.model->hp;
         const size_t n = size_t(hp.ssm_conv - 1) * size_t(hp.conv_channels()) * sizeof(float);
-        for (int i = 0; i < hp.n_layer; ++i)
-            if (hp.recurrent[size_t(i)]) s.model->backend->copy(conv_before[size_t(i)], s.recurrent[size_t(i)].conv, n);
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (!hp.recurrent[size_t(i)]) continue;
+            RecurrentState &st = s.recurrent[size_t(i)];
+            s.model->backend->copy(conv_before[size_t(i)], st.conv, n);
+            st.ssm_history = ssm_history[size_t(i)];
+            st.qkv_history = qkv_history[size_t(i)];
+        }
+    }
+    void detach() {
+        for (RecurrentState &st : s.recurrent) st.ssm_history = st.qkv_history = nullptr;
     }
     // After a verify of T rows starting at position p, keep rows 0..keep-1: the recurrent state
     // is the checkpoint after row keep-1, the conv state the last Kc-1 raw inputs of
@@ -154,11 +170,11 @@ struct Checkpoints {
         for (int i = 0; i < hp.n_layer; ++i) {
             if (!hp.recurrent[size_t(i)]) continue;
             RecurrentState &st = s.recurrent[size_t(i)];
-            be.copy(st.ssm, st.ssm_history + size_t(keep - 1) * SS, SS * sizeof(float));
+            be.copy(st.ssm, ssm_history[size_t(i)] + size_t(keep - 1) * SS, SS * sizeof(float));
             for (int r = 0; r < S; ++r) {
                 const int src = keep - S + r;  // index into (old state ++ rows); < 0 reads old state
                 const float *row = src < 0 ? conv_before[size_t(i)] + size_t(S + src) * CD
-                                           : st.qkv_history + size_t(src) * CD;
+                                           : qkv_history[size_t(i)] + size_t(src) * CD;
                 be.copy(st.conv + size_t(r) * CD, row, CD * sizeof(float));
             }
         }
@@ -195,15 +211,20 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
                                  const luce_generate_params &p, luce_token_callback callback, void *user_data,
                                  int32_t *out_tokens, int out_capacity, luce_generate_stats *stats) {
     check_generate_request(s, prompt, n_prompt, p, out_tokens, out_capacity);
+    const bool sampled = p.temperature > 0.f;
     if (d.target != s.model) fail(LUCE_ERR_INVALID_ARGUMENT, "the drafter is bound to another target model");
     if (p.ddtree) fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification is not built yet (use chain verification)");
     if (!(p.dspark_confidence_threshold >= 0.f && p.dspark_confidence_threshold < 1.f))
         fail(LUCE_ERR_INVALID_ARGUMENT, "the DSpark confidence threshold must be in [0, 1)");
+    if (p.n_oracle_tokens < 0 || (p.n_oracle_tokens > 0 && (!p.oracle_tokens || sampled)))
+        fail(LUCE_ERR_INVALID_ARGUMENT, "oracle tokens need a token list and greedy decoding");
+    for (int i = 0; i < p.n_oracle_tokens; ++i)
+        if (p.oracle_tokens[i] < 0 || p.oracle_tokens[i] >= s.model->hp.n_vocab)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "oracle token %d is out of range", p.oracle_tokens[i]);
     const int B = block_rows(d, p.draft_block_size);
     const int q_max = d.proposals(B);
     const int cap_from = p.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p.verify_cap_from;
     const int V = s.model->hp.n_vocab, E = d.hp.n_embd, N = d.n_taps();
-    const bool sampled = p.temperature > 0.f;
     Backend &be = *s.model->backend;
 
     DraftContext ctx(d, n_prompt + p.max_tokens + B + 1);
@@ -275,6 +296,10 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
         const int row0 = d.hp.sample_from_anchor ? 0 : 1;
         draft_chain(d, hidden.data() + size_t(row0) * E, q, anchor, tokens.data() + 1, conf.data(),
                     sampled ? &chain_sampling : nullptr);
+        for (int i = 1; i <= q; ++i) {  // test hook: proposals from a known continuation
+            const int g = st.n_generated - 1 + i;  // generated index of draft i (the anchor is g - i)
+            if (g < p.n_oracle_tokens) tokens[size_t(i)] = p.oracle_tokens[g];
+        }
         if (p.dspark_confidence_threshold > 0.f && d.hp.confidence_dim > 0)
             for (int i = 0; i < q; ++i)
                 if (conf[size_t(i)] < p.dspark_confidence_threshold) {
@@ -286,8 +311,9 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
         // 2. Verify [anchor, d_1..d_q].
         tokens[0] = anchor;
         const int T = q + 1;
-        ckpt.before_verify();
+        ckpt.attach();
         forward_step(s, tokens.data(), T, logits.data(), 0, &capture);
+        ckpt.detach();
         const double t_verified = now_seconds();
 
         // 3. Accept.

@@ -1,0 +1,255 @@
+"""`luce generate` — parse options, run luce.Engine, stream text to stdout, stats to stderr.
+
+Prompt sources (exactly one): -p TEXT, -f FILE, --prompts FILE.jsonl (batch), --prompt-ids 1,2,3.
+Every prompt input is read and checked before the model is loaded, so a typo fails fast.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from luce.engine import DEFAULT_CTX_SIZE, DEFAULT_MAX_TOKENS, DEVICES
+from luce.errors import LuceError
+
+stderr = Console(stderr=True)
+
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_TOP_K = 0
+DEFAULT_TOP_P = 1.0
+DEFAULT_SEED = 0
+DEFAULT_DEVICE = "auto"
+DEFAULT_DRAFT_BLOCK_SIZE = 0          # the drafter's checkpoint value
+DEFAULT_DDTREE_BUDGET = 22
+DEFAULT_VERIFY_CAP = 8192             # committed tokens from which the verify width narrows
+
+
+# ------------------------------------------------------------------------------------------
+# prompt inputs
+
+
+def parse_prompt_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers like 1,2,3, got {text!r}",
+                                 param_hint="'--prompt-ids'") from None
+    if not ids:
+        raise click.BadParameter("no token ids given", param_hint="'--prompt-ids'")
+    return ids
+
+
+def read_prompt_file(path: str) -> str:
+    """The file's text; one trailing newline is dropped (as llama.cpp's -f does). '-' is stdin."""
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise LuceError(f"cannot read prompt file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise LuceError(f"prompt file {path} is not UTF-8 text") from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def read_prompts_jsonl(path: str) -> list[str]:
+    """One prompt per non-blank line: a JSON string or an object with a "prompt" string."""
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        raise LuceError(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise LuceError(f"{path} is not UTF-8 text") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LuceError(f"{path}:{number}: not valid JSON ({e.msg})") from None
+        prompt = item.get("prompt") if isinstance(item, dict) else item
+        if not isinstance(prompt, str):
+            raise LuceError(f'{path}:{number}: expected a JSON string or an object with a "prompt" string')
+        if not prompt:
+            raise LuceError(f"{path}:{number}: the prompt is empty")
+        prompts.append(prompt)
+    if not prompts:
+        raise LuceError(f"{path}: no prompts")
+    return prompts
+
+
+# ------------------------------------------------------------------------------------------
+# rendering
+
+
+def result_record(gen) -> dict:
+    return {"text": gen.text, "tokens": list(gen.tokens), "prompt_tokens": gen.prompt_tokens, "stats": gen.stats}
+
+
+def print_stats(stats: dict) -> None:
+    """gpt-fast style block on stderr: counts and speeds of the two phases."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_column(justify="right")
+    table.add_row("prompt tokens", str(stats["prompt_tokens"]), f"prefill {stats['prefill_tok_s']:9.1f} tok/s")
+    table.add_row("generated tokens", str(stats["generated_tokens"]), f"decode  {stats['decode_tok_s']:9.1f} tok/s")
+    if "tau" in stats:  # speculative run
+        table.add_row("draft steps", f"{stats['spec_steps']} (+{stats['plain_steps']} plain)",
+                      f"tau {stats['tau']:.2f}, block {stats['block_size']}")
+        table.add_row("accepted", f"{stats['n_accepted']} / {stats['n_drafted']}",
+                      f"acceptance {100 * stats['acceptance']:5.1f} %")
+        table.add_row("time split", "", f"draft {stats['draft_seconds']:.3f}s verify {stats['verify_seconds']:.3f}s "
+                                        f"rollback {stats['rollback_seconds']:.3f}s")
+    stderr.print(table)
+
+
+class Stream:
+    """Writes text to stdout as it arrives, flushing so a pipe sees it at once."""
+
+    def __init__(self):
+        self.written = []
+
+    def __call__(self, text: str) -> None:
+        self.written.append(text)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def finish(self, full_text: str) -> None:
+        # text the incremental decoder still held (a cut UTF-8 sequence at the end), then a newline
+        streamed = "".join(self.written)
+        tail = full_text[len(streamed):] if full_text.startswith(streamed) else ""
+        sys.stdout.write(tail + "\n")
+        sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------------------
+# command
+
+
+@click.command()
+@click.option("-m", "--model", type=click.Path(exists=True, dir_okay=False), metavar="TARGET.gguf",
+              help="Target model: a qwen35 GGUF.")
+@click.option("-p", "--prompt", metavar="TEXT", help="Prompt text.")
+@click.option("-f", "--prompt-file", metavar="FILE", help="Read the prompt from FILE ('-' for stdin).")
+@click.option("--prompts", "prompts_file", metavar="FILE.jsonl",
+              help='Batch: one prompt per line (a JSON string or {"prompt": ...}).')
+@click.option("--output", "output_file", metavar="FILE.jsonl", type=click.Path(dir_okay=False, writable=True),
+              help="With --prompts: write one JSON result per line here, in order, as each finishes.")
+@click.option("--prompt-ids", metavar="1,2,3", help="Raw prompt token ids (debugging, parity checks).")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=DEFAULT_MAX_TOKENS, show_default=True,
+              help="Most tokens to generate.")
+@click.option("--temp", "--temperature", "temperature", type=click.FloatRange(min=0.0), default=DEFAULT_TEMPERATURE,
+              show_default=True, help="Sampling temperature; 0 is greedy.")
+@click.option("--top-k", type=click.IntRange(min=0), default=DEFAULT_TOP_K, show_default=True,
+              help="Sample from the k most likely tokens (0: all).")
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=DEFAULT_TOP_P,
+              show_default=True, help="Nucleus sampling: smallest set with this total probability.")
+@click.option("-s", "--seed", type=click.IntRange(min=0), default=DEFAULT_SEED, show_default=True,
+              help="Random seed for sampling.")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt as a user turn with the GGUF's chat template.")
+@click.option("--device", type=click.Choice(DEVICES), default=DEFAULT_DEVICE, show_default=True,
+              help="Backend to run on (auto: GPU when available, else CPU).")
+@click.option("-t", "--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="CPU threads (0: one per core).")
+@click.option("-c", "--ctx-size", type=click.IntRange(min=1), default=DEFAULT_CTX_SIZE, show_default=True,
+              help="Context length in tokens (prompt + generated).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt and nothing else.")
+@click.option("--draft", type=click.Path(exists=True, dir_okay=False), metavar="DRAFTER.gguf",
+              help="Speculative decoding with this DFlash / DFlash 2 / DSpark drafter (checked like luce inspect).")
+@click.option("--draft-block-size", type=click.IntRange(min=0), default=DEFAULT_DRAFT_BLOCK_SIZE, show_default=True,
+              help="Draft block rows (0: the drafter's checkpoint value; else 2..2x it, at most 32).")
+@click.option("--ddtree", is_flag=True, help="Tree verification (DDTree) instead of a single chain.")
+@click.option("--ddtree-budget", type=click.IntRange(min=1), default=DEFAULT_DDTREE_BUDGET, show_default=True,
+              help="DDTree nodes per verify step.")
+@click.option("--no-adaptive", is_flag=True,
+              help="Always draft (never fall back to bursts of plain decoding when acceptance is low).")
+@click.option("--dspark-confidence-threshold", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0,
+              show_default=True, help="DSpark: cut the chain at the first confidence below this (0: off).")
+@click.option("--verify-cap", type=click.IntRange(min=0), default=DEFAULT_VERIFY_CAP, show_default=True,
+              help="From this many committed tokens, verify at most max(8, block/2) rows (0: never cap).")
+def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, max_tokens, temperature, top_k,
+            top_p, seed, ignore_eos, chat, device, threads, ctx_size, as_json, draft, draft_block_size, ddtree,
+            ddtree_budget, no_adaptive, dspark_confidence_threshold, verify_cap):
+    """Generate text with a qwen35 target model, plain or speculative (--draft).
+
+    Text streams to stdout as it is produced; a stats block (prompt tokens, prefill tok/s,
+    generated tokens, decode tok/s; with --draft also steps, tau, acceptance and the
+    draft/verify/rollback time split) follows on stderr. Greedy output with a drafter is
+    identical to greedy output without it. Exit codes: 0 success, 1 error, 2 usage error.
+    """
+    spec_options = [name for name, given in (("--draft-block-size", draft_block_size != DEFAULT_DRAFT_BLOCK_SIZE),
+                                             ("--ddtree", ddtree), ("--no-adaptive", no_adaptive),
+                                             ("--dspark-confidence-threshold", dspark_confidence_threshold > 0))
+                    if given]
+    if spec_options and draft is None:
+        raise click.UsageError(f"{', '.join(spec_options)} needs a drafter: --draft DRAFTER.gguf")
+    sources = [name for name, value in (("-p", prompt), ("-f", prompt_file), ("--prompts", prompts_file),
+                                        ("--prompt-ids", prompt_ids)) if value is not None]
+    if len(sources) != 1:
+        raise click.UsageError("give exactly one prompt source: -p, -f, --prompts or --prompt-ids"
+                               + (f" (got {', '.join(sources)})" if sources else ""))
+    if output_file is not None and prompts_file is None:
+        raise click.UsageError("--output goes with --prompts")
+    if chat and prompt_ids is not None:
+        raise click.UsageError("--chat renders text prompts; it cannot apply to --prompt-ids")
+    if model is None:
+        raise click.UsageError("a model is required: -m TARGET.gguf (a qwen35 GGUF)")
+
+    # every prompt input is checked before the (slow) model load
+    if prompt_ids is not None:
+        jobs = [{"prompt_ids": parse_prompt_ids(prompt_ids)}]
+    elif prompts_file is not None:
+        jobs = [{"prompt": p} for p in read_prompts_jsonl(prompts_file)]
+    else:
+        text = prompt if prompt is not None else read_prompt_file(prompt_file)
+        if not text:
+            raise LuceError("the prompt is empty")
+        jobs = [{"prompt": text}]
+
+    from luce.engine import Engine
+
+    settings = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                    ignore_eos=ignore_eos, chat=chat)
+    if draft is not None:
+        settings.update(draft_block_size=draft_block_size, ddtree=ddtree, ddtree_budget=ddtree_budget,
+                        adaptive=not no_adaptive, dspark_confidence_threshold=dspark_confidence_threshold,
+                        verify_cap_from=verify_cap if verify_cap > 0 else -1)
+    with Engine(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft) as engine:
+        if prompts_file is not None:
+            run_batch(engine, jobs, settings, output_file, as_json)
+        elif as_json:
+            click.echo(json.dumps(result_record(engine.generate(**jobs[0], **settings)), ensure_ascii=False))
+        else:
+            stream = Stream()
+            gen = engine.generate(**jobs[0], **settings, on_text=stream)
+            stream.finish(gen.text)
+            print_stats(gen.stats)
+
+
+def run_batch(engine, jobs: list[dict], settings: dict, output_file: str | None, as_json: bool) -> None:
+    """Generate each prompt in order; each result line is written and flushed as it finishes, so an
+    interrupted run keeps every finished result. A prompt the engine refuses (e.g. longer than the
+    context) gets an {"error": ...} line; the run goes on and exits 1 at the end."""
+    out = open(output_file, "w", encoding="utf-8") if output_file else sys.stdout
+    failed = 0
+    try:
+        for index, job in enumerate(jobs):
+            try:
+                record = {"index": index} | result_record(engine.generate(**job, **settings))
+            except LuceError as e:
+                record, failed = {"index": index, "error": str(e)}, failed + 1
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.flush()
+            if output_file and not as_json:
+                stderr.print(f"[{index + 1}/{len(jobs)}] " + (f"error: {record['error']}" if "error" in record else
+                             f"{record['stats']['generated_tokens']} tokens, "
+                             f"{record['stats']['decode_tok_s']:.1f} tok/s"))
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    if failed:
+        raise LuceError(f"{failed} of {len(jobs)} prompts failed (see their error lines)")
