@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fixtures.drafter_parity import (BLOCK, TAPS, assert_close, assert_tokens_equal, convert_drafter, dflash_config,
                                      features, mask_block, target)
@@ -97,6 +98,21 @@ def test_forward_any_block_tokens(pairs, tgt):
     feats, block = features(6, seed=6), [3, 250, 500, 7, 499, 0, 500, 42]
     assert_close(native.forward(feats, block), zlab.forward(oracle, tgt.embed, feats, block), REL,
                  "DFlash hidden, arbitrary block ids")
+
+
+def test_forward_on_real_target_features(pairs, tgt):
+    """Features as a decode loop has them: the tiny target's own layer outputs for a 24-token prompt,
+    selected by z-lab's extract_context_feature (so the tap indexing is theirs too); the anchor is
+    the target's greedy next token."""
+    native, oracle, _ = pairs("plain")
+    prompt = [5, 99, 230, 17, 48, 301, 2, 77] * 3
+    states = tgt.hidden_states(prompt)
+    feats = zlab.context_features(states, oracle.target_layer_ids)
+    with torch.no_grad():
+        anchor = int(tgt.model(torch.tensor([prompt])).logits[0, -1].argmax())
+    block = mask_block(anchor, BLOCK)
+    assert_close(native.forward(feats, block), zlab.forward(oracle, tgt.embed, feats, block), REL,
+                 "DFlash hidden on the target's own features")
 
 
 def test_forward_matches_zlab_incremental_decode(pairs, tgt):
