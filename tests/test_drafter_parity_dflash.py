@@ -31,6 +31,9 @@ VARIANTS = {
                              "rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0,
                                                  "original_max_position_embeddings": 1024,
                                                  "beta_fast": 16.0, "beta_slow": 2.0}},
+    # The 27B drafters' shape in miniature: n_head * head_dim (6 x 16 = 96) != hidden (64), and a
+    # 6:1 GQA ratio; 3 layers.
+    "heads_wider_than_hidden": {"num_attention_heads": 6, "num_key_value_heads": 1, "num_hidden_layers": 3},
     # Qwen3.6 style: first layer sliding (in-block causal by default), last layer full; window
     # 12 >= any block here, so it binds on context keys only (the case the spec pins down).
     "swa_causal": {"use_sliding_window": True, "sliding_window": 12,
@@ -82,6 +85,14 @@ def test_forward_matches_zlab(pairs, tgt, n_ctx):
     feats, block = features(n_ctx, seed=n_ctx), mask_block(ANCHOR, BLOCK)
     assert_close(native.forward(feats, block), zlab.forward(oracle, tgt.embed, feats, block), REL,
                  f"DFlash hidden, n_ctx={n_ctx}")
+
+
+def test_forward_heads_wider_than_hidden(pairs, tgt):
+    native, oracle, _ = pairs("heads_wider_than_hidden")
+    assert (native.info["n_head"], native.info["n_head_kv"], native.info["n_layer"]) == (6, 1, 3)
+    feats, block = features(21, seed=21), mask_block(ANCHOR, BLOCK)
+    assert_close(native.forward(feats, block), zlab.forward(oracle, tgt.embed, feats, block), REL,
+                 "DFlash hidden, 6 x 16 query width over hidden 64, GQA 6:1")
 
 
 @pytest.mark.parametrize("n_block", [2, 2 * BLOCK])
