@@ -39,6 +39,8 @@ VARIANTS = {
     "swa_causal": {"use_sliding_window": True, "sliding_window": 12,
                    "layer_types": ["sliding_attention", "full_attention"]},
 }
+VARIANTS["swa_causal_llama_cpp"] = VARIANTS["swa_causal"]   # upstream keys: attention.causal + pattern
+LAYOUTS = {"swa_causal_llama_cpp": "llama.cpp"}
 SEEDS = {name: 100 + i for i, name in enumerate(VARIANTS)}
 
 
@@ -61,7 +63,8 @@ def pairs(tmp_path_factory, tgt):
 
     def get(name):
         if name not in built:
-            drafter = convert_drafter(tmp_path_factory.mktemp(f"dflash_{name}"), _config(name), "dflash", SEEDS[name])
+            drafter = convert_drafter(tmp_path_factory.mktemp(f"dflash_{name}"), _config(name), "dflash", SEEDS[name],
+                                      layout=LAYOUTS.get(name, "lucebox"))
             built[name] = (NativeDrafter(tgt.gguf, drafter.gguf), zlab.build(drafter.cfg, drafter.tensors), drafter)
         return built[name]
 
@@ -150,15 +153,26 @@ def test_yarn_rope_matches_hf(pairs, tgt, name):
     assert_close(native.forward(feats, block), want, REL, f"DFlash hidden with {name}")
 
 
-@pytest.mark.parametrize("n_ctx", [5, 30])
-def test_swa_causal_layer_matches_zlab(pairs, tgt, n_ctx):
+# Known divergence, reported to the lead: for a llama.cpp-layout file the converter writes
+# `dflash.attention.causal = true` next to the SWA pattern (converters/drafter_gguf.py), and the
+# loader reads that key as "every layer in-block causal" (native/src/drafter_load.cpp), so the
+# final full-attention layer of a Qwen3.6-style drafter runs causal in that layout only (the
+# lucebox file of the same checkpoint matches z-lab). Measured: the llama.cpp-layout output equals
+# z-lab with top-level is_causal: true to ~1e-6. strict: XPASS fails the suite once fixed.
+UPSTREAM_CAUSAL_MISMATCH = pytest.mark.xfail(
+    strict=True, reason="llama.cpp layout: converter's attention.causal makes the loader run full layers causal")
+
+
+@pytest.mark.parametrize("name, n_ctx", [("swa_causal", 5), ("swa_causal", 30),
+                                         pytest.param("swa_causal_llama_cpp", 30, marks=UPSTREAM_CAUSAL_MISMATCH)])
+def test_swa_causal_layer_matches_zlab(pairs, tgt, name, n_ctx):
     """dflash 0.1.0 builds the in-block causal + window mask for sliding layers itself (is_causal
     defaults to 'layer is sliding'); n_ctx 30 > window 12 makes the window cut context keys."""
-    native, oracle, _ = pairs("swa_causal")
+    native, oracle, _ = pairs(name)
     assert [layer.self_attn.is_causal for layer in oracle.layers] == [True, False]
     feats, block = features(n_ctx, seed=n_ctx), mask_block(ANCHOR, BLOCK)
     assert_close(native.forward(feats, block), zlab.forward(oracle, tgt.embed, feats, block), REL,
-                 f"DFlash hidden, causal SWA layer, n_ctx={n_ctx}")
+                 f"DFlash hidden, causal SWA layer ({name}), n_ctx={n_ctx}")
 
 
 def test_swa_variant_is_distinguishable(pairs, tgt):
