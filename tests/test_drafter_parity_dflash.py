@@ -31,6 +31,9 @@ VARIANTS = {
                              "rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0,
                                                  "original_max_position_embeddings": 1024,
                                                  "beta_fast": 16.0, "beta_slow": 2.0}},
+    # Legacy spelling: `type` instead of `rope_type`, original context at the top level.
+    "yarn_legacy_type": {"rope_theta": 2e4, "max_position_embeddings": 12288, "original_max_position_embeddings": 2048,
+                         "rope_scaling": {"type": "yarn", "factor": 6.0}},
     # The 27B drafters' shape in miniature: n_head * head_dim (6 x 16 = 96) != hidden (64), and a
     # 6:1 GQA ratio; 3 layers.
     "heads_wider_than_hidden": {"num_attention_heads": 6, "num_key_value_heads": 1, "num_hidden_layers": 3},
@@ -139,7 +142,7 @@ def test_forward_matches_zlab_incremental_decode(pairs, tgt):
     assert_close(native.forward(feats, block), want, REL, "DFlash hidden after incremental context")
 
 
-@pytest.mark.parametrize("name", ["yarn_rope_scaling", "yarn_rope_parameters"])
+@pytest.mark.parametrize("name", ["yarn_rope_scaling", "yarn_rope_parameters", "yarn_legacy_type"])
 def test_yarn_rope_matches_hf(pairs, tgt, name):
     native, oracle, drafter = pairs(name)
     feats, block = features(200, seed=2), mask_block(ANCHOR, BLOCK)
