@@ -90,13 +90,15 @@ void markov_chain(const Drafter &d, const float *hidden, float *logits, int n_ro
     for (int t = 0; t < n_rows; ++t) {
         float *U = logits + int64_t(t) * V;
         be.get_rows(d.markov_w1, &prev, 1, e.data());
-        if (confidence) {
+        if (confidence && d.hp.confidence_dim == 0) {
+            confidence[t] = 1.0f;  // no confidence head: never gates
+        } else if (confidence) {
             const float *h = hidden + int64_t(t) * E;
             float z = d.conf_b;
             for (int i = 0; i < E; ++i) z += d.conf_w[size_t(i)] * h[i];
             if (d.hp.confidence_dim > E)
                 for (int r = 0; r < R; ++r) z += d.conf_w[size_t(E + r)] * e[size_t(r)];
-            confidence[t] = d.hp.confidence_dim ? 1.0f / (1.0f + std::exp(-z)) : 1.0f;
+            confidence[t] = 1.0f / (1.0f + std::exp(-z));
         }
         be.matmul(d.markov_w2, e.data(), 1, bias.data(), V);
         for (int i = 0; i < V; ++i) U[i] += bias[size_t(i)];

@@ -213,6 +213,10 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     check_generate_request(s, prompt, n_prompt, p, out_tokens, out_capacity);
     const bool sampled = p.temperature > 0.f;
     if (d.target != s.model) fail(LUCE_ERR_INVALID_ARGUMENT, "the drafter is bound to another target model");
+    // The drafter's context must hold the features of every committed position, so the whole
+    // sequence has to go through this loop.
+    if (s.n_past != 0)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "speculative decoding needs an empty session (%d positions are used)", s.n_past);
     if (p.ddtree) fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification is not built yet (use chain verification)");
     if (!(p.dspark_confidence_threshold >= 0.f && p.dspark_confidence_threshold < 1.f))
         fail(LUCE_ERR_INVALID_ARGUMENT, "the DSpark confidence threshold must be in [0, 1)");
