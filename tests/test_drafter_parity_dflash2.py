@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fixtures.drafter_parity import (BLOCK, assert_close, assert_tokens_equal, convert_drafter, dflash_config,
-                                     dflash2_config, features, mask_block, target)
+from fixtures.drafter_parity import (BLOCK, TAPS, assert_close, assert_tokens_equal, convert_drafter, dflash_config,
+                                     dflash2_config, features, mask_block, stored_types, target)
 from fixtures.native_drafter import NativeDrafter
 from oracles import nemo, zlab
 
@@ -103,9 +103,65 @@ def windowed(tmp_path_factory, tgt):
     native.close()
 
 
+def test_upstream_layout_matches_zlab(tmp_path_factory, tgt):
+    """The same weights converted to the llama.cpp `dflash` layout (flat keys, 1-based target_layers,
+    attn_conv_base / selector_* names) load to the same drafter."""
+    drafter = convert_drafter(tmp_path_factory.mktemp("dflash2_upstream"), dflash2_config(), "dflash2", seed=9,
+                              layout="llama.cpp")
+    z = zlab.build(drafter.cfg, drafter.tensors, dflash2=True)
+    feats, block = features(10, seed=10), mask_block(ANCHOR, BLOCK)
+    hidden = zlab.forward(z, tgt.embed, feats, block)
+    with NativeDrafter(tgt.gguf, drafter.gguf) as native:
+        assert (native.info["kind"], native.info["target_layer_ids"]) == (1, TAPS)
+        assert_close(native.forward(feats, block), hidden, REL, "DFlash 2 hidden, llama.cpp layout")
+        assert_tokens_equal(native.chain(hidden[1:], ANCHOR)[0], zlab.selector_walk(z, hidden[1:], tgt.lm_head, ANCHOR),
+                            "DFlash 2 selector walk, llama.cpp layout")
+
+
+def test_f16_file_matches_zlab(tmp_path_factory, tgt):
+    """The default file type: matrices, conv projections and selector codebooks stored as F16
+    (weights drawn f16-exact, so the oracle runs on the same values); the runtime's f16 matmul and
+    codebook-row lookups must keep fp32 accuracy (f16 weights multiply fp32 activations as they are)."""
+    drafter = convert_drafter(tmp_path_factory.mktemp("dflash2_f16"), dflash2_config(), "dflash2", seed=11,
+                              outtype="f16")
+    assert list(stored_types(drafter.gguf).values()).count("F16") >= 10
+    z = zlab.build(drafter.cfg, drafter.tensors, dflash2=True)
+    feats, block = features(10, seed=12), mask_block(ANCHOR, BLOCK)
+    hidden = zlab.forward(z, tgt.embed, feats, block)
+    with NativeDrafter(tgt.gguf, drafter.gguf) as native:
+        assert_close(native.forward(feats, block), hidden, REL, "DFlash 2 hidden, f16 file")
+        assert_tokens_equal(native.chain(hidden[1:], ANCHOR)[0], zlab.selector_walk(z, hidden[1:], tgt.lm_head, ANCHOR),
+                            "DFlash 2 selector walk, f16 file")
+
+
+# Known divergence, reported to the lead: the converter writes a sliding-window pattern only for
+# in-block causal layers (converters/drafter_config.py::_sliding_window; the lucebox
+# `sliding_window_pattern` means "sliding = causal"), so a bidirectional sliding layer loses its
+# window altogether, while both oracles keep the context window (spec/drafters.md §1.5: the window
+# keeps context keys with position > (a+j) - W). For Qwen3.8-DFlash2 (window 2048) this changes the
+# drafts once the context passes 2048 tokens. strict: an XPASS fails the suite once it is fixed.
+@pytest.mark.xfail(strict=True, reason="bidirectional sliding layers lose their window in the GGUF")
 def test_bidirectional_sliding_window_matches_zlab_and_nemo(windowed, tgt):
     native, z, nm = windowed
     feats, block = features(30, seed=30), mask_block(ANCHOR, BLOCK)
     want = zlab.forward(z, tgt.embed, feats, block)
     assert_close(nemo.dflash2_forward(nm, tgt.embed, feats, block), want, REL, "NeMo vs z-lab (oracles disagree)")
     assert_close(native.forward(feats, block), want, REL, "DFlash 2 hidden, bidirectional SWA, n_ctx 30 > window 12")
+
+
+# Known divergence, reported to the lead: `dflash_config.output_multiplier` and
+# `final_logit_softcapping` (spec/drafters.md §2.2: the unary logits are scaled, then soft-capped,
+# before the top-k and the walk; Muse-Glimmer sets 0.196 / 20) are neither written by the converter
+# nor applied by the runtime, so such a drafter converts silently and walks on untransformed logits.
+@pytest.mark.xfail(strict=True, reason="output_multiplier / final_logit_softcapping are dropped by convert")
+def test_logit_multiplier_and_softcap_match_zlab(tmp_path_factory, tgt):
+    cfg = dflash2_config()
+    cfg["dflash_config"] |= {"output_multiplier": 8.0, "final_logit_softcapping": 5.0}
+    drafter = convert_drafter(tmp_path_factory.mktemp("dflash2_softcap"), cfg, "dflash2", seed=7)
+    z = zlab.build(drafter.cfg, drafter.tensors, dflash2=True)
+    hidden = zlab.forward(z, tgt.embed, features(9, seed=1), mask_block(ANCHOR, BLOCK))[1:]
+    want = zlab.selector_walk(z, hidden, tgt.lm_head, ANCHOR)
+    untransformed = zlab.build(dflash2_config(), drafter.tensors, dflash2=True)
+    assert (zlab.selector_walk(untransformed, hidden, tgt.lm_head, ANCHOR) != want).any()  # the knobs matter here
+    with NativeDrafter(tgt.gguf, drafter.gguf) as native:
+        assert_tokens_equal(native.chain(hidden, ANCHOR)[0], want, "DFlash 2 walk with multiplier 8, softcap 5")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fixtures.drafter_parity import (TAPS, assert_close, assert_tokens_equal, convert_drafter, dspark_config,
-                                     features, mask_block, target)
+                                     features, mask_block, stored_types, target)
 from fixtures.native_drafter import NativeDrafter
 from oracles import nemo
 
@@ -55,12 +55,12 @@ def test_info_describes_the_checkpoint(pair):
     assert (info["has_conv"], info["has_selector"]) == (0, 0)
 
 
-@pytest.mark.parametrize("n_ctx", [3, 40])
-def test_backbone_matches_nemo(pair, n_ctx):
+@pytest.mark.parametrize("n_ctx, n_block", [(3, BLOCK), (40, BLOCK), (9, 2), (9, 2 * BLOCK)])
+def test_backbone_matches_nemo(pair, n_ctx, n_block):
     native, model, _ = pair
-    feats, block = features(n_ctx, seed=n_ctx), mask_block(ANCHOR, BLOCK)
+    feats, block = features(n_ctx, seed=n_ctx), mask_block(ANCHOR, n_block)
     assert_close(native.forward(feats, block), nemo.dspark_forward(model, feats, block), REL,
-                 f"DSpark hidden (YaRN factor 32), n_ctx={n_ctx}")
+                 f"DSpark hidden (YaRN factor 32), n_ctx={n_ctx}, block {n_block}")
 
 
 @pytest.mark.parametrize("anchor, seed", [(ANCHOR, 1), (450, 2)])
@@ -91,3 +91,36 @@ def test_chain_without_confidence_output(pair):
     hidden = np.random.default_rng(5).standard_normal((BLOCK, 64)).astype(np.float32)
     assert_tokens_equal(native.chain(hidden, 99, confidence=False)[0], nemo.markov_chain(model, hidden, 99)[0],
                         "DSpark Markov chain on random rows")
+
+
+def test_upstream_layout_matches_nemo(tmp_path_factory, tgt):
+    """The same weights in the llama.cpp `dflash` layout (markov_w1 / markov_w2 / conf_proj names)."""
+    drafter = convert_drafter(tmp_path_factory.mktemp("dspark_upstream"), dspark_config(True), "dspark", seed=23,
+                              layout="llama.cpp")
+    model = nemo.build_dspark(drafter.cfg, drafter.tensors, tgt.embed, tgt.lm_head)
+    feats, block = features(10, seed=10), mask_block(ANCHOR, BLOCK)
+    hidden = nemo.dspark_forward(model, feats, block)
+    want_tokens, want_confidence = nemo.markov_chain(model, hidden, ANCHOR)
+    with NativeDrafter(tgt.gguf, drafter.gguf) as native:
+        assert (native.info["kind"], native.info["sample_from_anchor"]) == (2, 1)
+        assert_close(native.forward(feats, block), hidden, REL, "DSpark hidden, llama.cpp layout")
+        tokens, confidence = native.chain(hidden, ANCHOR)
+    assert_tokens_equal(tokens, want_tokens, "DSpark Markov chain, llama.cpp layout")
+    np.testing.assert_allclose(confidence, want_confidence, rtol=0, atol=CONFIDENCE_ATOL)
+
+
+def test_f16_file_matches_nemo(tmp_path_factory, tgt):
+    """The default file type: Markov tables and confidence weight stored as F16 (weights drawn
+    f16-exact); lookups of W1[prev] and the W2 product must keep fp32 accuracy."""
+    drafter = convert_drafter(tmp_path_factory.mktemp("dspark_f16"), dspark_config(True), "dspark", seed=24,
+                              outtype="f16")
+    assert list(stored_types(drafter.gguf).values()).count("F16") >= 10
+    model = nemo.build_dspark(drafter.cfg, drafter.tensors, tgt.embed, tgt.lm_head)
+    feats, block = features(10, seed=11), mask_block(ANCHOR, BLOCK)
+    hidden = nemo.dspark_forward(model, feats, block)
+    want_tokens, want_confidence = nemo.markov_chain(model, hidden, ANCHOR)
+    with NativeDrafter(tgt.gguf, drafter.gguf) as native:
+        assert_close(native.forward(feats, block), hidden, REL, "DSpark hidden, f16 file")
+        tokens, confidence = native.chain(hidden, ANCHOR)
+    assert_tokens_equal(tokens, want_tokens, "DSpark Markov chain, f16 file")
+    np.testing.assert_allclose(confidence, want_confidence, rtol=0, atol=CONFIDENCE_ATOL)

@@ -13,7 +13,8 @@ and not needed), and `components/datasets/llm/__init__` imports every dataset bu
 `datasets`). The DFlash 2 model module itself only needs torch, transformers and two siblings, one of
 which (`datasets/llm/packed_sequence.py`) does `from datasets import Dataset, DatasetDict` for type
 use only. `import_dflash2()` therefore registers those two packages without running their
-`__init__` and provides a `datasets` module with just those two names, which raise if used.
+`__init__` and, for the duration of that import only, provides a `datasets` module with just those
+two names, which raise if used.
 The DSpark modules import cleanly as installed.
 """
 from __future__ import annotations
@@ -50,11 +51,18 @@ def import_dflash2():
     root = Path(importlib.util.find_spec("nemo_automodel").origin).parent
     for name in _BARE_PACKAGES:
         _register_bare_package(name, root)
-    if importlib.util.find_spec("datasets") is None and "datasets" not in sys.modules:
+    stand_in = None
+    if "datasets" not in sys.modules and importlib.util.find_spec("datasets") is None:
         stand_in = types.ModuleType("datasets")
         stand_in.Dataset = stand_in.DatasetDict = _DatasetsNotInstalled
         sys.modules["datasets"] = stand_in
-    return importlib.import_module("nemo_automodel.components.speculative.dflash.draft_qwen3_dflash2")
+    try:
+        return importlib.import_module("nemo_automodel.components.speculative.dflash.draft_qwen3_dflash2")
+    finally:
+        # Only NeMo's import sees the stand-in: later availability checks (transformers probes
+        # importlib.util.find_spec("datasets")) must still find no `datasets`.
+        if stand_in is not None and sys.modules.get("datasets") is stand_in:
+            del sys.modules["datasets"]
 
 
 def _config(cfg: dict, **extra) -> Qwen3Config:

@@ -92,12 +92,16 @@ def dspark_extras(cfg: dict, draw: _Draw) -> dict[str, torch.Tensor]:
             "confidence_head.proj.bias": draw.normal(1, std=0.5)}
 
 
-def drafter_tensors(cfg: dict, seed: int, kind: str) -> dict[str, torch.Tensor]:
-    """kind: "dflash" | "dflash2" | "dspark"."""
+def drafter_tensors(cfg: dict, seed: int, kind: str, f16_exact: bool = False) -> dict[str, torch.Tensor]:
+    """kind: "dflash" | "dflash2" | "dspark". f16_exact rounds every value to the nearest float16
+    (still returned as fp32), so that `--outtype f16` stores the weights losslessly and the oracle
+    can run on exactly what the f16 GGUF holds."""
     draw = _Draw(seed)
     t = trunk(cfg, draw)
     if kind == "dflash2":
         t |= dflash2_extras(cfg, draw)
     elif kind == "dspark":
         t |= dspark_extras(cfg, draw)
+    if f16_exact:
+        t = {k: v.half().float() for k, v in t.items()}
     return t

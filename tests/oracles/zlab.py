@@ -75,6 +75,14 @@ def forward_incremental(model, embed: torch.Tensor, features: np.ndarray, chunks
     return hidden[0].numpy()
 
 
+def context_features(hidden_states, layer_ids) -> np.ndarray:
+    """z-lab's own extract_context_feature (tap L = hidden_states[L + 1], concatenated in list order)
+    for a batch of one -> [n_ctx, N*H]."""
+    from dflash.model import extract_context_feature
+
+    return extract_context_feature(list(hidden_states), layer_ids)[0].float().numpy()
+
+
 @torch.no_grad()
 def argmax_chain(model, hidden: np.ndarray, lm_head: torch.Tensor) -> np.ndarray:
     """DFlash proposals: argmax of the target LM head per row (compute_logits: multiplier 1, no cap)."""
