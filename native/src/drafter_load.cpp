@@ -207,9 +207,13 @@ void read_hparams(const Reader &r, DrafterHparams &hp) {
         if (any && hp.sliding_window <= 0)
             fail(LUCE_ERR_FORMAT, "sliding_window_pattern marks sliding layers but sliding_window is missing");
     }
-    const bool all_causal = r.get_bool(r.key(K_CAUSAL), false);
+    // Upstream's attention.causal: with a pattern it says whether the sliding layers are causal
+    // (full layers stay bidirectional, as in the checkpoint); without one it applies to all layers.
+    const bool has_pattern = r.f.has(r.key(K_SWA_PATTERN)), has_causal = r.f.has(r.key(K_CAUSAL));
+    const bool causal = r.get_bool(r.key(K_CAUSAL), false);
     hp.causal.resize(size_t(hp.n_layer));
-    for (int i = 0; i < hp.n_layer; ++i) hp.causal[size_t(i)] = all_causal || hp.sliding[size_t(i)];
+    for (int i = 0; i < hp.n_layer; ++i)
+        hp.causal[size_t(i)] = has_causal ? causal && (!has_pattern || hp.sliding[size_t(i)]) : hp.sliding[size_t(i)];
 }
 
 // Target layer ids: the 0-based list, else upstream's 1-based list minus one, else the ZL
