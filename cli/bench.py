@@ -53,14 +53,42 @@ class IntList(click.ParamType):
               show_default=True, help="Output format (stdout).")
 @click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up run of each test.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
-def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_warmup, seed):
-    """Measure prefill (ppN) and decode (tgN) tok/s of a qwen35 GGUF.
+@click.option("--draft", type=click.Path(path_type=Path, dir_okay=False, exists=True), metavar="DRAFTER.gguf",
+              help="Speculative decoding: tgN with and without this drafter (tau, acceptance, speedup).")
+@click.option("--draft-block-size", "block_sizes", type=IntList(), default="0", show_default=True,
+              help="With --draft: block rows to sweep (list; 0 = the checkpoint value).")
+@click.option("--verify", "verify_modes", default="chain", show_default=True, metavar="chain,tree",
+              help="With --draft: verification modes to sweep (chain, tree).")
+@click.option("--no-adaptive", is_flag=True, help="With --draft: never fall back to plain-decode bursts.")
+def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_warmup, seed, draft, block_sizes,
+            verify_modes, no_adaptive):
+    """Measure prefill (ppN) and decode (tgN) tok/s of a qwen35 GGUF, or with --draft the
+    speculative decode speed per block size and verify mode against plain decoding.
 
     \b
-    Example:
+    Examples:
       luce bench -m model.gguf -p 512 -n 128 -t 2 --peer llama.cpp
+      luce bench -m model.gguf --draft drafter.gguf -p 64 -n 128 --draft-block-size 8,16 --verify chain,tree
     """
     from luce import bench
+
+    if draft is not None:
+        modes = [m.strip() for m in verify_modes.split(",") if m.strip()]
+        bad = [m for m in modes if m not in bench.VERIFY_MODES]
+        if bad or not modes:
+            raise click.BadParameter(f"{verify_modes!r}: choose from {', '.join(bench.VERIFY_MODES)}",
+                                     param_hint="--verify")
+        if not model.is_file():
+            raise LuceError(f"model not found: {model}")
+        tests = bench.tests_from([], n_gen)
+        if not tests:
+            raise click.BadParameter("nothing to measure: -n is 0", param_hint="-n")
+        rows = bench.bench_speculative(model, draft, tests, n_prompt[0], threads, block_sizes, modes,
+                                       not no_adaptive, device, repetitions, not no_warmup, seed)
+        click.echo(bench.PRINTERS[fmt](rows))
+        if fmt == "md":
+            click.echo("\n" + bench.footer())
+        return
 
     if not model.is_file():
         raise LuceError(f"model not found: {model}")

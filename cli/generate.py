@@ -24,6 +24,9 @@ DEFAULT_TOP_K = 0
 DEFAULT_TOP_P = 1.0
 DEFAULT_SEED = 0
 DEFAULT_DEVICE = "auto"
+DEFAULT_DRAFT_BLOCK_SIZE = 0          # the drafter's checkpoint value
+DEFAULT_DDTREE_BUDGET = 22
+DEFAULT_VERIFY_CAP = 8192             # committed tokens from which the verify width narrows
 
 
 # ------------------------------------------------------------------------------------------
@@ -95,6 +98,13 @@ def print_stats(stats: dict) -> None:
     table.add_column(justify="right")
     table.add_row("prompt tokens", str(stats["prompt_tokens"]), f"prefill {stats['prefill_tok_s']:9.1f} tok/s")
     table.add_row("generated tokens", str(stats["generated_tokens"]), f"decode  {stats['decode_tok_s']:9.1f} tok/s")
+    if "tau" in stats:  # speculative run
+        table.add_row("draft steps", f"{stats['spec_steps']} (+{stats['plain_steps']} plain)",
+                      f"tau {stats['tau']:.2f}, block {stats['block_size']}")
+        table.add_row("accepted", f"{stats['n_accepted']} / {stats['n_drafted']}",
+                      f"acceptance {100 * stats['acceptance']:5.1f} %")
+        table.add_row("time split", "", f"draft {stats['draft_seconds']:.3f}s verify {stats['verify_seconds']:.3f}s "
+                                        f"rollback {stats['rollback_seconds']:.3f}s")
     stderr.print(table)
 
 
@@ -150,14 +160,35 @@ class Stream:
 @click.option("-c", "--ctx-size", type=click.IntRange(min=1), default=DEFAULT_CTX_SIZE, show_default=True,
               help="Context length in tokens (prompt + generated).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt and nothing else.")
+@click.option("--draft", type=click.Path(exists=True, dir_okay=False), metavar="DRAFTER.gguf",
+              help="Speculative decoding with this DFlash / DFlash 2 / DSpark drafter (checked like luce inspect).")
+@click.option("--draft-block-size", type=click.IntRange(min=0), default=DEFAULT_DRAFT_BLOCK_SIZE, show_default=True,
+              help="Draft block rows (0: the drafter's checkpoint value; else 2..2x it, at most 32).")
+@click.option("--ddtree", is_flag=True, help="Tree verification (DDTree) instead of a single chain.")
+@click.option("--ddtree-budget", type=click.IntRange(1, 63), default=DEFAULT_DDTREE_BUDGET, show_default=True,
+              help="DDTree nodes per verify step.")
+@click.option("--no-adaptive", is_flag=True,
+              help="Always draft (never fall back to bursts of plain decoding when acceptance is low).")
+@click.option("--dspark-confidence-threshold", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0,
+              show_default=True, help="DSpark: cut the chain at the first confidence below this (0: off).")
+@click.option("--verify-cap", type=click.IntRange(min=0), default=DEFAULT_VERIFY_CAP, show_default=True,
+              help="From this many committed tokens, verify at most max(8, block/2) rows (0: never cap).")
 def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, max_tokens, temperature, top_k,
-            top_p, seed, ignore_eos, chat, device, threads, ctx_size, as_json):
-    """Generate text with a qwen35 target model (plain decoding).
+            top_p, seed, ignore_eos, chat, device, threads, ctx_size, as_json, draft, draft_block_size, ddtree,
+            ddtree_budget, no_adaptive, dspark_confidence_threshold, verify_cap):
+    """Generate text with a qwen35 target model, plain or speculative (--draft).
 
     Text streams to stdout as it is produced; a stats block (prompt tokens, prefill tok/s,
-    generated tokens, decode tok/s) follows on stderr. Exit codes: 0 success, 1 error,
-    2 usage error.
+    generated tokens, decode tok/s; with --draft also steps, tau, acceptance and the
+    draft/verify/rollback time split) follows on stderr. Greedy output with a drafter is
+    identical to greedy output without it. Exit codes: 0 success, 1 error, 2 usage error.
     """
+    spec_options = [name for name, given in (("--draft-block-size", draft_block_size != DEFAULT_DRAFT_BLOCK_SIZE),
+                                             ("--ddtree", ddtree), ("--no-adaptive", no_adaptive),
+                                             ("--dspark-confidence-threshold", dspark_confidence_threshold > 0))
+                    if given]
+    if spec_options and draft is None:
+        raise click.UsageError(f"{', '.join(spec_options)} needs a drafter: --draft DRAFTER.gguf")
     sources = [name for name, value in (("-p", prompt), ("-f", prompt_file), ("--prompts", prompts_file),
                                         ("--prompt-ids", prompt_ids)) if value is not None]
     if len(sources) != 1:
@@ -187,8 +218,12 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
 
     settings = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     ignore_eos=ignore_eos, chat=chat)
+    if draft is not None:
+        settings.update(draft_block_size=draft_block_size, ddtree=ddtree, ddtree_budget=ddtree_budget,
+                        adaptive=not no_adaptive, dspark_confidence_threshold=dspark_confidence_threshold,
+                        verify_cap_from=verify_cap if verify_cap > 0 else -1)
     try:
-        with Engine(model, device=device, threads=threads, ctx_size=ctx_size) as engine:
+        with Engine(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft) as engine:
             if prompts_file is not None:
                 run_batch(engine, jobs, settings, output_file, as_json)
             elif as_json:

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import os
 import unicodedata
 
 import pytest
@@ -136,8 +137,10 @@ def real(tmp_path_factory):
 
     from filelock import FileLock  # comes with torch / huggingface_hub
 
-    # Built once per test run, not once per xdist worker: the base temp folder's parent is shared.
-    path = tmp_path_factory.getbasetemp().parent / "qwen35-real-vocab.gguf"
+    # Built once per test run, not once per xdist worker: under xdist the workers' base temp
+    # folders share a per-run parent (without xdist the base temp itself is per run).
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "qwen35-real-vocab.gguf"
     with FileLock(f"{path}.lock"):
         if not path.is_file():
             write_real_vocab_gguf(path.with_suffix(".partial")).rename(path)

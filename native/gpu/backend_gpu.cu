@@ -99,6 +99,17 @@ void GpuBackend::download(void *dst, const void *src, size_t n) {
     LUCE_GPU_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void GpuBackend::copy(void *dst, const void *src, size_t n) {
+    if (n == 0) return;
+    LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_));
+}
+
+// Tree mode (DDTree verify) is not implemented on the device yet; drafters are refused on the
+// GPU backend before a tree step can be built, so reaching this is a runtime bug.
+static void refuse_tree_mode(const int32_t *parent) {
+    if (parent) fail(LUCE_ERR_UNSUPPORTED, "the GPU backend has no tree-mode DeltaNet yet");
+}
+
 void GpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) {
     gpu::matmul(stream_, warp_, w, x, T, y, ldy);
 }
@@ -139,13 +150,16 @@ void GpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
     gpu::attention(stream_, warp_, q, kv, pos, mask, T, n_head, n_head_kv, head_dim, out);
 }
 
-void GpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc, float *out) {
+void GpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc, float *out,
+                           const int32_t *parent) {
+    refuse_tree_mode(parent);
     gpu::conv_silu(stream_, x, state, w, T, C, Kc, out);
 }
 
 void GpuBackend::gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
                                  const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
-                                 float *out, float *state_history) {
+                                 float *out, float *state_history, const int32_t *parent) {
+    refuse_tree_mode(parent);
     gpu::gated_delta_net(stream_, warp_, conv, b, a, ssm_a, dt_bias, dims, T, state, out, state_history);
 }
 

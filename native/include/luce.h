@@ -121,6 +121,42 @@ void luce_snapshot_free(luce_snapshot *snapshot);
 
 typedef struct luce_drafter luce_drafter;
 
+typedef struct {
+    int32_t kind;               /* 0 DFlash, 1 DFlash 2, 2 DSpark */
+    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff;
+    int32_t block_size;         /* checkpoint horizon */
+    int32_t n_target_layers;
+    int32_t target_layer_ids[64];
+    int32_t mask_token_id;
+    int32_t sample_from_anchor; /* DSpark next-token slots */
+    int32_t has_selector, selector_rank, selector_top_k;
+    int32_t has_conv, conv_kernel_size, conv_group_size;
+    int32_t has_markov, markov_rank, has_confidence, confidence_dim;
+} luce_drafter_info;
+
+/* Loads a drafter GGUF and binds it to a target (borrows its token embedding and LM head).
+   An invalid drafter or one that does not fit the target is refused before any compute, with the
+   inspect finding as the message (LUCE_ERR_FORMAT / LUCE_ERR_INVALID_ARGUMENT). */
+luce_status luce_drafter_load(const char *path, luce_model *target, luce_drafter **out);
+void luce_drafter_free(luce_drafter *drafter);
+luce_status luce_drafter_get_info(const luce_drafter *drafter, luce_drafter_info *out);
+
+/* Test hook: one drafter forward, stateless. features [n_ctx][n_target_layers*n_embd] are captured
+   target hidden states (layer outputs, before the final norm) of positions 0..n_ctx-1, in
+   target_layer_ids order; block [n_block] are the token ids at positions n_ctx..n_ctx+n_block-1
+   (normally [anchor, mask x (B-1)]). hidden_out [n_block][n_embd] receives the drafter's final-normed
+   hidden states (what the target LM head is applied to). */
+luce_status luce_drafter_forward(luce_drafter *drafter, const float *features, int32_t n_ctx,
+                                 const int32_t *block, int32_t n_block, float *hidden_out);
+
+/* Test hook: the greedy candidate chain the drafter's heads produce from final-normed hidden rows
+   (one row per proposed token, in order), starting from `anchor` as the first predecessor: DFlash
+   argmax of the target LM head; DFlash 2 selector walk (top-k of the logits rescored with
+   <pred_cb[prev] * hproj(h), succ_cb[c]>); DSpark Markov chain (logits + W2 W1[prev]). tokens_out[n_rows];
+   confidence_out[n_rows] (DSpark confidence sigmoid, may be NULL). */
+luce_status luce_drafter_chain(luce_drafter *drafter, const float *hidden, int32_t n_rows,
+                               int32_t anchor, int32_t *tokens_out, float *confidence_out);
+
 /* ---- generation ---------------------------------------------------------------------------- */
 
 typedef struct {
@@ -132,6 +168,19 @@ typedef struct {
     int32_t ignore_eos;
     const int32_t *stop_ids;   /* end-of-generation token ids */
     int32_t n_stop_ids;
+    /* Speculative decoding (used only when luce_generate gets a drafter; zero = defaults). */
+    int32_t draft_block_size;  /* block rows B: 0 = the drafter's checkpoint value, else 2..2x it (max 32) */
+    int32_t no_adaptive;       /* 1 = never fall back to bursts of plain decoding */
+    float dspark_confidence_threshold; /* DSpark: cut the chain at the first confidence below it; 0 = off */
+    int32_t verify_cap_from;   /* committed tokens from which the verify width is capped to max(8, B/2);
+                                  0 = default (8192), < 0 = never */
+    int32_t ddtree;            /* 1 = DDTree tree verification (greedy only) */
+    int32_t ddtree_budget;     /* tree nodes, 1..63; 0 = default (22) */
+    /* Test hook (greedy only): the proposal for generated token g is oracle_tokens[g] when
+       g < n_oracle_tokens, instead of the drafter heads' (the drafter still runs). Tests use it to
+       force long accepted runs, full-block accepts and rejections at chosen slots. */
+    const int32_t *oracle_tokens;
+    int32_t n_oracle_tokens;
 } luce_generate_params;
 
 typedef struct {
@@ -140,6 +189,20 @@ typedef struct {
     double prefill_seconds;
     double decode_seconds;
     int32_t stopped_by_eos;    /* an end-of-generation id ended the loop (it is not in the output) */
+    /* Speculative decoding (zero without a drafter). */
+    int32_t spec_steps;        /* draft + verify steps */
+    int32_t plain_steps;       /* single-token steps (adaptive bursts, or no room left to draft) */
+    int32_t n_drafted;         /* proposals verified by the target */
+    int32_t n_accepted;        /* proposals accepted */
+    int32_t full_accept_steps; /* spec steps that accepted every proposal */
+    int32_t zero_accept_steps; /* spec steps that accepted none (only the bonus token committed) */
+    int32_t max_accepted;      /* longest accepted run in one step */
+    int32_t block_size;        /* block rows B used */
+    double tau;                /* mean tokens committed per spec step, bonus included */
+    double acceptance;         /* n_accepted / n_drafted (over the verified width) */
+    double draft_seconds;      /* drafter: context projection, block forward, heads */
+    double verify_seconds;     /* target forward over the verify block */
+    double rollback_seconds;   /* DeltaNet state restore after a partial accept */
 } luce_generate_stats;
 
 /* Called with newly committed tokens as they are produced; return nonzero to stop early

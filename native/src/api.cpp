@@ -7,16 +7,11 @@
 #include "luce.h"
 #include "model.h"
 #include "session.h"
+#include "speculative.h"
+
+#include "api_handles.h"
 
 #define LUCE_API extern "C" __attribute__((visibility("default")))
-
-struct luce_model {
-    std::unique_ptr<luce::Model> m;
-};
-
-struct luce_session {
-    std::unique_ptr<luce::Session> s;
-};
 
 struct luce_snapshot {
     luce::Session::Snapshot snap;
@@ -158,9 +153,12 @@ LUCE_API luce_status luce_generate(luce_session *session, luce_drafter *drafter,
     luce_status st = guard([&] {
         require(session, "session");
         require(params, "params");
-        if (drafter) fail(LUCE_ERR_UNSUPPORTED, "speculative decoding is not built yet");
-        result = luce::generate(*session->s, prompt, n_prompt, *params, callback, user_data, out_tokens,
-                                out_capacity, stats);
+        if (drafter)
+            result = luce::generate_speculative(*session->s, *drafter->d, prompt, n_prompt, *params, callback,
+                                                user_data, out_tokens, out_capacity, stats);
+        else
+            result = luce::generate(*session->s, prompt, n_prompt, *params, callback, user_data, out_tokens,
+                                    out_capacity, stats);
     });
     return st != LUCE_OK ? st : result;
 }

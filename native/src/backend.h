@@ -52,6 +52,8 @@ public:
     virtual void release(void *p) = 0;
     virtual void upload(void *dst, const void *src, size_t n_bytes) = 0;
     virtual void download(void *dst, const void *src, size_t n_bytes) = 0;
+    // Backend memory to backend memory (rollback checkpoints of the speculative loop).
+    virtual void copy(void *dst, const void *src, size_t n_bytes) = 0;
 
     // Linear algebra -----------------------------------------------------------------------
     // y[t][r] = sum_c W[r][c] * x[t][c] for t < T; each weight row is read once for all T tokens.
@@ -90,16 +92,20 @@ public:
     // Gated DeltaNet -------------------------------------------------------------------------
     // Causal depthwise conv over time then SiLU. x [T][C] raw projections; state [Kc-1][C] holds
     // the previous Kc-1 raw inputs (oldest first) and is advanced by T; w [C][Kc], tap Kc-1 = now.
+    // Tree mode (parent != null, DDTree verify): token t's window runs back through its ancestors
+    // (parent[t], -1 = the state) instead of t-1, t-2, ...; the state is left as it was.
     virtual void conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
-                           float *out) = 0;
+                           float *out, const int32_t *parent = nullptr) = 0;
     // The delta rule over T tokens (spec §1.4 steps 3-7) from the conv output.
     //   conv [T][CD] = [q (HK*DK) | k (HK*DK) | v (HV*DV)], b/a [T][HV] raw projections,
     //   ssm_a [HV] (= -exp(A_log)), dt_bias [HV], state [HV][DK][DV] fp32, out [T][HV][DV].
     // state_history, when not null, receives the state after each token ([T][HV][DK][DV]) so a
     // verify step can roll back to any accepted prefix (issue 4); null for plain decoding.
+    // Tree mode (parent != null; needs state_history): token t starts from the state after
+    // parent[t] (the state before the step when -1) instead of after t-1.
     virtual void gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
                                  const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
-                                 float *out, float *state_history) = 0;
+                                 float *out, float *state_history, const int32_t *parent = nullptr) = 0;
 
     // Sampling helpers ---------------------------------------------------------------------------
     // Index of the largest of n values (ties -> lowest index).

@@ -141,6 +141,7 @@ void *CpuBackend::alloc(size_t n_bytes) {
 void CpuBackend::release(void *p) { std::free(p); }
 void CpuBackend::upload(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
 void CpuBackend::download(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
+void CpuBackend::copy(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
 
 void CpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) {
     pool_.run(w.n_out, [&](int64_t r0, int64_t r1) {
@@ -272,7 +273,7 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
 }
 
 void CpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
-                           float *out) {
+                           float *out, const int32_t *parent) {
     // Token t's window over taps j = 0..Kc-1 is the raw input at time t-(Kc-1)+j: a row of the
     // state (previous raw inputs, oldest first) when that time is before this step, else of x.
     // Split over channels so each thread owns a slice of every row (state update included).
@@ -283,9 +284,18 @@ void CpuBackend::conv_silu(const float *x, float *state, const float *w, int T, 
     pool_.run(C, [&](int64_t c0, int64_t c1) {
         const float *window[64];  // Kc <= 64 (model.cpp bounds ssm.conv_kernel)
         for (int t = 0; t < T; ++t) {
-            for (int j = 0; j < Kc; ++j) window[j] = row(t - S + j, c0);
+            if (parent) {  // tree: newest tap = t, then its ancestors, then state rows newest first
+                int node = t, back = 0;
+                for (int j = Kc - 1; j >= 0; --j) {
+                    window[j] = node >= 0 ? x + int64_t(node) * C + c0 : row(-(++back), c0);
+                    if (node >= 0) node = parent[node];
+                }
+            } else {
+                for (int j = 0; j < Kc; ++j) window[j] = row(t - S + j, c0);
+            }
             conv_token(window, w + c0 * Kc, int(c1 - c0), Kc, out + int64_t(t) * C + c0);
         }
+        if (parent) return;  // a tree step leaves the state; the caller restores the chosen path
         // New state = the last S raw inputs of (old state ++ x). Rows are taken oldest first,
         // and a state row is only read from a later row index, so the update is in place.
         for (int i = 0; i < S; ++i) {
@@ -298,19 +308,25 @@ void CpuBackend::conv_silu(const float *x, float *state, const float *w, int T, 
 
 void CpuBackend::gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
                                  const float *dt_bias, const DeltaNetDims &dm, int T, float *state,
-                                 float *out, float *state_history) {
+                                 float *out, float *state_history, const int32_t *parent) {
     const int HK = dm.hk, HV = dm.hv, DK = dm.dk, DV = dm.dv;
+    if (parent && !state_history) fail(LUCE_ERR_INTERNAL, "tree-mode delta rule needs the state history");
     const int64_t CD = 2 * int64_t(HK) * DK + int64_t(HV) * DV;
     const float q_scale = 1.0f / std::sqrt(float(DK));
     pool_.run(HV, [&](int64_t j0, int64_t j1) {
-        thread_local std::vector<float> q, k, kv;  // per-thread scratch, grows once
+        thread_local std::vector<float> q, k, kv, start;  // per-thread scratch, grows once
         q.resize(size_t(DK));
         k.resize(size_t(DK));
         kv.resize(size_t(DV));
+        const size_t SS = size_t(DK) * size_t(DV);
         for (int64_t j = j0; j < j1; ++j) {
             const int kh = int(j % HK);  // tiled GGUF order (spec §3.4 item 5)
             float *S = state + j * DK * DV;  // [DK][DV]
+            if (parent) start.assign(S, S + SS);  // the state before the step, for root-level nodes
             for (int t = 0; t < T; ++t) {
+                if (parent && parent[t] != t - 1)  // tree: continue from the parent's state
+                    std::memcpy(S, parent[t] < 0 ? start.data() : state_history + (int64_t(parent[t]) * HV + j) * SS,
+                                sizeof(float) * SS);
                 const float *row = conv + int64_t(t) * CD;
                 // L2 norm with llama.cpp's clamp: x / max(||x||, eps); q also scaled by 1/sqrt(DK).
                 const float *qs = row + int64_t(kh) * DK, *ks = row + int64_t(HK) * DK + int64_t(kh) * DK;

@@ -16,6 +16,7 @@ public:
     void release(void *p) override;
     void upload(void *dst, const void *src, size_t n_bytes) override;
     void download(void *dst, const void *src, size_t n_bytes) override;
+    void copy(void *dst, const void *src, size_t n_bytes) override;
 
     void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) override;
     void get_rows(const Weight &w, const int32_t *ids, int T, float *out) override;
@@ -32,10 +33,10 @@ public:
     void attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask, int T,
                    int n_head, int n_head_kv, int head_dim, float *out) override;
     void conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
-                   float *out) override;
+                   float *out, const int32_t *parent = nullptr) override;
     void gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
                          const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
-                         float *out, float *state_history) override;
+                         float *out, float *state_history, const int32_t *parent = nullptr) override;
     int32_t argmax(const float *x, int64_t n) override;
 
 private:

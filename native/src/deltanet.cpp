@@ -27,9 +27,12 @@ void deltanet_mixer(Session &s, int il, int T) {
     be.matmul(w.gate, b.cur, T, b.z, inner);
     be.matmul(w.beta, b.cur, T, b.b, HV);
     be.matmul(w.alpha, b.cur, T, b.a, HV);
-    be.conv_silu(b.qkv, st.conv, w.conv.data(), T, CD, hp.ssm_conv, b.conv);
+    if (st.qkv_history) be.copy(st.qkv_history, b.qkv, size_t(T) * size_t(CD) * sizeof(float));
+    const int32_t *parent = s.tree ? s.tree->parent : nullptr;  // tree verify: state from the parent
+    be.conv_silu(b.qkv, st.conv, w.conv.data(), T, CD, hp.ssm_conv, b.conv, parent);
     const DeltaNetDims dims{hp.ssm_hk, hp.ssm_hv, hp.ssm_dk, hp.ssm_dv, hp.rms_eps};
-    be.gated_delta_net(b.conv, b.b, b.a, w.a.data(), w.dt_bias.data(), dims, T, st.ssm, b.attn, nullptr);
+    be.gated_delta_net(b.conv, b.b, b.a, w.a.data(), w.dt_bias.data(), dims, T, st.ssm, b.attn,
+                       st.ssm_history, parent);
     be.rmsnorm_gated(b.attn, w.norm.data(), b.z, T * HV, hp.ssm_dv, hp.rms_eps);
     be.matmul(w.out, b.attn, T, b.mix, E);
 }

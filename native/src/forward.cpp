@@ -48,7 +48,7 @@ void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int l
     if (T < 1 || T > MAX_STEP) fail(LUCE_ERR_INTERNAL, "forward step of %d tokens", T);
 
     int32_t pos[MAX_STEP];
-    for (int t = 0; t < T; ++t) pos[t] = s.n_past + t;
+    for (int t = 0; t < T; ++t) pos[t] = s.tree ? s.tree->pos[t] : s.n_past + t;
     be.upload(b.pos, pos, sizeof(int32_t) * size_t(T));
     be.upload(b.tokens, tokens, sizeof(int32_t) * size_t(T));
     be.get_rows(m.token_embd, b.tokens, T, b.x);

@@ -68,9 +68,8 @@ void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n
     }
 }
 
-luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce_generate_params &p,
-                     luce_token_callback callback, void *user_data, int32_t *out_tokens,
-                     int out_capacity, luce_generate_stats *stats) {
+void check_generate_request(const Session &s, const int32_t *prompt, int n_prompt, const luce_generate_params &p,
+                            const int32_t *out_tokens, int out_capacity) {
     if (n_prompt < 1 || !prompt) fail(LUCE_ERR_INVALID_ARGUMENT, "the prompt is empty");
     if (p.max_tokens < 0) fail(LUCE_ERR_INVALID_ARGUMENT, "max_tokens must be >= 0");
     if (!out_tokens || out_capacity < p.max_tokens)
@@ -86,7 +85,12 @@ luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce
         fail(LUCE_ERR_CONTEXT_FULL,
              "prompt (%d tokens) + max_tokens (%d) exceed the context size %d (%d already used)",
              n_prompt, p.max_tokens, s.n_ctx, s.n_past);
+}
 
+luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce_generate_params &p,
+                     luce_token_callback callback, void *user_data, int32_t *out_tokens,
+                     int out_capacity, luce_generate_stats *stats) {
+    check_generate_request(s, prompt, n_prompt, p, out_tokens, out_capacity);
     const int64_t V = s.model->hp.n_vocab;
     Backend &be = *s.model->backend;
     std::vector<float> logits(static_cast<size_t>(V));  // one host row, reused every step

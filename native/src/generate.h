@@ -13,6 +13,11 @@ namespace luce {
 void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n_logit_rows,
                   const HiddenCapture *capture = nullptr);
 
+// Refuses a bad request before any work: prompt, max_tokens vs the output buffer and the
+// context, sampling parameters, stop ids (shared by plain and speculative decoding).
+void check_generate_request(const Session &s, const int32_t *prompt, int n_prompt, const luce_generate_params &p,
+                            const int32_t *out_tokens, int out_capacity);
+
 // Prefill the prompt, then decode until max_tokens or an end-of-generation id.
 luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce_generate_params &p,
                      luce_token_callback callback, void *user_data, int32_t *out_tokens,

@@ -21,6 +21,10 @@ constexpr int MAX_STEP = 64;
 struct RecurrentState {
     float *conv = nullptr;  // [Kc-1][CD] last raw qkv projections, oldest first
     float *ssm = nullptr;   // [HV][DK][DV] fp32
+    // Rollback checkpoints (speculative verify, speculative.cpp), null in plain decoding: the
+    // state after each token of a step [T][HV][DK][DV] and the step's raw qkv rows [T][CD].
+    float *ssm_history = nullptr;
+    float *qkv_history = nullptr;
 };
 
 // Step buffers, [T][...] with T <= MAX_STEP.
@@ -49,6 +53,15 @@ struct HiddenCapture {
     float *out = nullptr;                // host memory [T][n_layers][E]
 };
 
+// Tree verification (DDTree, speculative.cpp): node t of a step sits at RoPE position pos[t]
+// (anchor position + its depth) but in cache slot n_past + t (= slot[t]); parent[t] is its parent
+// node (-1: child of the state before the step) and mask [T][n_ctx] its ancestor-only visibility.
+// Parents precede children. Null for ordinary causal steps.
+struct TreeStep {
+    const int32_t *pos = nullptr, *slot = nullptr, *parent = nullptr;
+    const uint8_t *mask = nullptr;
+};
+
 struct Session {
     Model *model = nullptr;
     int n_ctx = 0;
@@ -56,6 +69,7 @@ struct Session {
     std::vector<KvLayer> kv;               // per main layer (unused for DeltaNet layers)
     std::vector<RecurrentState> recurrent; // per main layer (unused for attention layers)
     StepBuffers buf;
+    const TreeStep *tree = nullptr;        // set only around a tree-verify forward_step
     std::vector<void *> allocations;
 
     bool kv_f16 = false;

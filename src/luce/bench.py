@@ -53,6 +53,14 @@ class Row:
     gb_s: float | None  # weight bytes streamed per second (decode rows only)
     reps: int
     vs_peer: float | None = None  # this row's tok/s divided by the peer's, same test and threads
+    # Speculative rows (luce bench --draft): drafter, block rows, chain|tree, mean tokens per
+    # draft step (bonus included), accepted / drafted, tok/s over the plain row of the same test.
+    draft: str | None = None
+    block: int | None = None
+    verify: str | None = None
+    tau: float | None = None
+    acceptance: float | None = None
+    speedup: float | None = None
 
 
 def tests_from(prompt_tokens: Iterable[int], gen_tokens: Iterable[int]) -> list[Test]:
@@ -110,6 +118,56 @@ def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, 
                 rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, mean, std,
                                 weight_gb * mean if test.kind == "tg" else None, reps))
     return rows
+
+
+# ---- speculative decoding ---------------------------------------------------------------------
+
+VERIFY_MODES = ("chain", "tree")
+
+
+def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens: int, threads: list[int],
+                      block_sizes: list[int], verify_modes: list[str], adaptive: bool, device: str, reps: int,
+                      warmup: bool, seed: int = 0) -> list[Row]:
+    """tgN of greedy decoding without the drafter (the baseline row), then with it for every block
+    size and verify mode; each speculative row carries tau, acceptance and its speedup."""
+    from luce.engine import Engine
+
+    rows = []
+    size_gib = model.stat().st_size / 2**30
+    for t in map(resolve_threads, threads):
+        ctx = max([prompt_tokens + 1 + x.n for x in tests] + [16])
+        with Engine(model, device=device, threads=t, ctx_size=ctx, draft=draft) as engine:
+            prompt = random_prompt(prompt_tokens, engine.info.n_vocab, seed)
+            for test in (x for x in tests if x.kind == "tg"):
+                base = _spec_measure(engine, prompt, test, reps, warmup, speculative=False)
+                rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, base[0], base[1], None,
+                                reps, draft="none"))
+                for block in block_sizes:
+                    for mode in verify_modes:
+                        mean, std, tau, acc = _spec_measure(engine, prompt, test, reps, warmup, speculative=True,
+                                                            draft_block_size=block, ddtree=mode == "tree",
+                                                            adaptive=adaptive)
+                        rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, mean, std, None,
+                                        reps, draft=draft.name, block=block or engine.draft_info.block_size,
+                                        verify=mode, tau=tau, acceptance=acc, speedup=mean / base[0]))
+    return rows
+
+
+def _spec_measure(engine, prompt, test: Test, reps: int, warmup: bool, **kw):
+    """(mean tok/s, std, mean tau, mean acceptance) of decoding test.n tokens after the prompt."""
+    taus, accs = [], []
+
+    def decode_seconds() -> float:
+        stats = engine.generate(prompt_ids=prompt, max_tokens=test.n + 1, ignore_eos=True, **kw).stats
+        taus.append(stats.get("tau"))
+        accs.append(stats.get("acceptance"))
+        return stats["decode_seconds"] * test.n / max(1, stats["generated_tokens"] - 1)
+
+    mean, std = measure(decode_seconds, test.n, reps, warmup)
+    taus, accs = taus[-reps:], accs[-reps:]
+    if taus[0] is None:
+        return mean, std
+    return mean, std, statistics.fmean(taus), statistics.fmean(accs)
 
 
 # ---- llama.cpp peer ----------------------------------------------------------------------------
@@ -176,6 +234,12 @@ COLUMNS = [  # (field, header, format)
     ("tok_s", "t/s", None),
     ("gb_s", "GB/s", "{:.1f}"),
     ("vs_peer", "vs llama.cpp", "{:.2f}x"),
+    ("draft", "draft", "{}"),
+    ("block", "block", "{}"),
+    ("verify", "verify", "{}"),
+    ("tau", "tau", "{:.2f}"),
+    ("acceptance", "accept", "{:.1%}"),
+    ("speedup", "speedup", "{:.2f}x"),
 ]
 
 
@@ -192,9 +256,11 @@ def to_markdown(rows: list[Row]) -> str:
     cols = [c for c in COLUMNS
             if c[0] in always or len({getattr(r, c[0]) for r in rows}) > 1
             or (c[0] in ("size_gib", "threads") and rows)
-            or (c[0] in ("gb_s", "vs_peer") and any(getattr(r, c[0]) is not None for r in rows))]
+            or (c[0] in ("gb_s", "vs_peer", "draft", "tau", "acceptance", "speedup")
+                and any(getattr(r, c[0]) is not None for r in rows))]
     lines = ["| " + " | ".join(h for _, h, _ in cols) + " |",
-             "| " + " | ".join("---:" if f in ("tok_s", "gb_s", "vs_peer", "threads", "size_gib") else "---"
+             "| " + " | ".join("---:" if f in ("tok_s", "gb_s", "vs_peer", "threads", "size_gib", "block", "tau", "acceptance",
+                                              "speedup") else "---"
                                for f, _, _ in cols) + " |"]
     lines += ["| " + " | ".join(_cell(r, f, fmt) for f, _, fmt in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -5,6 +5,10 @@
         print(eng.generate("Hello", max_tokens=32).text)
         logits = eng.logits([1, 2, 3])          # [3, n_vocab] float32
 
+    with Engine("target.gguf", draft="drafter.gguf") as eng:   # speculative decoding
+        g = eng.generate("Hello", max_tokens=64, draft_block_size=16)
+        print(g.stats["tau"], g.stats["acceptance"])
+
 The engine owns one native model and one session (KV cache + DeltaNet state, `ctx_size`
 positions; `kv_cache="f16"` halves the attention cache at a ~1e-3 relative cost in accuracy). Every call to `generate` or `logits` starts from an empty context. The tokenizer and
 chat template come from the GGUF itself. Errors are LuceError with one line from the runtime.
@@ -64,9 +68,36 @@ class Generation:
     stats: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class DrafterInfo:
+    """Mirror of luce_drafter_info (native/include/luce.h)."""
+    kind: str                  # DFlash | DFlash 2 | DSpark
+    n_layer: int
+    block_size: int            # checkpoint horizon
+    target_layer_ids: tuple
+    mask_token_id: int
+    sample_from_anchor: bool
+    has_selector: bool
+    has_conv: bool
+    has_markov: bool
+    has_confidence: bool
+
+    @classmethod
+    def _from_native(cls, info) -> "DrafterInfo":
+        return cls(kind=DRAFTER_KINDS[info.kind], n_layer=info.n_layer, block_size=info.block_size,
+                   target_layer_ids=tuple(info.target_layer_ids[i] for i in range(info.n_target_layers)),
+                   mask_token_id=info.mask_token_id, sample_from_anchor=bool(info.sample_from_anchor),
+                   has_selector=bool(info.has_selector), has_conv=bool(info.has_conv),
+                   has_markov=bool(info.has_markov), has_confidence=bool(info.has_confidence))
+
+
+DRAFTER_KINDS = ("DFlash", "DFlash 2", "DSpark")
+
+
 class Engine:
     def __init__(self, model: str | os.PathLike, *, device: str = "cpu", threads: int = 0,
-                 ctx_size: int = DEFAULT_CTX_SIZE, kv_cache: str = "f32"):
+                 ctx_size: int = DEFAULT_CTX_SIZE, kv_cache: str = "f32",
+                 draft: str | os.PathLike | None = None):
         if kv_cache not in KV_CACHE_TYPES:
             raise LuceError(f"unknown KV cache type '{kv_cache}' (choose from {', '.join(KV_CACHE_TYPES)})")
         if device not in DEVICES:
@@ -76,8 +107,9 @@ class Engine:
         self.path = Path(model)
         if not self.path.is_file():
             raise LuceError(f"model file not found: {self.path}")
-        self._model = self._session = None
+        self._model = self._session = self._drafter = None
         self._tokenizer = None
+        self.draft_info = None
         lib()  # loads the library and declares luce.h's types before ffi.new below
         # auto: the GPU when its backend is built and a device with enough memory is present
         # (the native loader says so with LUCE_ERR_DEVICE before uploading anything), else the CPU.
@@ -101,6 +133,36 @@ class Engine:
             raise
         self._session = sess[0]
         self.ctx_size = int(ctx_size)
+        if draft is not None:
+            try:
+                self._load_drafter(Path(draft))
+            except BaseException:
+                self.close()
+                raise
+
+    def _load_drafter(self, path: Path) -> None:
+        """Validate the drafter and the pair with `luce inspect`'s rules (the first error finding
+        is the message), then bind it natively (which re-checks everything it touches)."""
+        from luce.converters.gguf_reader import GGUFFormatError
+        from luce.converters.validate import ERROR, inspect_gguf
+
+        if not path.is_file():
+            raise LuceError(f"drafter file not found: {path}")
+        try:
+            report = inspect_gguf(path, self.path)
+        except GGUFFormatError as e:
+            raise LuceError(f"{path}: {e}") from None
+        if report.kind != "drafter":
+            raise LuceError(f"{path} is not a drafter GGUF (architecture {report.arch!r})")
+        errors = [f for f in report.findings if f.severity == ERROR]
+        if errors:
+            raise LuceError(f"{path}: {errors[0].message}")
+        out = ffi.new("luce_drafter **")
+        check(lib().luce_drafter_load(os.fsencode(path), self._model, out), str(path))
+        self._drafter = out[0]
+        info = ffi.new("luce_drafter_info *")
+        check(lib().luce_drafter_get_info(self._drafter, info))
+        self.draft_info = DrafterInfo._from_native(info)
 
     def _load(self, device: str, threads: int):
         params = ffi.new("luce_model_params *", {"device": _DEVICE_IDS[device],
@@ -112,6 +174,9 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self._drafter is not None:
+            lib().luce_drafter_free(self._drafter)
+            self._drafter = None
         if self._session is not None:
             lib().luce_session_free(self._session)
             self._session = None
@@ -207,11 +272,17 @@ class Engine:
     def generate(self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,
                  max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, ignore_eos: bool = False, chat: bool = False,
-                 on_text: Callable[[str], None] | None = None) -> Generation:
+                 on_text: Callable[[str], None] | None = None, speculative: bool = True,
+                 draft_block_size: int = 0, adaptive: bool = True,
+                 dspark_confidence_threshold: float = 0.0, verify_cap_from: int = 0,
+                 ddtree: bool = False, ddtree_budget: int = 0,
+                 oracle_tokens: Sequence[int] | None = None) -> Generation:
         """Prefill the prompt, then decode up to max_tokens (greedy when temperature == 0).
 
         Exactly one of `prompt` (text) and `prompt_ids` is given. on_text(str) receives decoded
-        text as tokens are committed (incomplete UTF-8 is held back until it completes)."""
+        text as tokens are committed (incomplete UTF-8 is held back until it completes).
+        With a drafter loaded (and speculative=True) decoding is speculative; the knobs are those
+        of luce_generate_params (0 = default). oracle_tokens is a test hook (see luce.h)."""
         if (prompt is None) == (prompt_ids is None):
             raise LuceError("give exactly one of prompt and prompt_ids")
         ids = self._ids_array(prompt_ids if prompt is None else self.encode_prompt(prompt, chat=chat))
@@ -222,10 +293,17 @@ class Engine:
 
         stop = self._stop_ids() if not ignore_eos else []
         stop_buf = ffi.new("int32_t[]", stop or [0])
+        oracle = list(oracle_tokens or [])
+        oracle_buf = ffi.new("int32_t[]", oracle or [0])
         params = ffi.new("luce_generate_params *", {
             "max_tokens": int(max_tokens), "temperature": float(temperature), "top_k": int(top_k),
             "top_p": float(top_p), "seed": int(seed) & (2**64 - 1), "ignore_eos": int(ignore_eos),
-            "stop_ids": stop_buf, "n_stop_ids": len(stop)})
+            "stop_ids": stop_buf, "n_stop_ids": len(stop),
+            "draft_block_size": int(draft_block_size), "no_adaptive": int(not adaptive),
+            "dspark_confidence_threshold": float(dspark_confidence_threshold),
+            "verify_cap_from": int(verify_cap_from), "ddtree": int(ddtree), "ddtree_budget": int(ddtree_budget),
+            "oracle_tokens": oracle_buf, "n_oracle_tokens": len(oracle)})
+        drafter = self._drafter if (speculative and self._drafter is not None) else ffi.NULL
         out_tokens = ffi.new("int32_t[]", max(1, max_tokens))
         stats = ffi.new("luce_generate_stats *")
 
@@ -243,7 +321,7 @@ class Engine:
                 failure.append(e)
                 return 1
 
-        status = lib().luce_generate(session, ffi.NULL, ffi.from_buffer("int32_t[]", ids), len(ids),
+        status = lib().luce_generate(session, drafter, ffi.from_buffer("int32_t[]", ids), len(ids),
                                      params, on_tokens if on_text is not None else ffi.NULL,
                                      ffi.NULL, out_tokens, max(1, max_tokens), stats)
         if failure:
@@ -255,14 +333,22 @@ class Engine:
                 on_text(tail)
         tokens = [out_tokens[i] for i in range(stats.n_generated)]
         return Generation(text=self.tokenizer.decode(tokens) if tokens else "", tokens=tokens,
-                          prompt_tokens=len(ids), stats=_stats_dict(stats))
+                          prompt_tokens=len(ids), stats=_stats_dict(stats, drafter != ffi.NULL))
 
 
-def _stats_dict(st) -> dict:
+SPEC_STATS = ("spec_steps", "plain_steps", "n_drafted", "n_accepted", "full_accept_steps",
+              "zero_accept_steps", "max_accepted", "block_size", "tau", "acceptance", "draft_seconds",
+              "verify_seconds", "rollback_seconds")
+
+
+def _stats_dict(st, speculative: bool = False) -> dict:
     """Stats as the CLI prints them. Decode speed counts the n_generated - 1 steps after the
-    first token (which comes out of prefill), as llama.cpp does."""
+    first token (which comes out of prefill), as llama.cpp does. Speculative runs add the
+    luce_generate_stats draft fields (tau includes the bonus token)."""
     decode_steps = max(st.n_generated - 1, 0)
+    spec = {name: getattr(st, name) for name in SPEC_STATS} if speculative else {}
     return {
+        **spec,
         "prompt_tokens": st.n_prompt,
         "prefill_seconds": st.prefill_seconds,
         "prefill_tok_s": st.n_prompt / st.prefill_seconds if st.prefill_seconds > 0 else 0.0,

@@ -1,0 +1,104 @@
+// api_drafter.cpp — the drafter part of the C ABI (luce_drafter_*): load/bind, info, and the two
+// stateless test hooks the parity tests drive (one forward, one candidate chain).
+#include <algorithm>
+#include <cstring>
+
+#include "api_handles.h"
+#include "drafter.h"
+#include "errors.h"
+#include "luce.h"
+
+#define LUCE_API extern "C" __attribute__((visibility("default")))
+
+using luce::fail;
+using luce::guard;
+
+namespace {
+
+template <class T>
+void require(const T *p, const char *what) {
+    if (!p) fail(LUCE_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+}
+
+}  // namespace
+
+LUCE_API luce_status luce_drafter_load(const char *path, luce_model *target, luce_drafter **out) {
+    return guard([&] {
+        require(out, "out");
+        *out = nullptr;
+        require(path, "path");
+        require(target, "target");
+        // The drafter's forward, heads and tree builder are host loops over host buffers so far;
+        // on a device backend they would read device pointers. Refuse rather than crash.
+        if (std::strcmp(target->m->backend->name(), "cpu") != 0)
+            luce::fail(LUCE_ERR_UNSUPPORTED, "speculative decoding runs on the CPU backend only for now "
+                       "(the GPU drafter lands with the GPU backend work); use --device cpu");
+        auto h = std::make_unique<luce_drafter>();
+        h->d = luce::load_drafter(path, target->m.get());
+        *out = h.release();
+    });
+}
+
+LUCE_API void luce_drafter_free(luce_drafter *drafter) { delete drafter; }
+
+LUCE_API luce_status luce_drafter_get_info(const luce_drafter *drafter, luce_drafter_info *out) {
+    return guard([&] {
+        require(drafter, "drafter");
+        require(out, "out");
+        const luce::DrafterHparams &hp = drafter->d->hp;
+        luce_drafter_info info{};
+        info.kind = hp.kind;
+        info.n_layer = hp.n_layer;
+        info.n_embd = hp.n_embd;
+        info.n_head = hp.n_head;
+        info.n_head_kv = hp.n_head_kv;
+        info.head_dim = hp.head_dim;
+        info.n_ff = hp.n_ff;
+        info.block_size = hp.block_size;
+        info.n_target_layers = int32_t(hp.target_layer_ids.size());
+        for (size_t i = 0; i < hp.target_layer_ids.size() && i < 64; ++i) info.target_layer_ids[i] = hp.target_layer_ids[i];
+        info.mask_token_id = hp.mask_token_id;
+        info.sample_from_anchor = hp.sample_from_anchor;
+        info.has_selector = hp.selector_rank > 0;
+        info.selector_rank = hp.selector_rank;
+        info.selector_top_k = hp.selector_top_k;
+        info.has_conv = hp.conv_kernel > 0;
+        info.conv_kernel_size = hp.conv_kernel;
+        info.conv_group_size = hp.conv_group;
+        info.has_markov = hp.markov_rank > 0;
+        info.markov_rank = hp.markov_rank;
+        info.has_confidence = hp.confidence_dim > 0;
+        info.confidence_dim = hp.confidence_dim;
+        *out = info;
+    });
+}
+
+LUCE_API luce_status luce_drafter_forward(luce_drafter *drafter, const float *features, int32_t n_ctx,
+                                          const int32_t *block, int32_t n_block, float *hidden_out) {
+    return guard([&] {
+        require(drafter, "drafter");
+        require(block, "block");
+        require(hidden_out, "hidden_out");
+        if (n_ctx < 0) fail(LUCE_ERR_INVALID_ARGUMENT, "n_ctx must be >= 0");
+        if (n_ctx > 0) require(features, "features");
+        if (n_block < 1 || n_block > luce::DraftContext::ROWS)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "n_block = %d must be in 1..%d", n_block, luce::DraftContext::ROWS);
+        const luce::Drafter &d = *drafter->d;
+        luce::DraftContext ctx(d, n_ctx + n_block);
+        luce::draft_append_context(d, ctx, features, n_ctx);
+        luce::draft_forward(d, ctx, block, n_block, hidden_out);
+    });
+}
+
+LUCE_API luce_status luce_drafter_chain(luce_drafter *drafter, const float *hidden, int32_t n_rows, int32_t anchor,
+                                        int32_t *tokens_out, float *confidence_out) {
+    return guard([&] {
+        require(drafter, "drafter");
+        if (n_rows < 0 || n_rows > 4096) fail(LUCE_ERR_INVALID_ARGUMENT, "n_rows = %d must be in 0..4096", n_rows);
+        if (n_rows > 0) {
+            require(hidden, "hidden");
+            require(tokens_out, "tokens_out");
+        }
+        luce::draft_chain(*drafter->d, hidden, n_rows, anchor, tokens_out, confidence_out);
+    });
+}

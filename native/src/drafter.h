@@ -1,0 +1,138 @@
+// drafter.h — block-diffusion drafters (DFlash, DFlash 2, DSpark) bound to a qwen35 target.
+//
+// Shape legend (spec/drafters.md §1-§3; Qwen3.8-27B DFlash2 values in brackets):
+//   E  hidden = target hidden [5120]     L  drafter layers [5]      F  MLP width [17408]
+//   H  q heads [32]   Hkv kv heads [8]   D  head dim [128]          N  target taps [5]
+//   B  block rows (anchor + masks) [8]   V  target vocab [248320]
+//   K  DFlash 2 conv taps [2]            G  conv groups = E / group size [320]
+//   R  selector rank [256] / Markov rank  C  confidence input width (E or E + R)
+//   n_ctx  committed positions whose target features are in the drafter's context cache
+//
+// The drafter has no embedding and no LM head: block rows are embedded with the target's
+// token_embd and proposals come from the target's output head (spec drafters.md §1.1, §7.5).
+// Weights stay in their GGUF encoding and run through the target backend's matmul.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "gguf.h"
+#include "model.h"
+#include "sampling.h"
+
+namespace luce {
+
+enum DrafterKind : int32_t { DRAFT_DFLASH = 0, DRAFT_DFLASH2 = 1, DRAFT_DSPARK = 2 };
+
+struct YarnParams {
+    float factor = 1.f;       // > 1 enables YaRN
+    int orig_ctx = 0;         // original_max_position_embeddings
+    float beta_fast = 32.f, beta_slow = 1.f;
+    float attn_factor = 0.f;  // 0 = HF's default 0.1 ln(factor) + 1
+};
+
+struct DrafterHparams {
+    DrafterKind kind = DRAFT_DFLASH;
+    int n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
+    int block_size = 0;                 // checkpoint horizon B
+    std::vector<int> target_layer_ids;  // 0-based target layers tapped, in fc order
+    int mask_token_id = 0;
+    bool sample_from_anchor = false;    // DSpark next-token slots: B proposals instead of B-1
+    float rms_eps = 1e-6f;
+    float rope_theta = 1e7f;
+    YarnParams yarn;
+    int sliding_window = 0;             // W for sliding layers (context keys pos > q_pos - W)
+    std::vector<bool> sliding;          // per layer: sliding window on context keys
+    std::vector<bool> causal;           // per layer: in-block causal (slot j sees slots 0..j)
+    int conv_kernel = 0, conv_group = 0;          // DFlash 2 conv (0 = none)
+    int selector_rank = 0, selector_top_k = 0;    // DFlash 2 selector (0 = none)
+    int markov_rank = 0, confidence_dim = 0;      // DSpark heads (0 = none)
+};
+
+// DFlash 2 grouped dynamic causal conv of one sublayer: base [2][K][E] (side 0 = before the
+// sublayer, 1 = after), proj E -> 2*K*G with output order (side, tap, group).
+struct DrafterConv {
+    std::vector<float> base;
+    Weight proj;
+};
+
+struct DrafterLayer {
+    std::vector<float> attn_norm, ffn_norm;  // [E] plain Qwen3 RMSNorm weights (no +1)
+    Weight q, k, v, o;                       // E -> H*D, E -> Hkv*D (x2), H*D -> E
+    std::vector<float> q_norm, k_norm;       // [D]
+    Weight gate, up, down;                   // E -> F (x2), F -> E
+    DrafterConv attn_conv, ffn_conv;         // DFlash 2 only
+};
+
+struct Drafter {
+    std::unique_ptr<GgufFile> file;
+    Model *target = nullptr;                 // borrowed: token_embd, output head, backend
+    DrafterHparams hp;
+    Weight fc;                               // N*E -> E
+    std::vector<float> hidden_norm, output_norm;  // [E]
+    std::vector<DrafterLayer> layers;
+    Weight sel_hproj, sel_pred, sel_succ;    // E -> R; codebooks [V][R] (rows by token id)
+    Weight markov_w1, markov_w2;             // [V][R] rows by token id; R -> V
+    std::vector<float> conf_w;               // [C]
+    float conf_b = 0.f;
+    std::vector<float> rope_inv_freq;        // [D/2] fp32, YaRN applied
+    float rope_mscale = 1.f;                 // multiplied into cos and sin (HF attention_factor)
+
+    int n_taps() const { return int(hp.target_layer_ids.size()); }
+    // Proposals one forward yields for a block of B rows: B-1 (same-position slots) or B (DSpark).
+    int proposals(int B) const { return hp.sample_from_anchor ? B : B - 1; }
+};
+
+// Opens, validates (the rules of `luce inspect`, spec/engine.md §3) and binds a drafter GGUF
+// in either layout to a target. Throws luce::Error (FORMAT / INVALID_ARGUMENT / UNSUPPORTED).
+std::unique_ptr<Drafter> load_drafter(const std::string &path, Model *target);
+
+// Per-generation drafter state: the context K/V of every layer for committed positions
+// 0..n_ctx-1 (after k_norm and RoPE), plus room for one transient block after them.
+struct DraftContext {
+    static constexpr int ROWS = 64;  // block rows / context rows projected per pass
+    int cap = 0;            // positions the cache holds (committed + one block)
+    int n_ctx = 0;
+    std::vector<std::vector<float>> k, v;  // per layer [Hkv][cap][D]
+    // Scratch, sized once for ROWS rows: x, cur, tmp, mix [ROWS][E]; q, attn [ROWS][H*D];
+    // kr, vr [ROWS][Hkv*D]; dyn [ROWS][2*K*G]; gate, up [ROWS][F]; mask [ROWS][cap].
+    std::vector<float> x, cur, tmp, mix, q, attn, kr, vr, dyn, gate, up;
+    std::vector<uint8_t> mask;
+    std::vector<int32_t> pos;
+    DraftContext(const Drafter &d, int cap);
+};
+
+// Appends the fused features of n new committed positions (positions ctx.n_ctx ..): taps
+// [n][N*E] raw target layer outputs -> hidden_norm(fc(taps)) -> per layer k_norm(k_proj), v_proj,
+// RoPE at the absolute positions. Only these rows are projected (incremental context).
+void draft_append_context(const Drafter &d, DraftContext &ctx, const float *taps, int n);
+
+// One drafter forward of a block at positions ctx.n_ctx .. ctx.n_ctx+B-1: block token ids [B]
+// (normally [anchor, mask x (B-1)]) -> final-normed hidden rows out [B][E].
+void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, int B, float *out);
+
+// Candidate heads over final-normed hidden rows [n_rows][E] (drafter_heads.cpp).
+//   DFlash: argmax of the target head; DFlash 2: selector walk; DSpark: Markov chain.
+// tokens[n_rows]; confidence[n_rows] (DSpark sigmoid; may be null). When temperature > 0 the
+// chain is sampled instead (q = softmax(scores / T) over the candidate set) and, if q_out is
+// not null, q_out[i] receives the full proposal distribution of row i [n_rows][V].
+struct ChainSampling {
+    float temperature = 0.f;
+    Rng *rng = nullptr;
+    float *q_out = nullptr;
+};
+void draft_chain(const Drafter &d, const float *hidden, int n_rows, int32_t anchor, int32_t *tokens,
+                 float *confidence, const ChainSampling *sampling = nullptr);
+
+// Tree candidates (DDTree): the k best next tokens after `prev` at one proposal row, with their
+// log-probabilities under the drafter's scores there, best first. U_row [V] = target_head(h) of the
+// row, hidden_row [E] = h. DFlash: log-softmax of U (prev unused); DFlash 2: the selector's
+// top-k of U rescored with prev and renormalised over them; DSpark: log-softmax of
+// U + W2 W1[prev]. k <= the candidate set (DFlash 2: selector_top_k).
+int draft_candidates(const Drafter &d, const float *U_row, const float *hidden_row, int32_t prev, int k,
+                     int32_t *ids, float *logp);
+
+}  // namespace luce

@@ -1,0 +1,530 @@
+// speculative.cpp — block-diffusion speculative decoding over a qwen35 target (spec engine.md §4,
+// drafters.md §1.7). One step, with `anchor` the last committed token (not yet run by the target)
+// at position p:
+//   1. draft:  the drafter runs the block [anchor, mask x (B-1)] at p.. over the fused features of
+//              positions < p; its heads give q proposals d_1..d_q (q = B-1, or B for DSpark
+//              next-token slots; fewer near max_tokens, under the long-context cap or the DSpark
+//              confidence gate).
+//   2. verify: the target runs [anchor, d_1..d_q] (T = q+1 rows) with logits for every row,
+//              capturing the drafter's taps and per-row DeltaNet checkpoints.
+//   3. accept (greedy): n = longest prefix with d_{i+1} == argmax(row i); bonus = argmax(row n).
+//      accept (sampled, T > 0): standard rejection sampling. Row i's target distribution p_i
+//              (the sampler's temperature/top-k/top-p) and the drafter's proposal q_i: accept
+//              d_{i+1} with probability min(1, p_i(d)/q_i(d)); at the first rejection the bonus is
+//              drawn from normalize(max(p_i - q_i, 0)) (p_i if that has no mass); if all q are
+//              accepted the bonus is drawn from p_q. Each committed token then has exactly the
+//              target's distribution (Leviathan et al. 2023, Thm. 1), whatever q is.
+//   4. commit anchor, d_1..d_n (n+1 positions), roll the target back to p+n+1 (rollback below),
+//      append their taps to the drafter context, emit d_1..d_n and the bonus; bonus = next anchor.
+// Greedy output therefore equals plain greedy decoding token for token: every committed token is
+// the target's argmax given the committed prefix.
+//
+// Adaptive policy (spec engine.md §4.8): an EMA of accepted drafts per step (alpha 0.1, 0.5 on
+// the probe after a burst, start 2 x threshold) against threshold = 0.8 x (ratio - 1), ratio = the
+// measured spec-step / plain-step time (1.9 until both are measured). Below it, greedy decoding
+// runs bursts of 40 plain steps (features still captured), then probes with one spec step.
+#include "speculative.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <queue>
+#include <vector>
+
+#include "errors.h"
+#include "generate.h"
+#include "sampling.h"
+
+namespace luce {
+
+namespace {
+
+constexpr int MAX_DRAFT_BLOCK = 32;          // CLI hard cap on B (spec engine.md §3)
+constexpr int DEFAULT_VERIFY_CAP_FROM = 8192;  // committed tokens (spec engine.md §4.9)
+constexpr int VERIFY_CAP_MIN = 8;
+constexpr double DEFAULT_STEP_RATIO = 1.9, EMA_ALPHA = 0.1, PROBE_ALPHA = 0.5, THRESHOLD_SLACK = 0.8;
+constexpr int BURST_STEPS = 40;
+constexpr int DEFAULT_DDTREE_BUDGET = 22;
+constexpr int DDTREE_WIDE_K = 8;  // candidates per node when the budget exceeds the depth, else 1
+
+double now_seconds() {
+    using clock = std::chrono::steady_clock;
+    return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+int block_rows(const Drafter &d, int requested) {
+    const int ckpt = d.hp.block_size, hi = std::min(2 * ckpt, MAX_DRAFT_BLOCK);
+    if (requested == 0) return std::min(ckpt, MAX_DRAFT_BLOCK);
+    if (requested < 2 || requested > hi)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "--draft-block-size must be in [2, %d] for this drafter (up to 2x the "
+             "checkpoint horizon %d, at most %d); got %d", hi, ckpt, MAX_DRAFT_BLOCK, requested);
+    return requested;
+}
+
+// The sampler's distribution over the vocabulary (sampling.h: temperature, top-k, top-p with
+// ties to the lower id), as explicit probabilities so rejection sampling can compare it with q.
+void target_probs(const float *logits, int V, const luce_generate_params &p, std::vector<int32_t> &ids,
+                  float *probs) {
+    std::iota(ids.begin(), ids.end(), 0);
+    const int k = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    std::fill(probs, probs + V, 0.f);
+    const float top = logits[ids[0]];
+    double sum = 0.0;
+    for (int i = 0; i < k; ++i) sum += (probs[ids[size_t(i)]] = std::exp((logits[ids[size_t(i)]] - top) / p.temperature));
+    int keep = k;
+    if (p.top_p < 1.f) {
+        double mass = 0.0;
+        for (int i = 0; i < k; ++i) {
+            mass += probs[ids[size_t(i)]] / sum;
+            if (mass >= double(p.top_p)) {
+                keep = i + 1;
+                break;
+            }
+        }
+        for (int i = keep; i < k; ++i) probs[ids[size_t(i)]] = 0.f;
+    }
+    double kept = 0.0;
+    for (int i = 0; i < keep; ++i) kept += probs[ids[size_t(i)]];
+    for (int i = 0; i < keep; ++i) probs[ids[size_t(i)]] = float(probs[ids[size_t(i)]] / kept);
+}
+
+int32_t draw(const float *w, int V, Rng &rng) {
+    double sum = 0.0;
+    for (int i = 0; i < V; ++i) sum += w[i];
+    double u = rng.uniform() * sum;
+    int32_t last = 0;
+    for (int i = 0; i < V; ++i) {
+        if (w[i] <= 0.f) continue;
+        last = i;
+        u -= w[i];
+        if (u < 0.0) return i;
+    }
+    return last;
+}
+
+// Rollback checkpoints of every DeltaNet layer for one verify of up to W rows. Memory, per
+// recurrent layer: W x (HV*DK*DV + CD) + (Kc-1) x CD floats (W = verify width; Qwen3.5-27B,
+// W = 17: 48 layers x 17 x (48*128*128 + 10240) x 4 B ~= 2.6 GB). Restoring is a copy: no replay.
+// The buffers are attached to the session only for the verify forward (attach/detach), since
+// a prefill chunk or a plain step must not write checkpoints.
+struct Checkpoints {
+    Session &s;
+    int W = 0;
+    std::vector<void *> owned;
+    std::vector<float *> conv_before;  // per layer [(Kc-1)][CD] state before the verify step
+    std::vector<float *> ssm_history, qkv_history;  // per layer [W][HV*DK*DV], [W][CD]
+
+    Checkpoints(Session &s_, int W_) : s(s_), W(W_) {
+        const Hparams &hp = s.model->hp;
+        Backend &be = *s.model->backend;
+        const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
+        conv_before.assign(size_t(hp.n_layer), nullptr);
+        ssm_history.assign(size_t(hp.n_layer), nullptr);
+        qkv_history.assign(size_t(hp.n_layer), nullptr);
+        auto take = [&](size_t n_floats) {
+            owned.push_back(be.alloc(n_floats * sizeof(float)));
+            return static_cast<float *>(owned.back());
+        };
+        try {
+            for (int i = 0; i < hp.n_layer; ++i) {
+                if (!hp.recurrent[size_t(i)]) continue;
+                ssm_history[size_t(i)] = take(size_t(W) * SS);
+                qkv_history[size_t(i)] = take(size_t(W) * CD);
+                conv_before[size_t(i)] = take(size_t(hp.ssm_conv - 1) * CD + 1);
+            }
+        } catch (...) {
+            release();
+            throw;
+        }
+    }
+    ~Checkpoints() { release(); }
+    void release() {
+        detach();
+        for (void *p : owned) s.model->backend->release(p);
+        owned.clear();
+    }
+    // Snapshot the conv windows and attach the per-row checkpoint buffers for a verify of <= W rows.
+    void attach() {
+        const Hparams &hp = s.model->hp;
+        const size_t n = size_t(hp.ssm_conv - 1) * size_t(hp.conv_channels()) * sizeof(float);
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (!hp.recurrent[size_t(i)]) continue;
+            RecurrentState &st = s.recurrent[size_t(i)];
+            s.model->backend->copy(conv_before[size_t(i)], st.conv, n);
+            st.ssm_history = ssm_history[size_t(i)];
+            st.qkv_history = qkv_history[size_t(i)];
+        }
+    }
+    void detach() {
+        for (RecurrentState &st : s.recurrent) st.ssm_history = st.qkv_history = nullptr;
+    }
+    // After a verify step at position p, keep the given rows (row indices of the step in commit
+    // order: 0..n for a chain, the accepted root-to-leaf path for a tree): the recurrent state is
+    // the checkpoint after the last one, the conv state the last Kc-1 raw inputs of (state before
+    // the step ++ those rows' qkv); attention needs only n_past (a tree's path K/V are moved to
+    // consecutive slots by the caller).
+    void restore(int p, const int32_t *rows, int n_rows) {
+        const Hparams &hp = s.model->hp;
+        Backend &be = *s.model->backend;
+        const int S = hp.ssm_conv - 1;
+        const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (!hp.recurrent[size_t(i)]) continue;
+            RecurrentState &st = s.recurrent[size_t(i)];
+            be.copy(st.ssm, ssm_history[size_t(i)] + size_t(rows[n_rows - 1]) * SS, SS * sizeof(float));
+            for (int r = 0; r < S; ++r) {
+                const int src = n_rows - S + r;  // index into (old state ++ kept rows); < 0 reads old state
+                const float *row = src < 0 ? conv_before[size_t(i)] + size_t(S + src) * CD
+                                           : qkv_history[size_t(i)] + size_t(rows[src]) * CD;
+                be.copy(st.conv + size_t(r) * CD, row, CD * sizeof(float));
+            }
+        }
+        s.n_past = p + n_rows;
+    }
+};
+
+// DDTree (spec engine.md §4.7): a best-first tree of at most `budget` nodes under the root (the
+// anchor). Node depth d takes its candidates from proposal row d-1, conditioned on the node's own
+// token as predecessor (draft_candidates): k = 8 per node when the budget exceeds the depth L,
+// else 1 (a chain). Expansion order = cumulative log-probability, so the budget goes to the most
+// likely branches; a node is always created after its parent.
+struct TreeNode {
+    int32_t token;
+    int parent;  // -1 for the root
+    int depth;
+    float cum;   // sum of log-probabilities from the root
+};
+
+std::vector<TreeNode> build_tree(const Drafter &d, const float *U, const float *hidden, int L, int32_t anchor,
+                                 int budget) {
+    const int V = d.target->hp.n_vocab, E = d.hp.n_embd, K = budget > L ? DDTREE_WIDE_K : 1;
+    std::vector<TreeNode> nodes{{anchor, -1, 0, 0.f}};
+    std::vector<std::vector<int32_t>> cand_ids;
+    std::vector<std::vector<float>> cand_logp;
+    auto expand = [&](int node) {  // candidates for the children of `node` (depth + 1 -> row depth)
+        const int row = nodes[size_t(node)].depth;
+        cand_ids.resize(size_t(node) + 1);
+        cand_logp.resize(size_t(node) + 1);
+        cand_ids[size_t(node)].resize(size_t(K));
+        cand_logp[size_t(node)].resize(size_t(K));
+        const int k = draft_candidates(d, U + int64_t(row) * V, hidden + int64_t(row) * E, nodes[size_t(node)].token,
+                                       K, cand_ids[size_t(node)].data(), cand_logp[size_t(node)].data());
+        cand_ids[size_t(node)].resize(size_t(k));
+        cand_logp[size_t(node)].resize(size_t(k));
+    };
+    struct Entry {
+        float score;
+        int parent, rank;
+        bool operator<(const Entry &o) const { return score < o.score; }
+    };
+    std::priority_queue<Entry> heap;
+    expand(0);
+    heap.push({cand_logp[0][0], 0, 0});
+    while (!heap.empty() && int(nodes.size()) < budget + 1) {
+        const Entry e = heap.top();
+        heap.pop();
+        const int depth = nodes[size_t(e.parent)].depth + 1, n = int(nodes.size());
+        nodes.push_back({cand_ids[size_t(e.parent)][size_t(e.rank)], e.parent, depth, e.score});
+        if (e.rank + 1 < int(cand_ids[size_t(e.parent)].size()))  // its next sibling
+            heap.push({nodes[size_t(e.parent)].cum + cand_logp[size_t(e.parent)][size_t(e.rank + 1)], e.parent,
+                       e.rank + 1});
+        if (depth < L) {  // its best child
+            expand(n);
+            heap.push({e.score + cand_logp[size_t(n)][0], n, 0});
+        }
+    }
+    return nodes;
+}
+
+// Moves the K/V rows of the accepted path's nodes (cache slots start + path[i]) to the
+// consecutive slots start + i they belong at now. path[i] >= i and increases, so in place.
+void compact_kv(Session &s, int start, const std::vector<int32_t> &path) {
+    const Hparams &hp = s.model->hp;
+    Backend &be = *s.model->backend;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        if (hp.recurrent[size_t(il)]) continue;
+        KvLayer &kv = s.kv[size_t(il)];
+        const size_t row = size_t(hp.head_dim) * (kv.f16 ? 2 : 4);
+        for (size_t i = 1; i < path.size(); ++i) {
+            if (path[i] == int32_t(i)) continue;
+            for (int h = 0; h < hp.n_head_kv[size_t(il)]; ++h) {
+                const size_t dst = (size_t(h) * kv.n_ctx + start + i) * row, src = (size_t(h) * kv.n_ctx + start + path[i]) * row;
+                be.copy(static_cast<char *>(kv.k) + dst, static_cast<char *>(kv.k) + src, row);
+                be.copy(static_cast<char *>(kv.v) + dst, static_cast<char *>(kv.v) + src, row);
+            }
+        }
+    }
+}
+
+struct AdaptivePolicy {
+    bool enabled;
+    double ratio = DEFAULT_STEP_RATIO, spec_time = 0, plain_time = 0, ema;
+    int burst_left = 0;
+    bool probing = false;
+
+    explicit AdaptivePolicy(bool on) : enabled(on), ema(2 * threshold()) {}
+    double threshold() const { return THRESHOLD_SLACK * (ratio - 1.0); }
+    static void mix(double &avg, double x) { avg = avg == 0 ? x : 0.9 * avg + 0.1 * x; }
+    void after_spec(int accepted, double seconds) {
+        mix(spec_time, seconds);
+        if (spec_time > 0 && plain_time > 0) ratio = spec_time / plain_time;
+        const double a = probing ? PROBE_ALPHA : EMA_ALPHA;
+        ema = (1 - a) * ema + a * accepted;
+        probing = false;
+        if (enabled && ema < threshold()) burst_left = BURST_STEPS;
+    }
+    void after_plain(double seconds) {
+        mix(plain_time, seconds);
+        if (burst_left > 0 && --burst_left == 0) probing = true;
+    }
+};
+
+}  // namespace
+
+luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, int n_prompt,
+                                 const luce_generate_params &p, luce_token_callback callback, void *user_data,
+                                 int32_t *out_tokens, int out_capacity, luce_generate_stats *stats) {
+    check_generate_request(s, prompt, n_prompt, p, out_tokens, out_capacity);
+    const bool sampled = p.temperature > 0.f;
+    if (d.target != s.model) fail(LUCE_ERR_INVALID_ARGUMENT, "the drafter is bound to another target model");
+    // The drafter's context must hold the features of every committed position, so the whole
+    // sequence has to go through this loop.
+    if (s.n_past != 0)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "speculative decoding needs an empty session (%d positions are used)", s.n_past);
+    if (p.ddtree && sampled) fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification is greedy only (temperature 0)");
+    if (p.ddtree && (p.ddtree_budget < 0 || p.ddtree_budget > MAX_STEP - 1))
+        fail(LUCE_ERR_INVALID_ARGUMENT, "--ddtree-budget must be in 1..%d; got %d", MAX_STEP - 1, p.ddtree_budget);
+    if (!(p.dspark_confidence_threshold >= 0.f && p.dspark_confidence_threshold < 1.f))
+        fail(LUCE_ERR_INVALID_ARGUMENT, "the DSpark confidence threshold must be in [0, 1)");
+    if (p.n_oracle_tokens < 0 || (p.n_oracle_tokens > 0 && (!p.oracle_tokens || sampled)))
+        fail(LUCE_ERR_INVALID_ARGUMENT, "oracle tokens need a token list and greedy decoding");
+    for (int i = 0; i < p.n_oracle_tokens; ++i)
+        if (p.oracle_tokens[i] < 0 || p.oracle_tokens[i] >= s.model->hp.n_vocab)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "oracle token %d is out of range", p.oracle_tokens[i]);
+    const int B = block_rows(d, p.draft_block_size);
+    const int q_max = d.proposals(B);
+    const int cap_from = p.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p.verify_cap_from;
+    const int V = s.model->hp.n_vocab, E = d.hp.n_embd, N = d.n_taps();
+    Backend &be = *s.model->backend;
+
+    const int budget = p.ddtree_budget ? p.ddtree_budget : DEFAULT_DDTREE_BUDGET;
+    const int W = p.ddtree ? std::max(q_max, budget) + 1 : q_max + 1;  // most rows one verify runs
+    DraftContext ctx(d, n_prompt + p.max_tokens + W + B + 1);
+    Checkpoints ckpt(s, W);
+    std::vector<float> taps(size_t(MAX_STEP) * N * E), logits(size_t(W) * V), hidden(size_t(B) * E);
+    std::vector<float> q_probs(sampled ? size_t(q_max) * V : 0), p_row(static_cast<size_t>(V)), conf(static_cast<size_t>(B));
+    std::vector<int32_t> block(size_t(B), d.hp.mask_token_id), tokens(static_cast<size_t>(W)), ids(static_cast<size_t>(V));
+    std::vector<float> row_logits(p.ddtree ? size_t(q_max) * V : 0);
+    std::vector<int32_t> tree_pos(static_cast<size_t>(W)), tree_slot(static_cast<size_t>(W)), tree_parent(static_cast<size_t>(W)), path;
+    std::vector<uint8_t> tree_mask(p.ddtree ? size_t(W) * size_t(s.n_ctx) : 0);
+    std::vector<int32_t> chain_rows(static_cast<size_t>(W));
+    std::iota(chain_rows.begin(), chain_rows.end(), 0);
+    HiddenCapture capture{d.hp.target_layer_ids.data(), N, taps.data()};
+    Rng rng(p.seed);
+    ChainSampling chain_sampling{p.temperature, &rng, sampled ? q_probs.data() : nullptr};
+    AdaptivePolicy policy(!p.no_adaptive && !sampled);  // bursts would bypass rejection sampling
+
+    luce_generate_stats st{};
+    st.n_prompt = n_prompt;
+    st.block_size = B;
+    luce_status status = LUCE_OK;
+    auto choose = [&](const float *row) -> int32_t {
+        if (!sampled) return be.argmax(row, V);
+        target_probs(row, V, p, ids, p_row.data());
+        return draw(p_row.data(), V, rng);
+    };
+    auto is_stop = [&](int32_t id) {
+        return !p.ignore_eos && std::find(p.stop_ids, p.stop_ids + p.n_stop_ids, id) != p.stop_ids + p.n_stop_ids;
+    };
+    // Appends committed tokens to the output; false when generation ends (stop id, budget, callback).
+    auto emit = [&](const int32_t *toks, int n) -> bool {
+        int m = 0;
+        while (m < n && st.n_generated < p.max_tokens && !is_stop(toks[m])) out_tokens[st.n_generated++] = toks[m++];
+        if (m < n && is_stop(toks[m])) st.stopped_by_eos = 1;
+        if (m > 0 && callback && callback(user_data, toks, m) != 0) {
+            status = LUCE_ERR_CANCELLED;
+            return false;
+        }
+        return m == n && st.n_generated < p.max_tokens;
+    };
+
+    // Prefill in MAX_STEP chunks, capturing taps for the drafter context.
+    const double t0 = now_seconds();
+    for (int c0 = 0; c0 < n_prompt; c0 += MAX_STEP) {
+        const int T = std::min(MAX_STEP, n_prompt - c0);
+        forward_step(s, prompt + c0, T, logits.data(), T - 1, &capture);
+        draft_append_context(d, ctx, taps.data(), T);
+    }
+    int32_t anchor = p.max_tokens > 0 ? choose(logits.data()) : -1;
+    const double t1 = now_seconds();
+    st.prefill_seconds = t1 - t0;
+    bool going = p.max_tokens > 0 && emit(&anchor, 1);
+
+    while (going) {
+        const int remaining = p.max_tokens - st.n_generated;
+        const int start = s.n_past;  // the anchor's position
+        int q = std::min(q_max, remaining - 1);
+        if (cap_from > 0 && start >= cap_from) q = std::min(q, std::max(VERIFY_CAP_MIN, B / 2) - 1);
+        const double step_t0 = now_seconds();
+
+        if (q <= 0 || policy.burst_left > 0) {  // plain step: one token, features still captured
+            forward_step(s, &anchor, 1, logits.data(), 0, &capture);
+            draft_append_context(d, ctx, taps.data(), 1);
+            anchor = choose(logits.data());
+            ++st.plain_steps;
+            policy.after_plain(now_seconds() - step_t0);
+            going = emit(&anchor, 1);
+            continue;
+        }
+
+        // 1. Draft.
+        block[0] = anchor;
+        draft_forward(d, ctx, block.data(), B, hidden.data());
+        const int row0 = d.hp.sample_from_anchor ? 0 : 1;
+        if (p.ddtree) {
+            // Tree: build, verify all nodes at once (ancestor-only attention, DeltaNet from each
+            // node's parent), follow the target's argmax down the tree, commit that path.
+            be.matmul(s.model->output, hidden.data() + size_t(row0) * E, q, row_logits.data(), V);
+            // Nodes occupy cache slots start .. start+budget: stay inside the session's context.
+            const int room = std::min(budget, s.n_ctx - start - 1);
+            std::vector<TreeNode> nodes = build_tree(d, row_logits.data(), hidden.data() + size_t(row0) * E, q, anchor,
+                                                     room);
+            const int T = int(nodes.size());
+            // Test hook: the oracle continuation goes on the tree's first-child chain.
+            for (int cur = 0, depth = 1; depth <= q; ++depth) {
+                int child = -1;
+                for (int c = cur + 1; c < T && child < 0; ++c)
+                    if (nodes[size_t(c)].parent == cur) child = c;
+                const int g = st.n_generated - 1 + depth;
+                if (child < 0 || g >= p.n_oracle_tokens) break;
+                nodes[size_t(child)].token = p.oracle_tokens[g];
+                cur = child;
+            }
+            std::fill(tree_mask.begin(), tree_mask.begin() + size_t(T) * s.n_ctx, 0);
+            for (int t = 0; t < T; ++t) {
+                tokens[size_t(t)] = nodes[size_t(t)].token;
+                tree_pos[size_t(t)] = start + nodes[size_t(t)].depth;
+                tree_slot[size_t(t)] = start + t;
+                tree_parent[size_t(t)] = nodes[size_t(t)].parent;
+                uint8_t *m = tree_mask.data() + size_t(t) * s.n_ctx;
+                std::fill(m, m + start, 1);
+                for (int a = t; a >= 0; a = nodes[size_t(a)].parent) m[start + a] = 1;
+            }
+            const double t_drafted = now_seconds();
+            const TreeStep tree{tree_pos.data(), tree_slot.data(), tree_parent.data(), tree_mask.data()};
+            ckpt.attach();
+            s.tree = &tree;
+            forward_step(s, tokens.data(), T, logits.data(), 0, &capture);
+            s.tree = nullptr;
+            ckpt.detach();
+            const double t_verified = now_seconds();
+            path.assign(1, 0);
+            int32_t bonus = -1;
+            for (int cur = 0; bonus < 0;) {
+                const int32_t want = be.argmax(logits.data() + size_t(cur) * V, V);
+                int child = -1;
+                for (int c = cur + 1; c < T && child < 0; ++c)
+                    if (nodes[size_t(c)].parent == cur && nodes[size_t(c)].token == want) child = c;
+                if (child < 0) bonus = want;
+                else path.push_back(cur = child);
+            }
+            const int n = int(path.size()) - 1;
+            compact_kv(s, start, path);
+            ckpt.restore(start, path.data(), n + 1);
+            for (int i = 0; i <= n; ++i)  // the path's taps, in order (path[i] >= i: in place)
+                if (path[size_t(i)] != i)
+                    std::copy_n(taps.data() + size_t(path[size_t(i)]) * N * E, size_t(N) * E, taps.data() + size_t(i) * N * E);
+            const double t_rolled = now_seconds();
+            draft_append_context(d, ctx, taps.data(), n + 1);
+            ++st.spec_steps;
+            st.n_drafted += T - 1;
+            st.n_accepted += n;
+            st.full_accept_steps += (n == q);
+            st.zero_accept_steps += (n == 0);
+            st.max_accepted = std::max(st.max_accepted, n);
+            st.draft_seconds += (t_drafted - step_t0) + (now_seconds() - t_rolled);
+            st.verify_seconds += t_verified - t_drafted;
+            st.rollback_seconds += t_rolled - t_verified;
+            policy.after_spec(n, now_seconds() - step_t0);
+            for (int i = 1; i <= n; ++i) tokens[size_t(i)] = nodes[size_t(path[size_t(i)])].token;
+            tokens[size_t(n + 1)] = bonus;
+            going = emit(tokens.data() + 1, n + 1);
+            anchor = bonus;
+            continue;
+        }
+        draft_chain(d, hidden.data() + size_t(row0) * E, q, anchor, tokens.data() + 1, conf.data(),
+                    sampled ? &chain_sampling : nullptr);
+        for (int i = 1; i <= q; ++i) {  // test hook: proposals from a known continuation
+            const int g = st.n_generated - 1 + i;  // generated index of draft i (the anchor is g - i)
+            if (g < p.n_oracle_tokens) tokens[size_t(i)] = p.oracle_tokens[g];
+        }
+        if (p.dspark_confidence_threshold > 0.f && d.hp.confidence_dim > 0)
+            for (int i = 0; i < q; ++i)
+                if (conf[size_t(i)] < p.dspark_confidence_threshold) {
+                    q = i;
+                    break;
+                }
+        const double t_drafted = now_seconds();
+
+        // 2. Verify [anchor, d_1..d_q].
+        tokens[0] = anchor;
+        const int T = q + 1;
+        ckpt.attach();
+        forward_step(s, tokens.data(), T, logits.data(), 0, &capture);
+        ckpt.detach();
+        const double t_verified = now_seconds();
+
+        // 3. Accept.
+        int n = 0;
+        int32_t bonus = -1;
+        if (!sampled) {
+            while (n < q && tokens[size_t(n + 1)] == be.argmax(logits.data() + size_t(n) * V, V)) ++n;
+            bonus = be.argmax(logits.data() + size_t(n) * V, V);
+        } else {
+            for (; n < q; ++n) {
+                const int32_t dt = tokens[size_t(n + 1)];
+                const float *qi = q_probs.data() + size_t(n) * V;
+                target_probs(logits.data() + size_t(n) * V, V, p, ids, p_row.data());
+                if (rng.uniform() * qi[dt] < p_row[size_t(dt)]) continue;  // u < p/q
+                double mass = 0.0;
+                for (int v = 0; v < V; ++v) mass += (p_row[size_t(v)] = std::max(p_row[size_t(v)] - qi[v], 0.f));
+                if (mass <= 0.0) target_probs(logits.data() + size_t(n) * V, V, p, ids, p_row.data());
+                bonus = draw(p_row.data(), V, rng);
+                break;
+            }
+            if (bonus < 0) bonus = choose(logits.data() + size_t(q) * V);
+        }
+
+        // 4. Commit n+1 positions; roll the rest back.
+        if (n + 1 < T) ckpt.restore(start, chain_rows.data(), n + 1);
+        const double t_rolled = now_seconds();
+        draft_append_context(d, ctx, taps.data(), n + 1);
+
+        ++st.spec_steps;
+        st.n_drafted += q;
+        st.n_accepted += n;
+        st.full_accept_steps += (n == q);
+        st.zero_accept_steps += (n == 0);
+        st.max_accepted = std::max(st.max_accepted, n);
+        st.draft_seconds += (t_drafted - step_t0) + (now_seconds() - t_rolled);
+        st.verify_seconds += t_verified - t_drafted;
+        st.rollback_seconds += t_rolled - t_verified;
+        policy.after_spec(n, now_seconds() - step_t0);
+
+        tokens[size_t(n + 1)] = bonus;
+        going = emit(tokens.data() + 1, n + 1);
+        anchor = bonus;
+    }
+    st.decode_seconds = now_seconds() - t1;
+    st.tau = st.spec_steps ? double(st.n_accepted + st.spec_steps) / st.spec_steps : 0.0;
+    st.acceptance = st.n_drafted ? double(st.n_accepted) / st.n_drafted : 0.0;
+    if (stats) *stats = st;
+    if (status == LUCE_ERR_CANCELLED) set_last_error("generation stopped by the token callback");
+    return status;
+}
+
+}  // namespace luce
