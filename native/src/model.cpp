@@ -12,6 +12,7 @@
 
 #include "backend_cpu.h"
 #include "errors.h"
+#include "gpu_loader.h"
 #include "quants.h"
 
 namespace luce {
@@ -227,6 +228,39 @@ void bind_layer(Binder &b, const Hparams &hp, int i, LayerWeights &L) {
     }
 }
 
+// Copies every weight the forward reads into backend memory, once, in its GGUF encoding, and
+// points the model at the copies (the tied head shares token_embd's copy). The mapped file stays
+// open; the backend frees the copies when it is destroyed.
+void upload_weights(Model &m) {
+    Backend &be = *m.backend;
+    auto matrix = [&](Weight &w) {
+        if (!w.present()) return;
+        const size_t bytes = size_t(row_bytes(w.type, w.n_in)) * size_t(w.n_out);
+        void *dst = be.alloc(bytes);
+        be.upload(dst, w.data, bytes);
+        w.data = dst;
+    };
+    auto vector = [&](Vector &v) {
+        if (v.host.empty()) return;
+        void *dst = be.alloc(v.host.size() * sizeof(float));
+        be.upload(dst, v.host.data(), v.host.size() * sizeof(float));
+        v.device = static_cast<const float *>(dst);
+    };
+    matrix(m.token_embd);
+    if (m.hp.tied_head) m.output = m.token_embd;
+    else matrix(m.output);
+    vector(m.output_norm);
+    for (LayerWeights &L : m.layers) {
+        vector(L.attn_norm);
+        vector(L.post_norm);
+        for (Weight *w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o,
+                          &L.ssm.qkv, &L.ssm.gate, &L.ssm.beta, &L.ssm.alpha, &L.ssm.out})
+            matrix(*w);
+        for (Vector *v : {&L.attn.q_norm, &L.attn.k_norm, &L.ssm.conv, &L.ssm.dt_bias, &L.ssm.a, &L.ssm.norm})
+            vector(*v);
+    }
+}
+
 }  // namespace
 
 int Hparams::max_n_ff() const { return *std::max_element(n_ff.begin(), n_ff.end()); }
@@ -245,7 +279,7 @@ int Hparams::max_kv_width() const {
     return w;
 }
 
-std::unique_ptr<Model> load_model(const std::string &path, int n_threads) {
+std::unique_ptr<Model> load_model(const std::string &path, int n_threads, int device, int gpu_index) {
     auto m = std::make_unique<Model>();
     m->file.reset(GgufFile::open(path));
     const GgufFile &f = *m->file;
@@ -284,7 +318,12 @@ std::unique_ptr<Model> load_model(const std::string &path, int n_threads) {
         int64_t eos = f.get_int(KEY_EOS);
         if (eos >= 0 && eos < hp.n_vocab) m->eos_token_id = int32_t(eos);
     }
-    m->backend = std::make_unique<CpuBackend>(n_threads);
+    if (device == LUCE_DEVICE_GPU) {
+        m->backend = open_gpu_backend(gpu_index, m->weight_bytes);  // checks memory first
+        upload_weights(*m);
+    } else {
+        m->backend = std::make_unique<CpuBackend>(n_threads);
+    }
     return m;
 }
 

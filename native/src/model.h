@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -37,22 +38,34 @@ struct Hparams {
     int max_kv_width() const;  // max over attention layers of Hkv*D
 };
 
+// A small fp32 tensor (norm weights, conv taps, dt bias, ssm_a), dequantized once at load.
+// data() is where the backend reads it: the host copy, or the device copy once the weights are
+// on a GPU (upload_weights in model.cpp).
+struct Vector {
+    std::vector<float> host;
+    const float *device = nullptr;
+    Vector() = default;
+    Vector(std::vector<float> v) : host(std::move(v)) {}
+    const float *data() const { return device ? device : host.data(); }
+    size_t size() const { return host.size(); }
+};
+
 // A full-attention layer (spec §1.3). attn_q rows are [q_h | gate_h] per head (2D rows per head).
 struct AttentionWeights {
     Weight q, k, v, o;                  // [E -> 2*H*D], [E -> Hkv*D] x2, [H*D -> E]
-    std::vector<float> q_norm, k_norm;  // [D], stored +1 (plain multipliers)
+    Vector q_norm, k_norm;              // [D], stored +1 (plain multipliers)
 };
 
 // A Gated DeltaNet layer (spec §1.4, GGUF tiled v-head order).
 struct DeltaNetWeights {
     Weight qkv, gate, beta, alpha, out;  // [E -> CD], [E -> HV*DV], [E -> HV] x2, [HV*DV -> E]
-    std::vector<float> conv;             // [CD][Kc], tap Kc-1 = current token
-    std::vector<float> dt_bias, a;       // [HV]; a = -exp(A_log)
-    std::vector<float> norm;             // [DV], plain weight (no +1)
+    Vector conv;                         // [CD][Kc], tap Kc-1 = current token
+    Vector dt_bias, a;                   // [HV]; a = -exp(A_log)
+    Vector norm;                         // [DV], plain weight (no +1)
 };
 
 struct LayerWeights {
-    std::vector<float> attn_norm, post_norm;  // [E], stored +1
+    Vector attn_norm, post_norm;              // [E], stored +1
     Weight ffn_gate, ffn_up, ffn_down;        // [E -> F] x2, [F -> E]
     AttentionWeights attn;                    // full-attention layers only
     DeltaNetWeights ssm;                      // recurrent layers only
@@ -63,7 +76,7 @@ struct Model {
     Hparams hp;
     Weight token_embd;               // [E -> V] rows gathered by token id
     Weight output;                   // [E -> V]; token_embd when the head is tied
-    std::vector<float> output_norm;  // [E]
+    Vector output_norm;              // [E]
     std::vector<LayerWeights> layers;
     std::unique_ptr<Backend> backend;
     int64_t n_params = 0, weight_bytes = 0;
@@ -71,6 +84,8 @@ struct Model {
 };
 
 // Opens, validates and binds a qwen35 GGUF. Throws luce::Error (FORMAT / UNSUPPORTED / IO).
-std::unique_ptr<Model> load_model(const std::string &path, int n_threads);
+// device is a luce_device: on LUCE_DEVICE_GPU the GPU backend is opened (gpu_loader.h) and every
+// weight uploaded once, in its encoding (LUCE_ERR_DEVICE if that is not possible).
+std::unique_ptr<Model> load_model(const std::string &path, int n_threads, int device = 0, int gpu_index = 0);
 
 }  // namespace luce

@@ -27,6 +27,7 @@ DEFAULT_CTX_SIZE = 4096
 DEFAULT_MAX_TOKENS = 128
 
 _DEVICE_IDS = {"cpu": 0, "gpu": 1}
+_STATUS_DEVICE = 7  # LUCE_ERR_DEVICE: GPU backend missing, no device, too little device memory
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,18 @@ class Engine:
             raise LuceError(f"model file not found: {self.path}")
         self._model = self._session = None
         self._tokenizer = None
-        self.device = "cpu" if device == "auto" else device  # auto: GPU backend not built yet
         lib()  # loads the library and declares luce.h's types before ffi.new below
-        params = ffi.new("luce_model_params *", {"device": _DEVICE_IDS[self.device],
-                                                 "n_threads": threads, "gpu_index": 0})
-        out = ffi.new("luce_model **")
-        check(lib().luce_model_load(os.fsencode(self.path), params, out), str(self.path))
-        self._model = out[0]
+        # auto: the GPU when its backend is built and a device with enough memory is present
+        # (the native loader says so with LUCE_ERR_DEVICE before uploading anything), else the CPU.
+        candidates = ("gpu", "cpu") if device == "auto" else (device,)
+        for i, dev in enumerate(candidates):
+            try:
+                self._model = self._load(dev, threads)
+                self.device = dev
+                break
+            except LuceError as e:
+                if e.status != _STATUS_DEVICE or i + 1 == len(candidates):
+                    raise
         info = ffi.new("luce_model_info *")
         check(lib().luce_model_get_info(self._model, info))
         self.info = ModelInfo._from_native(info)
@@ -95,6 +101,13 @@ class Engine:
             raise
         self._session = sess[0]
         self.ctx_size = int(ctx_size)
+
+    def _load(self, device: str, threads: int):
+        params = ffi.new("luce_model_params *", {"device": _DEVICE_IDS[device],
+                                                 "n_threads": threads, "gpu_index": 0})
+        out = ffi.new("luce_model **")
+        check(lib().luce_model_load(os.fsencode(self.path), params, out), str(self.path))
+        return out[0]
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -1,0 +1,150 @@
+// attention.cu — NeoX RoPE, the KV-cache store and softmax attention over the cache.
+//
+// Positions are read from device memory (pos[t]), never passed as launch arguments, so a step's
+// launches stay valid from one step to the next (graph capture, next increment).
+//
+// attention: one block per (query head h, token t) with W warps. Warp w visits keys
+// j = w, w + W, ... with an online softmax (running max m, running sum l, and an unnormalised
+// output row acc[w][D] in shared memory); the W partial results are merged at the end:
+//   out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M),  M = max_w m_w.
+// Scores are q.k / sqrt(D) in fp32, as the CPU backend computes them.
+#include "kernels.h"
+
+namespace luce::gpu {
+
+namespace {
+
+// ---- kernels -----------------------------------------------------------------------------------
+
+// One thread per (t, h, i < n_rot/2): rotates the pair (i, i + n_rot/2).
+__global__ void rope_neox_kernel(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
+                                 float theta) {
+    const int half = n_rot / 2;
+    const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    if (idx >= int64_t(T) * n_head * half) return;
+    const int i = int(idx % half);
+    const int64_t th = idx / half;  // t * n_head + h
+    const int t = int(th / n_head);
+    // inv_freq = theta^(-2i/R) in fp32, angle in fp32 (spec §1.3), as the CPU backend.
+    const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(n_rot));
+    float s, c;
+    sincosf(float(pos[t]) * inv_freq, &s, &c);
+    float *xh = x + th * head_dim;
+    const float a = xh[i], b = xh[i + half];
+    xh[i] = a * c - b * s;
+    xh[i + half] = b * c + a * s;
+}
+
+// One thread per (t, h, d): cache[h][pos[t]][d] = k[t][h][d] (and v).
+__global__ void kv_store_kernel(float *kc, float *vc, int n_ctx, const float *k, const float *v,
+                                const int32_t *pos, int T, int n_head_kv, int head_dim) {
+    const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    if (idx >= int64_t(T) * n_head_kv * head_dim) return;
+    const int d = int(idx % head_dim);
+    const int64_t th = idx / head_dim;
+    const int t = int(th / n_head_kv), h = int(th % n_head_kv);
+    const int64_t dst = (int64_t(h) * n_ctx + pos[t]) * head_dim + d;
+    kc[dst] = k[idx];
+    vc[dst] = v[idx];
+}
+
+// Dynamic shared memory: q[D] | acc[W][D] | m[W] | l[W].
+__global__ void attention_kernel(const float *q, const float *kc, const float *vc, int n_ctx,
+                                 const int32_t *pos, const uint8_t *mask, int n_head, int group,
+                                 int head_dim, float scale, float *out) {
+    extern __shared__ float smem[];
+    const int h = blockIdx.x, t = blockIdx.y, D = head_dim;
+    const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize, W = blockDim.x / warpSize;
+    float *sq = smem, *acc = smem + D, *sm = acc + W * D, *sl = sm + W;
+    const float *qh = q + (int64_t(t) * n_head + h) * D;
+    const float *K = kc + int64_t(h / group) * n_ctx * D;
+    const float *V = vc + int64_t(h / group) * n_ctx * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) sq[d] = qh[d];
+    float *my_acc = acc + warp * D;
+    for (int d = lane; d < D; d += warpSize) my_acc[d] = 0.f;
+    __syncthreads();
+
+    const int n_keys = mask ? n_ctx : pos[t] + 1;
+    const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
+    float m = -INFINITY, l = 0.f;
+    for (int j = warp; j < n_keys; j += W) {
+        if (mrow && !mrow[j]) continue;  // uniform across the warp
+        const float *kj = K + int64_t(j) * D, *vj = V + int64_t(j) * D;
+        float s = 0.f;
+        for (int d = lane; d < D; d += warpSize) s += sq[d] * kj[d];
+        s = warp_sum(s) * scale;
+        const float m_new = fmaxf(m, s);
+        const float corr = expf(m - m_new), p = expf(s - m_new);
+        l = l * corr + p;
+        for (int d = lane; d < D; d += warpSize) my_acc[d] = my_acc[d] * corr + p * vj[d];
+        m = m_new;
+    }
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+    __syncthreads();
+
+    float M = -INFINITY;
+    for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w]);
+    float den = 0.f;
+    for (int w = 0; w < W; ++w)
+        if (sm[w] != -INFINITY) den += sl[w] * expf(sm[w] - M);
+    float *oh = out + (int64_t(t) * n_head + h) * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float num = 0.f;
+        for (int w = 0; w < W; ++w)
+            if (sm[w] != -INFINITY) num += acc[w * D + d] * expf(sm[w] - M);
+        oh[d] = den > 0.f ? num / den : 0.f;  // no visible key: zeros, as the CPU backend
+    }
+}
+
+// ---- launchers ---------------------------------------------------------------------------------
+
+constexpr int ELEMENT_THREADS = 256;
+constexpr int ATTENTION_THREADS = 128;
+
+unsigned blocks_for(int64_t n) { return unsigned((n + ELEMENT_THREADS - 1) / ELEMENT_THREADS); }
+
+}  // namespace
+
+void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_head, int head_dim,
+               int n_rot, float theta) {
+    const int64_t n = int64_t(T) * n_head * (n_rot / 2);
+    if (n < 1) return;
+    rope_neox_kernel<<<blocks_for(n), ELEMENT_THREADS, 0, stream>>>(x, pos, T, n_head, head_dim, n_rot, theta);
+    LUCE_GPU_LAUNCHED();
+}
+
+// The GPU kernels read an f32 cache only so far; the f16 cache is a CPU-backend option.
+static void require_f32_cache(const KvLayer &kv) {
+    if (kv.f16) fail(LUCE_ERR_UNSUPPORTED, "the GPU backend has no f16 KV cache yet; use the f32 cache");
+}
+
+void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
+              int n_head_kv, int head_dim) {
+    const int64_t n = int64_t(T) * n_head_kv * head_dim;
+    if (n < 1) return;
+    require_f32_cache(kv);
+    kv_store_kernel<<<blocks_for(n), ELEMENT_THREADS, 0, stream>>>(static_cast<float *>(kv.k),
+                                                                    static_cast<float *>(kv.v), kv.n_ctx, k, v, pos, T,
+                                                                    n_head_kv, head_dim);
+    LUCE_GPU_LAUNCHED();
+}
+
+void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv, const int32_t *pos,
+               const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out) {
+    if (T < 1) return;
+    require_f32_cache(kv);
+    const int W = ATTENTION_THREADS / warp;
+    const size_t shared = sizeof(float) * (size_t(head_dim) * (1 + W) + 2 * size_t(W));
+    if (shared > 48 * 1024)
+        fail(LUCE_ERR_UNSUPPORTED, "GPU attention: head dim %d needs %zu bytes of shared memory", head_dim, shared);
+    const dim3 grid{unsigned(n_head), unsigned(T)};
+    attention_kernel<<<grid, ATTENTION_THREADS, shared, stream>>>(
+        q, static_cast<const float *>(kv.k), static_cast<const float *>(kv.v), kv.n_ctx, pos, mask, n_head, n_head / n_head_kv, head_dim,
+        1.0f / sqrtf(float(head_dim)), out);
+    LUCE_GPU_LAUNCHED();
+}
+
+}  // namespace luce::gpu

@@ -1,0 +1,230 @@
+// backend_gpu.cu — GpuBackend: device memory, the stream, and one call per Backend op into the
+// launchers of kernels.h. The math lives in the .cu file of each op family.
+#include "backend_gpu.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "kernels.h"
+#include "quant_blocks.cuh"
+
+namespace luce {
+
+namespace {
+
+constexpr double MIB = 1024.0 * 1024.0;
+constexpr double GIB = MIB * 1024.0;
+// Kept free beyond the weights at load: session buffers, KV cache of a modest context, the
+// runtime's own workspace. A session that does not fit still fails cleanly when it allocates.
+constexpr int64_t LOAD_RESERVE_BYTES = int64_t(512) << 20;
+
+}  // namespace
+
+GpuBackend::GpuBackend(int device_index) : device_(device_index) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();  // clear the "no device" error
+        fail(LUCE_ERR_DEVICE, "no GPU device found (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    }
+    if (device_index < 0 || device_index >= n)
+        fail(LUCE_ERR_DEVICE, "GPU index %d is out of range (%d device%s present)", device_index, n, n == 1 ? "" : "s");
+    LUCE_GPU_CHECK(cudaSetDevice(device_index));
+    cudaDeviceProp prop;
+    LUCE_GPU_CHECK(cudaGetDeviceProperties(&prop, device_index));
+    warp_ = prop.warpSize;
+#if defined(LUCE_HIP)
+    name_ = std::string("hip:") + prop.name;
+#else
+    name_ = std::string("cuda:") + prop.name;
+#endif
+    LUCE_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
+}
+
+GpuBackend::~GpuBackend() {
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    for (auto &[base, bytes] : allocations_) (void)cudaFree(reinterpret_cast<void *>(base));
+    if (stream_) (void)cudaStreamDestroy(stream_);
+}
+
+size_t GpuBackend::free_bytes() const {
+    size_t free = 0, total = 0;
+    LUCE_GPU_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+}
+
+void *GpuBackend::alloc(size_t n_bytes) {
+    const size_t bytes = std::max<size_t>(n_bytes, 64);
+    void *p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fail(LUCE_ERR_DEVICE, "GPU memory exhausted: allocating %.1f MiB failed (%.1f MiB free)",
+             double(bytes) / MIB, double(free_bytes()) / MIB);
+    }
+    allocations_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    LUCE_GPU_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));  // the contract: zero-initialised
+    return p;
+}
+
+// Called from destructors (Session), so it never throws: at process exit the runtime may already
+// be unloading, and a failed free leaks nothing the process still owns.
+void GpuBackend::release(void *p) {
+    if (!p) return;
+    auto it = allocations_.find(reinterpret_cast<uintptr_t>(p));
+    if (it == allocations_.end()) return;
+    (void)cudaStreamSynchronize(stream_);  // work still queued may read it
+    (void)cudaFree(p);
+    allocations_.erase(it);
+}
+
+bool GpuBackend::owns(const void *p) const {
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    auto it = allocations_.upper_bound(addr);
+    if (it == allocations_.begin()) return false;
+    --it;
+    return addr < it->first + it->second;
+}
+
+// Pageable host source: the copy has been staged when the call returns, so src may be reused.
+void GpuBackend::upload(void *dst, const void *src, size_t n) {
+    if (n == 0) return;
+    LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
+}
+
+void GpuBackend::download(void *dst, const void *src, size_t n) {
+    if (n == 0) return;
+    LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
+    LUCE_GPU_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void GpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) {
+    gpu::matmul(stream_, warp_, w, x, T, y, ldy);
+}
+
+void GpuBackend::get_rows(const Weight &w, const int32_t *ids, int T, float *out) {
+    gpu::get_rows(stream_, w, ids, T, out);
+}
+
+void GpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
+                         float eps, float *y, int64_t y_stride) {
+    gpu::rmsnorm(stream_, x, x_stride, w, n_rows, dim, eps, y, y_stride);
+}
+
+void GpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim, float eps) {
+    gpu::rmsnorm_gated(stream_, o, w, z, n_rows, dim, eps);
+}
+
+void GpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) {
+    gpu::mul_sigmoid(stream_, o, g, g_stride, n_rows, dim);
+}
+
+void GpuBackend::swiglu(float *gate, const float *up, int64_t n) { gpu::swiglu(stream_, gate, up, n); }
+
+void GpuBackend::add(float *x, const float *y, int64_t n) { gpu::add(stream_, x, y, n); }
+
+void GpuBackend::rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
+                           float theta) {
+    gpu::rope_neox(stream_, x, pos, T, n_head, head_dim, n_rot, theta);
+}
+
+void GpuBackend::kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
+                          int n_head_kv, int head_dim) {
+    gpu::kv_store(stream_, kv, k, v, pos, T, n_head_kv, head_dim);
+}
+
+void GpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask,
+                           int T, int n_head, int n_head_kv, int head_dim, float *out) {
+    gpu::attention(stream_, warp_, q, kv, pos, mask, T, n_head, n_head_kv, head_dim, out);
+}
+
+void GpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc, float *out) {
+    gpu::conv_silu(stream_, x, state, w, T, C, Kc, out);
+}
+
+void GpuBackend::gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
+                                 const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
+                                 float *out, float *state_history) {
+    gpu::gated_delta_net(stream_, warp_, conv, b, a, ssm_a, dt_bias, dims, T, state, out, state_history);
+}
+
+// The generate loop hands argmax the host copy of the logits it downloaded for sampling; device
+// rows (the speculative verify path) are reduced on the device and only the index comes back.
+int32_t GpuBackend::argmax(const float *x, int64_t n) {
+    if (n < 1) return 0;
+    if (!owns(x)) {
+        int64_t best = 0;
+        for (int64_t i = 1; i < n; ++i)
+            if (x[i] > x[best]) best = i;
+        return int32_t(best);
+    }
+    gpu::argmax(stream_, x, n, argmax_result_);
+    int32_t r = 0;
+    download(&r, argmax_result_, sizeof r);
+    return r;
+}
+
+}  // namespace luce
+
+extern "C" luce_status luce_gpu_open(int32_t device_index, int64_t bytes_needed, luce::Backend **out,
+                                     char *err, size_t err_len) {
+    auto report = [&](const char *msg) {
+        if (err && err_len) std::snprintf(err, err_len, "%s", msg);
+    };
+    try {
+        auto *be = new luce::GpuBackend(device_index);
+        const size_t free = be->free_bytes();
+        const int64_t need = bytes_needed + luce::LOAD_RESERVE_BYTES;
+        if (int64_t(free) < need) {
+            char msg[512];
+            std::snprintf(msg, sizeof msg,
+                          "not enough GPU memory on %s: the model needs %.2f GiB (weights + %.1f GiB reserve), "
+                          "%.2f GiB are free",
+                          be->name(), double(need) / luce::GIB, double(luce::LOAD_RESERVE_BYTES) / luce::GIB,
+                          double(free) / luce::GIB);
+            delete be;
+            report(msg);
+            return LUCE_ERR_DEVICE;
+        }
+        *out = be;
+        return LUCE_OK;
+    } catch (const luce::Error &e) {
+        report(e.what());
+        return e.status;
+    } catch (const std::exception &e) {
+        report(e.what());
+        return LUCE_ERR_INTERNAL;
+    }
+}
+
+// Test hook for tools/gpu_check.py: one matmul on the device, y[t][r] = sum_c W[r][c] x[t][c]
+// (host in, host out; the CPU twin is luce_matmul in luce.h), so each weight type can be checked
+// against gguf.quants' dequantization by itself, apart from the model.
+extern "C" luce_status luce_gpu_matmul(int32_t device_index, int32_t type, const void *weights, size_t nbytes,
+                                       int64_t n_rows, int64_t n_cols, const float *x, int64_t n_tok, float *y,
+                                       char *err, size_t err_len) {
+    try {
+        if (n_tok < 1 || n_tok > 64 || n_rows < 1 || n_cols < 1 || luce::gpu::block_bytes(type) == 0 ||
+            n_cols % luce::gpu::block_elems(type) != 0 ||
+            size_t(n_cols / luce::gpu::block_elems(type) * luce::gpu::block_bytes(type) * n_rows) != nbytes)
+            luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_matmul: bad shape or size");
+        luce::GpuBackend be(device_index);
+        void *w = be.alloc(nbytes);
+        auto *xd = static_cast<float *>(be.alloc(sizeof(float) * size_t(n_tok * n_cols)));
+        auto *yd = static_cast<float *>(be.alloc(sizeof(float) * size_t(n_tok * n_rows)));
+        be.upload(w, weights, nbytes);
+        be.upload(xd, x, sizeof(float) * size_t(n_tok * n_cols));
+        luce::Weight wt;
+        wt.type = type;
+        wt.n_in = n_cols;
+        wt.n_out = n_rows;
+        wt.data = w;
+        be.matmul(wt, xd, int(n_tok), yd, n_rows);
+        be.download(y, yd, sizeof(float) * size_t(n_tok * n_rows));
+        return LUCE_OK;
+    } catch (const luce::Error &e) {
+        if (err && err_len) std::snprintf(err, err_len, "%s", e.what());
+        return e.status;
+    }
+}

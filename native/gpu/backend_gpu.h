@@ -1,0 +1,76 @@
+// backend_gpu.h — the GPU backend (CUDA or HIP, one source) behind backend.h.
+//
+// Built into libluce_gpu.so, which libluce dlopens only when a GPU is asked for
+// (native/src/gpu_loader.cpp); its one exported entry point is luce_gpu_open below.
+// All work is enqueued on one stream and nothing synchronises inside a forward step except
+// download() and argmax(): the shape a captured graph needs (next increment).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "backend.h"
+#include "gpu_compat.h"
+
+namespace luce {
+
+class GpuBackend final : public Backend {
+public:
+    explicit GpuBackend(int device_index);
+    ~GpuBackend() override;
+    const char *name() const override { return name_.c_str(); }
+
+    void *alloc(size_t n_bytes) override;
+    void release(void *p) override;
+    void upload(void *dst, const void *src, size_t n_bytes) override;
+    void download(void *dst, const void *src, size_t n_bytes) override;
+
+    void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) override;
+    void get_rows(const Weight &w, const int32_t *ids, int T, float *out) override;
+    void rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim, float eps,
+                 float *y, int64_t y_stride) override;
+    void rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim, float eps) override;
+    void mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) override;
+    void swiglu(float *gate, const float *up, int64_t n) override;
+    void add(float *x, const float *y, int64_t n) override;
+    void rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
+                   float theta) override;
+    void kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
+                  int n_head_kv, int head_dim) override;
+    void attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask, int T,
+                   int n_head, int n_head_kv, int head_dim, float *out) override;
+    void conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
+                   float *out) override;
+    void gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
+                         const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
+                         float *out, float *state_history) override;
+    int32_t argmax(const float *x, int64_t n) override;
+
+    // Free device memory now, for the load-time check.
+    size_t free_bytes() const;
+
+private:
+    bool owns(const void *p) const;  // p lies inside one of our allocations
+
+    int device_ = 0;
+    int warp_ = 32;  // the device's warp size: 32 on NVIDIA and RDNA, 64 on CDNA
+    std::string name_;
+    cudaStream_t stream_ = nullptr;
+    int32_t *argmax_result_ = nullptr;       // device scratch for argmax
+    std::map<uintptr_t, size_t> allocations_;  // base -> bytes; freed in the destructor
+};
+
+}  // namespace luce
+
+// Creates the backend on GPU `device_index` after checking that `bytes_needed` (weights plus the
+// runtime's reserve) fit its free memory. On failure returns a luce_status and writes a one-line
+// reason into err (err_len bytes). The caller owns *out (delete through Backend's virtual dtor).
+extern "C" __attribute__((visibility("default"))) luce_status
+luce_gpu_open(int32_t device_index, int64_t bytes_needed, luce::Backend **out, char *err, size_t err_len);
+
+// Test hook (tools/gpu_check.py): one matmul on GPU `device_index`, host buffers in and out.
+extern "C" __attribute__((visibility("default"))) luce_status
+luce_gpu_matmul(int32_t device_index, int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
+                int64_t n_cols, const float *x, int64_t n_tok, float *y, char *err, size_t err_len);

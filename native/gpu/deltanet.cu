@@ -1,0 +1,128 @@
+// deltanet.cu — the Gated DeltaNet causal conv and the delta-rule recurrence.
+//
+// conv_silu: one thread per channel; it reads the channel's Kc-1 state rows before overwriting
+// them, so the state advances in place.
+//
+// gated_delta_net: all T tokens of a step in ONE launch. Block (j, c0) owns value head j and the
+// state columns [c0, c0 + blockDim.x) of S_j [DK][DV]; thread c owns column c. Per token the
+// block normalises q and k of k head j % HK (block reductions; every column block repeats this
+// small work rather than synchronising with the others) into shared memory, then thread c does
+//   pass 1: S[i][c] *= decay,  kv = sum_i S[i][c] k[i]
+//           delta = beta (v[c] - kv)
+//   pass 2: S[i][c] += k[i] delta,  o[c] = sum_i S[i][c] q[i]   (and the history copy)
+// in the same order of fp32 sums as the CPU backend. State columns are independent, so no
+// block ever waits on another and the state stays in fp32 device memory between steps.
+#include <algorithm>
+
+#include "kernels.h"
+
+namespace luce::gpu {
+
+namespace {
+
+// ---- kernels -----------------------------------------------------------------------------------
+
+__global__ void conv_silu_kernel(const float *x, float *state, const float *w, int T, int C, int Kc,
+                                 float *out) {
+    const int S = Kc - 1;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        const float *wc = w + int64_t(c) * Kc;
+        for (int t = 0; t < T; ++t) {
+            float acc = 0.f;
+            for (int j = 0; j < Kc; ++j) {
+                const int src = t - S + j;  // < 0: state row S + src
+                const float v = src < 0 ? state[int64_t(S + src) * C + c] : x[int64_t(src) * C + c];
+                acc += wc[j] * v;
+            }
+            out[int64_t(t) * C + c] = silu(acc);
+        }
+        for (int i = 0; i < S; ++i) {  // new state = last S raw inputs of (old state ++ x)
+            const int src = T - S + i;
+            state[int64_t(i) * C + c] = src < 0 ? state[int64_t(S + src) * C + c] : x[int64_t(src) * C + c];
+        }
+    }
+}
+
+// Dynamic shared memory: q[DK] | k[DK].
+__global__ void gated_delta_net_kernel(const float *conv, const float *b, const float *a,
+                                       const float *ssm_a, const float *dt_bias, int HK, int HV, int DK,
+                                       int DV, float eps, int T, float *state, float *out,
+                                       float *state_history) {
+    extern __shared__ float smem[];
+    float *sq = smem, *sk = smem + DK;
+    const int j = blockIdx.x, kh = j % HK;  // tiled GGUF order (spec §3.4 item 5)
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    const int64_t CD = 2 * int64_t(HK) * DK + int64_t(HV) * DV;
+    const float q_scale = 1.0f / sqrtf(float(DK));
+    float *S = state + int64_t(j) * DK * DV;
+    for (int t = 0; t < T; ++t) {
+        const float *row = conv + int64_t(t) * CD;
+        const float *qs = row + int64_t(kh) * DK, *ks = row + int64_t(HK) * DK + int64_t(kh) * DK;
+        float qn = 0.f, kn = 0.f;
+        for (int i = threadIdx.x; i < DK; i += blockDim.x) {
+            qn += qs[i] * qs[i];
+            kn += ks[i] * ks[i];
+        }
+        qn = block_sum(qn);
+        kn = block_sum(kn);
+        // L2 norm with llama.cpp's clamp x / max(||x||, eps); q also scaled by 1/sqrt(DK).
+        const float qf = q_scale / fmaxf(sqrtf(qn), eps), kf = 1.0f / fmaxf(sqrtf(kn), eps);
+        for (int i = threadIdx.x; i < DK; i += blockDim.x) {
+            sq[i] = qs[i] * qf;
+            sk[i] = ks[i] * kf;
+        }
+        __syncthreads();
+        if (c < DV) {
+            const float beta = sigmoid(b[int64_t(t) * HV + j]);
+            const float decay = expf(ssm_a[j] * softplus(a[int64_t(t) * HV + j] + dt_bias[j]));
+            float kv = 0.f;
+            for (int i = 0; i < DK; ++i) {
+                const float s = S[int64_t(i) * DV + c] * decay;
+                S[int64_t(i) * DV + c] = s;
+                kv += s * sk[i];
+            }
+            const float v = row[2 * int64_t(HK) * DK + int64_t(j) * DV + c];
+            const float delta = beta * (v - kv);
+            float o = 0.f;
+            float *hist = state_history ? state_history + (int64_t(t) * HV + j) * DK * DV : nullptr;
+            for (int i = 0; i < DK; ++i) {
+                const float s = S[int64_t(i) * DV + c] + sk[i] * delta;
+                S[int64_t(i) * DV + c] = s;
+                o += s * sq[i];
+                if (hist) hist[int64_t(i) * DV + c] = s;
+            }
+            out[(int64_t(t) * HV + j) * DV + c] = o;
+        }
+        __syncthreads();  // sq/sk are rewritten by the next token
+    }
+}
+
+// ---- launchers ---------------------------------------------------------------------------------
+
+constexpr int CONV_THREADS = 256;
+constexpr int DELTA_COLUMNS = 64;  // state columns per block: a multiple of both warp sizes
+
+}  // namespace
+
+void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w, int T, int C, int Kc,
+               float *out) {
+    if (T < 1 || C < 1) return;
+    conv_silu_kernel<<<unsigned((C + CONV_THREADS - 1) / CONV_THREADS), CONV_THREADS, 0, stream>>>(
+        x, state, w, T, C, Kc, out);
+    LUCE_GPU_LAUNCHED();
+}
+
+void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
+                     const float *ssm_a, const float *dt_bias, const DeltaNetDims &dm, int T,
+                     float *state, float *out, float *state_history) {
+    if (T < 1) return;
+    const int threads = std::max(DELTA_COLUMNS, warp);
+    const dim3 grid(unsigned(dm.hv), unsigned((dm.dv + threads - 1) / threads));
+    const size_t shared = 2 * sizeof(float) * size_t(dm.dk);
+    if (shared > 48 * 1024) fail(LUCE_ERR_UNSUPPORTED, "GPU DeltaNet: state dim %d is too large", dm.dk);
+    gated_delta_net_kernel<<<grid, threads, shared, stream>>>(conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dk,
+                                                              dm.dv, dm.eps, T, state, out, state_history);
+    LUCE_GPU_LAUNCHED();
+}
+
+}  // namespace luce::gpu

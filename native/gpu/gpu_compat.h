@@ -1,0 +1,102 @@
+// gpu_compat.h — one source for CUDA and HIP.
+//
+// Kernels are written in the CUDA dialect. Under hipcc (CMake defines LUCE_HIP) the few runtime
+// calls and intrinsics we use are mapped to their HIP names here, and nowhere else. Warp size is
+// never a constant: RDNA runs wave32, CDNA wave64, so kernels use the built-in `warpSize` and
+// host code reads it from the device properties (GpuBackend::warp_size_).
+#pragma once
+
+#include <cstdint>
+
+#if defined(LUCE_HIP)
+#include <hip/hip_runtime.h>
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaErrorNoDevice hipErrorNoDevice
+#define cudaStream_t hipStream_t
+#define cudaDeviceProp hipDeviceProp_t
+#define cudaGetErrorString hipGetErrorString
+#define cudaGetLastError hipGetLastError
+#define cudaGetDeviceCount hipGetDeviceCount
+#define cudaGetDeviceProperties hipGetDeviceProperties
+#define cudaSetDevice hipSetDevice
+#define cudaMemGetInfo hipMemGetInfo
+#define cudaMalloc hipMalloc
+#define cudaFree hipFree
+#define cudaMemsetAsync hipMemsetAsync
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+#define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaStreamDestroy hipStreamDestroy
+#define cudaStreamSynchronize hipStreamSynchronize
+#define cudaPointerAttributes hipPointerAttribute_t
+#define cudaPointerGetAttributes hipPointerGetAttributes
+#define cudaRuntimeGetVersion hipRuntimeGetVersion
+#else
+#include <cuda_runtime.h>
+#endif
+
+#include "errors.h"
+
+// Every runtime call goes through this: a failure becomes luce::Error(LUCE_ERR_DEVICE) naming the
+// call's file:line and the runtime's own reason, which luce_last_error() then reports.
+#define LUCE_GPU_CHECK(call)                                                                    \
+    do {                                                                                        \
+        cudaError_t luce_gpu_err_ = (call);                                                     \
+        if (luce_gpu_err_ != cudaSuccess)                                                       \
+            ::luce::fail(LUCE_ERR_DEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call,            \
+                         cudaGetErrorString(luce_gpu_err_));                                    \
+    } while (0)
+
+// After a kernel launch: reports bad launch configurations at the launch site (kernel faults
+// surface at the next synchronisation, which is checked too).
+#define LUCE_GPU_LAUNCHED() LUCE_GPU_CHECK(cudaGetLastError())
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+
+namespace luce::gpu {
+
+__device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
+#if defined(LUCE_HIP)
+    return __shfl_xor(v, lane_mask);
+#else
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+#endif
+}
+
+// Sum over the lanes of one warp; every lane gets the result.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = warpSize / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = warpSize / 2; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of warpSize, at most 1024 threads); every
+// thread gets the result. Partials are added in warp order, so the result is deterministic.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float partial[32];  // 1024 threads / 32 lanes at most
+    const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
+    v = warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+    const int n_warps = blockDim.x / warpSize;
+    for (int i = 0; i < n_warps; ++i) s += partial[i];
+    __syncthreads();  // partial[] may be reused by the caller's next block_sum
+    return s;
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// torch.nn.functional.softplus with its default threshold (as the CPU backend).
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+}  // namespace luce::gpu
+
+#endif

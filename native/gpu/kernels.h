@@ -1,0 +1,46 @@
+// kernels.h — host-side launchers of the GPU kernels (one .cu per op family).
+//
+// Each launcher enqueues on `stream` and returns without synchronising; all pointers are device
+// memory. Shapes and semantics are exactly those of the matching Backend op (native/src/backend.h),
+// whose CPU implementation (backend_cpu.cpp) is the reference. `warp` is the device's warp size.
+#pragma once
+
+#include <cstdint>
+
+#include "backend.h"
+#include "gpu_compat.h"
+
+namespace luce::gpu {
+
+// matmul.cu
+void matmul(cudaStream_t stream, int warp, const Weight &w, const float *x, int T, float *y, int64_t ldy);
+void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);
+
+// norms.cu
+void rmsnorm(cudaStream_t stream, const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
+             float eps, float *y, int64_t y_stride);
+void rmsnorm_gated(cudaStream_t stream, float *o, const float *w, const float *z, int n_rows, int dim,
+                   float eps);
+void mul_sigmoid(cudaStream_t stream, float *o, const float *g, int64_t g_stride, int n_rows, int dim);
+void swiglu(cudaStream_t stream, float *gate, const float *up, int64_t n);
+void add(cudaStream_t stream, float *x, const float *y, int64_t n);
+
+// attention.cu
+void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_head, int head_dim,
+               int n_rot, float theta);
+void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
+              int n_head_kv, int head_dim);
+void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv, const int32_t *pos,
+               const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out);
+
+// deltanet.cu
+void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w, int T, int C, int Kc,
+               float *out);
+void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
+                     const float *ssm_a, const float *dt_bias, const DeltaNetDims &dims, int T,
+                     float *state, float *out, float *state_history);
+
+// argmax.cu: writes the index into *result (device memory).
+void argmax(cudaStream_t stream, const float *x, int64_t n, int32_t *result);
+
+}  // namespace luce::gpu

@@ -1,0 +1,143 @@
+// matmul.cu — y = W x over weights kept in their GGUF encoding, and the embedding gather.
+//
+// One warp per weight row. Lane l dequantizes units u = l, l + warpSize, ... of the row (32
+// elements each, quant_blocks.cuh) into registers and applies each unit to NT tokens at once,
+// so a step of T tokens streams the weight row from memory once per NT-token tile; tiles after
+// the first re-read the row from L1/L2, not from DRAM (a row is a few KB). NT = 1 is the decode
+// GEMV; NT = 16 serves verify widths (one pass up to 16) and prefill chunks (T <= 64, 4 passes).
+// Two widths x eight types are all the instantiations there are, to keep the CUDA compile short.
+#include "kernels.h"
+#include "quant_blocks.cuh"
+
+namespace luce::gpu {
+
+namespace {
+
+// ---- kernels -----------------------------------------------------------------------------------
+
+template <int TYPE, int NT>
+__global__ void matmul_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int64_t n_out,
+                              const float *x, int T, float *y, int64_t ldy) {
+    const int lane = threadIdx.x % warpSize;
+    const int64_t r = int64_t(blockIdx.x) * (blockDim.x / warpSize) + threadIdx.x / warpSize;
+    if (r >= n_out) return;  // whole warps leave together: no block-level sync below
+    const uint8_t *row = w + r * row_bytes;
+    const int n_units = (n_in + 31) / 32;
+    for (int t0 = 0; t0 < T; t0 += NT) {
+        float acc[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+        for (int u = lane; u < n_units; u += warpSize) {
+            const int n_valid = min(32, n_in - 32 * u);
+            float wv[32];
+            load_unit<TYPE>(row, u, n_valid, wv);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t0 + t >= T) break;
+                const float *xt = x + int64_t(t0 + t) * n_in + 32 * u;
+                float s = 0.f;
+                if (n_valid == 32 && (reinterpret_cast<uintptr_t>(xt) & 15) == 0) {
+                    // 16-byte loads of the activation chunk (the common case: n_in % 4 == 0).
+                    const float4 *x4 = reinterpret_cast<const float4 *>(xt);
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const float4 v = x4[i];
+                        s += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z + wv[4 * i + 3] * v.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 32; ++i)
+                        if (i < n_valid) s += wv[i] * xt[i];
+                }
+                acc[t] += s;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float s = warp_sum(acc[t]);
+            if (lane == 0 && t0 + t < T) y[int64_t(t0 + t) * ldy + r] = s;
+        }
+    }
+}
+
+// out[t][:] = dequantized row ids[t]; one thread per (unit, token).
+template <int TYPE>
+__global__ void get_rows_kernel(const uint8_t *w, int64_t row_bytes, int n_in, const int32_t *ids,
+                                float *out) {
+    const int t = blockIdx.y;
+    const int u = blockIdx.x * blockDim.x + threadIdx.x;
+    if (32 * u >= n_in) return;
+    const int n_valid = min(32, n_in - 32 * u);
+    float wv[32];
+    load_unit<TYPE>(w + int64_t(ids[t]) * row_bytes, u, n_valid, wv);
+    float *dst = out + int64_t(t) * n_in + 32 * u;
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+        if (i < n_valid) dst[i] = wv[i];
+}
+
+// ---- launchers ---------------------------------------------------------------------------------
+
+constexpr int MATMUL_THREADS = 128;  // 4 rows per block on wave32 parts, 2 on wave64
+constexpr int GET_ROWS_THREADS = 64;
+
+int64_t weight_row_bytes(const Weight &w) {
+    return w.n_in / block_elems(w.type) * block_bytes(w.type);
+}
+
+struct MatmulLaunch {
+    cudaStream_t stream;
+    int warp;
+    const Weight &w;
+    const float *x;
+    int T;
+    float *y;
+    int64_t ldy;
+
+    template <int TYPE>
+    void operator()() const {
+        const int rows_per_block = MATMUL_THREADS / warp;
+        const unsigned blocks = unsigned((w.n_out + rows_per_block - 1) / rows_per_block);
+        const auto *wd = static_cast<const uint8_t *>(w.data);
+        if (T == 1)
+            matmul_kernel<TYPE, 1><<<blocks, MATMUL_THREADS, 0, stream>>>(
+                wd, weight_row_bytes(w), int(w.n_in), w.n_out, x, T, y, ldy);
+        else
+            matmul_kernel<TYPE, 16><<<blocks, MATMUL_THREADS, 0, stream>>>(
+                wd, weight_row_bytes(w), int(w.n_in), w.n_out, x, T, y, ldy);
+        LUCE_GPU_LAUNCHED();
+    }
+};
+
+struct GetRowsLaunch {
+    cudaStream_t stream;
+    const Weight &w;
+    const int32_t *ids;
+    int T;
+    float *out;
+
+    template <int TYPE>
+    void operator()() const {
+        const int n_units = int((w.n_in + 31) / 32);
+        const dim3 grid(unsigned((n_units + GET_ROWS_THREADS - 1) / GET_ROWS_THREADS), unsigned(T));
+        get_rows_kernel<TYPE><<<grid, GET_ROWS_THREADS, 0, stream>>>(
+            static_cast<const uint8_t *>(w.data), weight_row_bytes(w), int(w.n_in), ids, out);
+        LUCE_GPU_LAUNCHED();
+    }
+};
+
+}  // namespace
+
+void matmul(cudaStream_t stream, int warp, const Weight &w, const float *x, int T, float *y, int64_t ldy) {
+    if (T < 1 || w.n_out < 1) return;
+    MatmulLaunch launch{stream, warp, w, x, T, y, ldy};
+    if (!dispatch_type(w.type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU matmul for ggml type %d", w.type);
+}
+
+void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out) {
+    if (T < 1) return;
+    GetRowsLaunch launch{stream, w, ids, T, out};
+    if (!dispatch_type(w.type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU get_rows for ggml type %d", w.type);
+}
+
+}  // namespace luce::gpu

@@ -1,0 +1,167 @@
+// quant_blocks.cuh — device dequantization of ggml weight blocks, 32 elements at a time.
+//
+// Every supported type splits a row into "units" of 32 consecutive elements: a Q8_0 block, one
+// of the eight 32-element sub-blocks of a 256-element K-quant / IQ4_XS block, or 32 floats. A
+// unit is what one lane of a matmul warp dequantizes into registers and applies to every token.
+// Formulas and byte layouts: spec/qwen35.md §4 and the scalar reference in native/src/quants.cpp.
+// Float rows may end in a partial unit (n_valid < 32); quantized rows never do.
+#pragma once
+
+#include "gpu_compat.h"
+#include "quants.h"
+
+namespace luce::gpu {
+
+static __constant__ int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                         1,    13,   25,  38,  53,  69,  89,  113};
+
+// Block geometry of the supported types (the device-side twin of quants.cpp's table).
+__host__ __device__ constexpr int block_elems(int type) {
+    return type == GGML_Q8_0 ? 32 : (type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K ||
+                                     type == GGML_IQ4_XS) ? 256 : 1;
+}
+
+// IEEE binary16 -> binary32, exact for every input (the CPU's f16_to_f32, without a loop).
+__device__ __forceinline__ float f16_at(const uint8_t *p) {
+    const uint32_t h = uint32_t(p[0]) | (uint32_t(p[1]) << 8);
+    const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+    if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
+        const float v = float(mant) * 5.9604644775390625e-8f;
+        return (h & 0x8000u) ? -v : v;
+    }
+    const uint32_t bits = exp == 0x1F ? (sign | 0x7F800000u | (mant << 13))
+                                      : (sign | ((exp + 112) << 23) | (mant << 13));
+    return __uint_as_float(bits);
+}
+
+__device__ __forceinline__ float bf16_at(const uint8_t *p) {
+    return __uint_as_float((uint32_t(p[0]) | (uint32_t(p[1]) << 8)) << 16);
+}
+
+// 6-bit scale and min of sub-block j of Q4_K / Q5_K (12 packed bytes), as quants.cpp.
+__device__ __forceinline__ void k_scale_min(const uint8_t *q, int j, int &sc, int &m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// N little-endian 32-bit words at p, which the caller guarantees to be 4-byte aligned (block
+// sizes that are multiples of 8 or 16 bytes keep every field aligned from a cudaMalloc'd base):
+// 4-byte loads instead of 1-byte ones, and byte b of the run is (w[b / 4] >> 8 (b % 4)) & 0xFF.
+template <int N>
+__device__ __forceinline__ void load_words(const uint8_t *p, uint32_t (&w)[N]) {
+    const uint32_t *q = reinterpret_cast<const uint32_t *>(p);
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = q[i];
+}
+
+template <int N>
+__device__ __forceinline__ int byte_of(const uint32_t (&w)[N], int b) {
+    return int((w[b / 4] >> (8 * (b % 4))) & 0xFF);
+}
+
+// w[0..32) = elements [32u, 32u + 32) of a row (zeros past n_valid for float rows).
+template <int TYPE>
+__device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_valid, float w[32]) {
+    if constexpr (TYPE == GGML_F32) {
+        const float *src = reinterpret_cast<const float *>(row) + 32 * u;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) w[i] = i < n_valid ? src[i] : 0.f;
+    } else if constexpr (TYPE == GGML_F16 || TYPE == GGML_BF16) {
+        const uint8_t *src = row + 64 * u;
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+            w[i] = i < n_valid ? (TYPE == GGML_F16 ? f16_at(src + 2 * i) : bf16_at(src + 2 * i)) : 0.f;
+    } else if constexpr (TYPE == GGML_Q8_0) {
+        const uint8_t *b = row + 34 * u;  // f16 d; i8 qs[32]
+        const float d = f16_at(b);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) w[i] = float(int8_t(b[2 + i])) * d;
+    } else if constexpr (TYPE == GGML_Q4_K || TYPE == GGML_Q5_K) {
+        // f16 d; f16 dmin; u8 scales[12]; (Q5_K: u8 qh[32];) u8 qs[128]. Sub-block j holds
+        // elements 64c + 32hi + l, c = j/2, hi = j%2: nibble hi of qs[32c + l], 5th bit qh[l] bit j.
+        constexpr int BB = TYPE == GGML_Q4_K ? 144 : 176;
+        const uint8_t *b = row + BB * (u / 8);
+        const int j = int(u % 8), c = j / 2, hi = j % 2;
+        int sc, m;
+        k_scale_min(b + 4, j, sc, m);
+        const float d0 = f16_at(b) * float(sc), dm = f16_at(b + 2) * float(m);
+        uint32_t qs[8], qh[8];  // blocks of 144 / 176 bytes: qs and qh are 16-byte aligned
+        load_words(b + (TYPE == GGML_Q4_K ? 16 : 48) + 32 * c, qs);
+        if constexpr (TYPE == GGML_Q5_K) load_words(b + 16, qh);
+#pragma unroll
+        for (int l = 0; l < 32; ++l) {
+            const int byte = byte_of(qs, l);
+            int q = hi ? (byte >> 4) : (byte & 0xF);
+            if constexpr (TYPE == GGML_Q5_K) q |= ((byte_of(qh, l) >> j) & 1) << 4;
+            w[l] = d0 * float(q) - dm;
+        }
+    } else if constexpr (TYPE == GGML_Q6_K) {
+        // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d. Sub-block j: half h = j/4, quarter k = j%4
+        // holds elements 128h + 32k + l with low nibble (k < 2) or high nibble of
+        // ql[64h + 32(k%2) + l], bits 2k..2k+1 of qh[32h + l], scale scales[8h + 2k + l/16].
+        const uint8_t *b = row + 210 * (u / 8);
+        const int j = int(u % 8), h = j / 4, k = j % 4;
+        const float d = f16_at(b + 208);
+        const uint8_t *ql = b + 64 * h + 32 * (k % 2), *qh = b + 128 + 32 * h;
+        const int8_t *sc = reinterpret_cast<const int8_t *>(b + 192 + 8 * h + 2 * k);
+        const float d_lo = d * float(sc[0]), d_hi = d * float(sc[1]);
+#pragma unroll
+        for (int l = 0; l < 32; ++l) {
+            const int q = (((ql[l] >> (4 * (k / 2))) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+            w[l] = (l < 16 ? d_lo : d_hi) * float(q);
+        }
+    } else if constexpr (TYPE == GGML_IQ4_XS) {
+        // f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. Sub-block ib: 6-bit scale ls,
+        // elements 32ib + l = (d (ls - 32)) K[low nibble of qs[16ib + l]], +16: high nibble.
+        const uint8_t *b = row + 136 * (u / 8);
+        const int ib = int(u % 8);
+        const int scales_h = int(b[2]) | (int(b[3]) << 8);
+        const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
+        const float dl = f16_at(b) * float(ls - 32);
+        uint32_t qs[4];  // blocks of 136 bytes: qs is 8-byte aligned
+        load_words(b + 8 + 16 * ib, qs);
+#pragma unroll
+        for (int l = 0; l < 16; ++l) {
+            const int byte = byte_of(qs, l);
+            w[l] = dl * float(kIq4nl[byte & 0xF]);
+            w[l + 16] = dl * float(kIq4nl[byte >> 4]);
+        }
+    }
+}
+
+__host__ __device__ constexpr int block_bytes(int type) {
+    switch (type) {
+        case GGML_F32: return 4;
+        case GGML_F16: case GGML_BF16: return 2;
+        case GGML_Q8_0: return 34;
+        case GGML_Q4_K: return 144;
+        case GGML_Q5_K: return 176;
+        case GGML_Q6_K: return 210;
+        case GGML_IQ4_XS: return 136;
+        default: return 0;
+    }
+}
+
+// Calls f.operator()<TYPE>() for a run-time type id (f: a struct with a member template); false
+// if the type has no kernel. This is the only place a type id becomes a template argument.
+template <class F>
+bool dispatch_type(int32_t type, F &f) {
+    switch (type) {
+        case GGML_F32: f.template operator()<GGML_F32>(); return true;
+        case GGML_F16: f.template operator()<GGML_F16>(); return true;
+        case GGML_BF16: f.template operator()<GGML_BF16>(); return true;
+        case GGML_Q8_0: f.template operator()<GGML_Q8_0>(); return true;
+        case GGML_Q4_K: f.template operator()<GGML_Q4_K>(); return true;
+        case GGML_Q5_K: f.template operator()<GGML_Q5_K>(); return true;
+        case GGML_Q6_K: f.template operator()<GGML_Q6_K>(); return true;
+        case GGML_IQ4_XS: f.template operator()<GGML_IQ4_XS>(); return true;
+        default: return false;
+    }
+}
+
+}  // namespace luce::gpu

@@ -1,0 +1,237 @@
+"""Benchmarks in llama-bench's manner: every list-valued parameter is swept, tests are named
+`pp512` (prefill of 512 prompt tokens) and `tg128` (128 decoded tokens), tok/s is the mean ±
+stddev over repetitions after one unmeasured warm-up, and one row schema feeds every printer.
+
+Prompts are random token ids (seeded), so timings exclude tokenization. The optional peer is
+llama.cpp through the `llama-cpp-python` package (the `bench` extra), run on the same GGUF with
+the same thread count in the same process, so each luce row can carry a ratio to it.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from luce.errors import LuceError
+
+DEFAULT_PROMPT_TOKENS = (512,)
+DEFAULT_GEN_TOKENS = (128,)
+DEFAULT_REPETITIONS = 5
+
+
+@dataclasses.dataclass
+class Test:
+    """One measured workload: `pp` prefills n_prompt tokens, `tg` decodes n_gen tokens."""
+    kind: str  # "pp" | "tg"
+    n: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.n}"
+
+
+@dataclasses.dataclass
+class Row:
+    """The one row schema behind every output format."""
+    model: str
+    size_gib: float
+    backend: str
+    threads: int
+    test: str
+    tok_s: float
+    tok_s_std: float
+    gb_s: float | None  # weight bytes streamed per second (decode rows only)
+    reps: int
+    vs_peer: float | None = None  # this row's tok/s divided by the peer's, same test and threads
+
+
+def tests_from(prompt_tokens: Iterable[int], gen_tokens: Iterable[int]) -> list[Test]:
+    return [Test("pp", n) for n in prompt_tokens if n > 0] + [Test("tg", n) for n in gen_tokens if n > 0]
+
+
+def resolve_threads(n: int) -> int:
+    """0 means one thread per core; rows always show the number actually used."""
+    return n or os.cpu_count() or 1
+
+
+def random_prompt(n: int, n_vocab: int, seed: int) -> list[int]:
+    # Ids from the lower part of the vocabulary: real text never uses the filler/special tail.
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, max(2, min(n_vocab, 32000)), size=n).tolist()
+
+
+def measure(run_once: Callable[[], float], n_tokens: int, reps: int, warmup: bool) -> tuple[float, float]:
+    """(mean, std) tok/s of run_once, which returns the seconds spent on n_tokens tokens."""
+    if warmup:
+        run_once()
+    rates = [n_tokens / max(run_once(), 1e-9) for _ in range(reps)]
+    return statistics.fmean(rates), (statistics.stdev(rates) if len(rates) > 1 else 0.0)
+
+
+# ---- luce ------------------------------------------------------------------------------------
+
+def luce_timer(engine, test: Test, seed: int) -> Callable[[], float]:
+    n_vocab = engine.info.n_vocab
+    if test.kind == "pp":
+        prompt = random_prompt(test.n, n_vocab, seed)
+        return lambda: engine.generate(prompt_ids=prompt, max_tokens=1, ignore_eos=True).stats["prefill_seconds"]
+    prompt = random_prompt(1, n_vocab, seed)
+
+    def decode_seconds() -> float:
+        # tg counts decoded tokens only: the first token comes from the prefill logits.
+        stats = engine.generate(prompt_ids=prompt, max_tokens=test.n + 1, ignore_eos=True).stats
+        return stats["decode_seconds"] * test.n / max(1, stats["generated_tokens"] - 1)
+
+    return decode_seconds
+
+
+def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, reps: int,
+               warmup: bool, seed: int = 0) -> list[Row]:
+    from luce.engine import Engine
+
+    rows = []
+    size_gib = model.stat().st_size / 2**30
+    for t in map(resolve_threads, threads):
+        ctx = max([1 + x.n for x in tests] + [16])
+        with Engine(model, device=device, threads=t, ctx_size=ctx) as engine:
+            weight_gb = engine.info.weight_bytes / 1e9
+            for test in tests:
+                mean, std = measure(luce_timer(engine, test, seed), test.n, reps, warmup)
+                rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, mean, std,
+                                weight_gb * mean if test.kind == "tg" else None, reps))
+    return rows
+
+
+# ---- llama.cpp peer ----------------------------------------------------------------------------
+
+def llama_cpp_timer(llm, test: Test, n_vocab: int, seed: int) -> Callable[[], float]:
+    if test.kind == "pp":
+        prompt = random_prompt(test.n, n_vocab, seed)
+
+        def prefill_seconds() -> float:
+            llm.reset()
+            t0 = time.perf_counter()
+            llm.eval(prompt)
+            return time.perf_counter() - t0
+
+        return prefill_seconds
+    token = random_prompt(1, n_vocab, seed)
+
+    def decode_seconds() -> float:
+        llm.reset()
+        llm.eval(token)
+        t0 = time.perf_counter()
+        for _ in range(test.n):
+            llm.eval(token)
+        return time.perf_counter() - t0
+
+    return decode_seconds
+
+
+def bench_llama_cpp(model: Path, tests: list[Test], threads: list[int], reps: int, warmup: bool,
+                    seed: int = 0) -> list[Row]:
+    try:
+        from llama_cpp import Llama
+    except ImportError as e:
+        raise LuceError("the llama.cpp peer needs llama-cpp-python (pip install 'luce[bench]'; "
+                        "see docs/benchmarks.md for the build flags)") from e
+    rows = []
+    size_gib = model.stat().st_size / 2**30
+    for t in map(resolve_threads, threads):
+        ctx = max([1 + x.n for x in tests] + [16])
+        llm = Llama(str(model), n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=t, n_threads_batch=t,
+                    verbose=False)
+        for test in tests:
+            mean, std = measure(llama_cpp_timer(llm, test, llm.n_vocab(), seed), test.n, reps, warmup)
+            rows.append(Row(model.name, size_gib, "llama.cpp cpu", t, test.name, mean, std, None, reps))
+        del llm
+    return rows
+
+
+def attach_peer_ratios(rows: list[Row], peer_rows: list[Row]) -> None:
+    peer = {(r.test, r.threads): r.tok_s for r in peer_rows}
+    for r in rows:
+        if (r.test, r.threads) in peer:
+            r.vs_peer = r.tok_s / peer[(r.test, r.threads)]
+
+
+# ---- printers ----------------------------------------------------------------------------------
+
+COLUMNS = [  # (field, header, format)
+    ("model", "model", "{}"),
+    ("size_gib", "size", "{:.2f} GiB"),
+    ("backend", "backend", "{}"),
+    ("threads", "threads", "{}"),
+    ("test", "test", "{}"),
+    ("tok_s", "t/s", None),
+    ("gb_s", "GB/s", "{:.1f}"),
+    ("vs_peer", "vs llama.cpp", "{:.2f}x"),
+]
+
+
+def _cell(row: Row, field: str, fmt: str | None) -> str:
+    if field == "tok_s":
+        return f"{row.tok_s:.2f} ± {row.tok_s_std:.2f}"
+    value = getattr(row, field)
+    return "" if value is None else fmt.format(value)
+
+
+def to_markdown(rows: list[Row]) -> str:
+    """llama-bench style: a column only if it carries information (varies, or is always shown)."""
+    always = {"model", "backend", "test", "tok_s"}
+    cols = [c for c in COLUMNS
+            if c[0] in always or len({getattr(r, c[0]) for r in rows}) > 1
+            or (c[0] in ("size_gib", "threads") and rows)
+            or (c[0] in ("gb_s", "vs_peer") and any(getattr(r, c[0]) is not None for r in rows))]
+    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |",
+             "| " + " | ".join("---:" if f in ("tok_s", "gb_s", "vs_peer", "threads", "size_gib") else "---"
+                               for f, _, _ in cols) + " |"]
+    lines += ["| " + " | ".join(_cell(r, f, fmt) for f, _, fmt in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def to_json(rows: list[Row]) -> str:
+    return json.dumps([dataclasses.asdict(r) for r in rows], indent=2)
+
+
+def to_jsonl(rows: list[Row]) -> str:
+    return "\n".join(json.dumps(dataclasses.asdict(r)) for r in rows)
+
+
+def to_csv(rows: list[Row]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=[f.name for f in dataclasses.fields(Row)])
+    w.writeheader()
+    for r in rows:
+        w.writerow(dataclasses.asdict(r))
+    return buf.getvalue().rstrip("\n")
+
+
+PRINTERS = {"md": to_markdown, "json": to_json, "jsonl": to_jsonl, "csv": to_csv}
+
+
+def footer() -> str:
+    """What llama-bench prints under a table: the build and the machine."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    date = time.strftime("%Y-%m-%d")
+    return f"build: luce {commit or 'unknown commit'} · {cpu}, {os.cpu_count()} cores · {date}"

@@ -1,0 +1,71 @@
+"""The synthetic qwen35 generator (benchmarks' model files) and `luce bench`'s parsing/printing."""
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+import synthetic_qwen35 as synth  # noqa: E402
+
+from luce import bench  # noqa: E402
+from luce.cli.bench import IntList  # noqa: E402
+
+
+def test_27b_plan_reproduces_the_upstream_recipe_counts():
+    # spec/engine.md §2.7: the PR #625 target recipe gives IQ4_XS 440, F32 360, Q6_K 65, Q5_K 1,
+    # and spec/qwen35.md §1.1: 851 main tensors + 15 in the MTP block.
+    plan = synth.tensor_plan(synth.SHAPES["27b"], synth.MIXES["iq4_xs"], mtp=True)
+    assert len(plan) == 866
+    assert Counter(t.name for _, _, t in plan) == {"IQ4_XS": 440, "F32": 360, "Q6_K": 65, "Q5_K": 1}
+    assert len(synth.tensor_plan(synth.SHAPES["27b"], synth.MIXES["iq4_xs"], mtp=False)) == 851
+
+
+def test_tiny_file_is_readable_and_every_block_is_finite(tmp_path):
+    path = synth.write(tmp_path / "tiny.gguf", synth.SHAPES["tiny"], "iq4_xs", seed=1, log=None)
+    reader = GGUFReader(path)
+    field = reader.fields["qwen35.block_count"]
+    assert int(field.parts[field.data[0]][0]) == synth.SHAPES["tiny"].n_layer + 1
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    assert set(types) == {"F32", "IQ4_XS", "Q6_K", "Q5_K"}
+    for t in reader.tensors:
+        values = dequantize(t.data, t.tensor_type)
+        assert np.isfinite(values).all(), t.name
+        if t.name.endswith("ssm_a"):
+            assert (values < 0).all()  # a decaying DeltaNet state
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("512", [512]), ("128,256, 512", [128, 256, 512]), ("1-8+2", [1, 3, 5, 7]), ("0", [0]),
+])
+def test_bench_lists_parse_like_llama_bench(text, expected):
+    assert IntList().convert(text, None, None) == expected
+
+
+def test_bench_rejects_a_bad_list():
+    import click
+    with pytest.raises(click.BadParameter):
+        IntList().convert("12,x", None, None)
+
+
+def test_markdown_shows_mean_and_std_and_the_peer_ratio():
+    rows = [bench.Row("m.gguf", 1.0, "luce cpu", 2, "tg128", 30.0, 1.5, 30.0, 3),
+            bench.Row("m.gguf", 1.0, "llama.cpp cpu", 2, "tg128", 20.0, 0.5, None, 3)]
+    bench.attach_peer_ratios(rows[:1], rows[1:])
+    assert rows[0].vs_peer == pytest.approx(1.5)
+    table = bench.to_markdown(rows).splitlines()
+    assert table[0].split("|")[1:-1] == [" model ", " size ", " backend ", " threads ", " test ", " t/s ",
+                                          " GB/s ", " vs llama.cpp "]
+    assert "30.00 ± 1.50" in table[2] and "1.50x" in table[2]
+
+
+def test_bench_cli_needs_something_to_measure(tmp_path):
+    from luce.cli.main import cli
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    result = CliRunner().invoke(cli, ["bench", "-m", str(model), "-p", "0", "-n", "0"])
+    assert result.exit_code == 2 and "nothing to measure" in result.output

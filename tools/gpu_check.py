@@ -1,0 +1,550 @@
+#!/usr/bin/env python3
+"""Build, check and benchmark luce's GPU backend in one call (docs/gpu.md). Run on the GPU machine:
+
+    python3 tools/gpu_check.py            # or: make gpu-check        (report -> $OUT or ./gpu-check-out)
+
+1. build   `pip install --target $LUCE_CHECK_WORK/site .` (no network: --no-index), LUCE_GPU=cuda for
+           sm_90 (--archs / LUCE_GPU_ARCHS override). Python packages missing there (gguf, cffi)
+           are installed from wheels in ./.whl (docs/gpu.md says how to fetch them).
+2. check   GPU vs CPU logits on small fixture models, per weight type, within a stated tolerance
+           (relative to the largest |logit|); GPU prefill vs GPU one-token decode (the batch
+           invariance speculative decoding relies on); greedy generation token-identical to the
+           CPU on margin-checked prompts (prompts whose top-1/top-2 margin along the whole
+           generation exceeds MARGIN_FACTOR x the GPU/CPU logit difference; near-ties are
+           reported, not asserted).
+3. bench   a synthetic 27B qwen35 file in the upstream mix (models/synthetic_qwen35.py, generated
+           here, ~15 GB): plain decode tok/s against the floor (bytes read per token / measured
+           device copy bandwidth), prefill tok/s at 512 and 2048, verify-width step times.
+
+Writes gpu_report.md and gpu_report.json. Exit status 0 iff every check passed. `--dut cpu` runs
+the same script with the CPU standing in for the GPU (a dry run of the script itself).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORK = Path(os.environ.get("LUCE_CHECK_WORK", "/tmp/luce-gpu-check"))
+WHEELS = REPO / ".whl"
+NEEDED_MODULES = {"gguf": ["gguf"], "cffi": ["cffi", "pycparser"]}  # module -> wheels to install
+
+# Tolerances on max |gpu - cpu| / max |cpu| over all logits. The CPU multiplies quantized weights
+# with int8-quantized activations (as llama.cpp does); the GPU keeps activations in fp32, so
+# quantized types differ by that rounding; float weights differ only by fp32 summation order.
+FLOAT_TOL = 1e-4
+QUANT_TOL = 4e-2
+SELF_TOL = 1e-4  # GPU prefill vs GPU decode steps: same kernels, different token tiling
+MARGIN_FACTOR = 4.0
+VERIFY_WIDTHS = (1, 2, 4, 8, 16, 32)
+PREFILL_LENGTHS = (512, 2048)
+DECODE_TOKENS = 64
+
+
+def log(msg: str) -> None:
+    print(f"[gpu-check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. build
+
+def build(out: Path, archs: str) -> dict:
+    """Installs luce (and any missing wheel) into WORK/site with pip --target, for this python:
+    a venv would not see the packages of the machine's python when that python is itself a venv."""
+    site = WORK / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+           "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 4)}
+    if not shutil.which("nvcc") and Path("/usr/local/cuda/bin/nvcc").exists():
+        env.setdefault("CUDACXX", "/usr/local/cuda/bin/nvcc")  # CMake finds nvcc through this
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--upgrade", "--target", str(site)]
+    missing = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None
+               and not (site / m).is_dir()]
+    if missing:
+        if not WHEELS.is_dir():
+            sys.exit(f"gpu-check: python modules {missing} are missing and there is no {WHEELS} to install "
+                     "them from (see docs/gpu.md, 'Running the check')")
+        wheels = [w for m in missing for w in NEEDED_MODULES[m]]
+        subprocess.run([*pip, "--no-deps", "--find-links", str(WHEELS), *wheels], check=True, env=env)
+    cmd = [*pip, "--no-deps", "--no-build-isolation", "-Ccmake.define.LUCE_GPU=cuda",
+           f"-Ccmake.define.LUCE_GPU_ARCHS={archs}", f"-Cbuild-dir={WORK / 'build'}", str(REPO)]
+    log(f"building: LUCE_GPU=cuda LUCE_GPU_ARCHS={archs}")
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    (out / "build.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        sys.exit(f"gpu-check: build failed after {seconds:.0f} s; see {out / 'build.log'}:\n"
+                 + (proc.stdout + proc.stderr)[-3000:])
+    log(f"built in {seconds:.0f} s")
+    return {"site": str(site), "archs": archs, "seconds": round(seconds, 1)}
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. check: fixture models
+
+class _TmpFactory:
+    """What tests/fixtures/tiny_qwen35.py needs of pytest's tmp_path_factory."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def mktemp(self, name: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=name + "-", dir=self.root))
+
+
+def fixture_models(root: Path) -> tuple[list[tuple[str, Path, float]], list[str]]:
+    """(label, path, tolerance) of every fixture model, and notes on the ones that could not be made."""
+    sys.path[:0] = [str(REPO / "tests"), str(REPO / "models")]
+    from gguf.constants import GGMLQuantizationType as Q
+
+    import synthetic_qwen35 as synth
+    from fixtures.random_qwen35_gguf import SPEC_TINY, write_random_qwen35
+
+    models, notes = [], []
+    # The upstream mixes at the synthetic 'tiny' shape: every K type and IQ4_XS on real layouts.
+    for mix in ("iq4_xs", "q4_k", "q8_0", "f16"):
+        path = synth.write(root / f"synthetic-tiny-{mix}.gguf", synth.SHAPES["tiny"], mix, seed=1, log=None)
+        models.append((f"synthetic tiny {mix}", path, FLOAT_TOL if mix == "f16" else QUANT_TOL))
+    # Random-but-sane weights (spec §2.2 shape): float types, Q8_0, tied head, MTP block.
+    for label, kw, tol in (("random f32", {}, FLOAT_TOL),
+                           ("random f32 tied", {"tied": True}, FLOAT_TOL),
+                           ("random f16", {"weight_type": Q.F16}, FLOAT_TOL),
+                           ("random bf16", {"weight_type": Q.BF16}, FLOAT_TOL),
+                           ("random q8_0 mtp", {"weight_type": Q.Q8_0, "mtp": True}, QUANT_TOL)):
+        path = write_random_qwen35(root / (label.replace(" ", "-") + ".gguf"), SPEC_TINY, seed=2, **kw)
+        models.append((label, path, tol))
+    # The transformers-built tiny Qwen3.5 converted by luce (needs torch + transformers).
+    try:
+        from fixtures.tiny_qwen35 import tiny_qwen35
+
+        factory = _TmpFactory(root)
+        for preset, outtype in (("base", "f32"), ("base", "f16"), ("base", "q8_0"), ("tied", "f32")):
+            t = tiny_qwen35(factory, preset, outtype)
+            models.append((f"transformers tiny {preset} {outtype}", t.gguf_path,
+                           QUANT_TOL if outtype == "q8_0" else FLOAT_TOL))
+    except Exception as e:  # reported, and the check fails: the brief wants these models
+        notes.append(f"transformers tiny models could not be built: {type(e).__name__}: {e}")
+    return models, notes
+
+
+MATMUL_TOL = 1e-5  # max |y - ref| / max (|x| @ |W|^T): fp32 sums of exactly dequantized weights
+MATMUL_WIDTHS = (1, 3, 8, 17, 64)
+
+
+def _matmul_fn(dut: str):
+    """f(type, raw, n_rows, n_cols, x) -> y on the device under test, through its C test hook
+    (libluce_gpu's luce_gpu_matmul; on the CPU dry run, libluce's luce_matmul)."""
+    import ctypes
+
+    import numpy as np
+    from luce.binding import _HERE
+
+    name = "libluce_gpu.so" if dut == "gpu" else "libluce.so"
+    lib = ctypes.CDLL(str(_HERE / name))
+    fn = lib.luce_gpu_matmul if dut == "gpu" else lib.luce_matmul
+    fn.restype = ctypes.c_int
+
+    def call(qtype: int, raw: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray) -> np.ndarray:
+        raw = np.ascontiguousarray(raw)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        y = np.zeros((x.shape[0], n_rows), dtype=np.float32)
+        err = ctypes.create_string_buffer(512)
+        ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+        if dut == "gpu":
+            st = fn(ctypes.c_int32(0), ctypes.c_int32(qtype), ptr(raw), ctypes.c_size_t(raw.nbytes),
+                    ctypes.c_int64(n_rows), ctypes.c_int64(n_cols), ptr(x), ctypes.c_int64(x.shape[0]), ptr(y),
+                    err, ctypes.c_size_t(len(err)))
+        else:
+            st = fn(ctypes.c_int32(qtype), ptr(raw), ctypes.c_size_t(raw.nbytes), ctypes.c_int64(n_rows),
+                    ctypes.c_int64(n_cols), ptr(x), ctypes.c_int64(x.shape[0]), ptr(y))
+        if st != 0:
+            raise RuntimeError(f"matmul hook failed with status {st}: {err.value.decode()}")
+        return y
+
+    return call
+
+
+def check_matmul_ops(dut: str) -> list[dict]:
+    """Every weight type by itself against gguf.quants' dequantization (an oracle nobody here
+    wrote): the GPU matmul at the widths decode, verify and prefill use, with a ragged row count
+    (not a multiple of the rows per block) and, for float types, a row length that ends in a
+    partial 32-element unit."""
+    import gguf.quants
+    import numpy as np
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.constants import GGMLQuantizationType as Q
+
+    import synthetic_qwen35 as synth
+
+    run = _matmul_fn(dut)
+    rng = np.random.default_rng(11)
+    rows = []
+    for qtype in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS):
+        block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+        n_rows = 99
+        n_cols = 300 if block_elems == 1 and dut == "gpu" else 512
+        if qtype in (Q.F32, Q.F16, Q.BF16, Q.Q8_0):
+            values = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+            raw = gguf.quants.quantize(values, qtype).view(np.uint8).reshape(n_rows, -1)
+        else:
+            raw = synth.random_blocks(qtype, n_rows * n_cols // block_elems, rng, 0.05).reshape(n_rows, -1)
+        w = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(n_rows, n_cols)
+        worst = 0.0
+        for T in MATMUL_WIDTHS:
+            x = rng.standard_normal((T, n_cols)).astype(np.float32)
+            y = run(int(qtype), raw, n_rows, n_cols, x)
+            ref = x.astype(np.float64) @ w.T
+            scale = float((np.abs(x).astype(np.float64) @ np.abs(w).T).max())
+            worst = max(worst, float(np.abs(y - ref).max()) / scale)
+        rows.append({"type": qtype.name, "rows": n_rows, "cols": n_cols, "rel_err": worst,
+                     "ok": worst <= MATMUL_TOL or (dut == "cpu" and qtype not in (Q.F32, Q.F16, Q.BF16))})
+    return rows
+
+
+def greedy(engine, ids, n: int):
+    """Plain greedy generation through the C ABI (ignores end-of-generation ids)."""
+    import numpy as np
+    from luce.binding import check, ffi, lib
+
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    check(lib().luce_session_reset(engine._session))
+    params = ffi.new("luce_generate_params *", {"max_tokens": n, "temperature": 0.0, "top_k": 0,
+                                                "top_p": 1.0, "seed": 0, "ignore_eos": 1,
+                                                "stop_ids": ffi.NULL, "n_stop_ids": 0})
+    out = ffi.new("int32_t[]", n)
+    stats = ffi.new("luce_generate_stats *")
+    check(lib().luce_generate(engine._session, ffi.NULL, ffi.from_buffer("int32_t[]", ids), len(ids), params,
+                              ffi.NULL, ffi.NULL, out, n, stats))
+    return [out[i] for i in range(stats.n_generated)], stats
+
+
+def check_model(label: str, path: Path, tol: float, dut: str, threads: int) -> dict:
+    import numpy as np
+
+    from fixtures.native_eval import decode_step_logits
+    from luce import Engine
+
+    rng = np.random.default_rng(7)
+    with Engine(path, device="cpu", threads=threads, ctx_size=256) as cpu, \
+            Engine(path, device=dut, threads=max(1, threads // 2), ctx_size=256) as gpu:
+        V = cpu.info.n_vocab
+        ids = rng.integers(0, V, 70).tolist()  # 70 tokens: a 64-token chunk plus 6
+        want, got = cpu.logits(ids), gpu.logits(ids)
+        scale = float(np.abs(want).max())
+        diff = float(np.abs(got.astype(np.float64) - want).max())
+        # Batch invariance on the device: prefill rows vs the same rows from one-token steps.
+        steps = decode_step_logits(gpu, ids, 40, 29)
+        self_diff = float(np.abs(steps - got[39:69]).max())
+        # Greedy generation on margin-checked prompts.
+        # A dozen short prompts: enough that some clear the margin even for quantized types,
+        # whose GPU/CPU difference (activation rounding on the CPU) is the largest.
+        prompts = [rng.integers(0, V, 12).tolist() for _ in range(12)]
+        n_gen = 16
+        greedy_rows = []
+        for p in prompts:
+            cpu_tokens, _ = greedy(cpu, p, n_gen)
+            gpu_tokens, _ = greedy(gpu, p, n_gen)
+            seq = p + cpu_tokens[:-1]
+            lc, lg = cpu.logits(seq)[len(p) - 1:], gpu.logits(seq)[len(p) - 1:]
+            top2 = np.sort(lc, axis=1)[:, -2:]
+            margin = float((top2[:, 1] - top2[:, 0]).min())
+            seq_diff = float(np.abs(lg.astype(np.float64) - lc).max())
+            greedy_rows.append({"margin": margin, "diff": seq_diff,
+                                "checked": margin > MARGIN_FACTOR * seq_diff,
+                                "identical": cpu_tokens == gpu_tokens})
+    n_checked = sum(r["checked"] for r in greedy_rows)
+    ok = (diff <= tol * scale and self_diff <= SELF_TOL * max(scale, 1e-30)
+          and all(r["identical"] for r in greedy_rows if r["checked"]) and n_checked > 0)
+    return {"model": label, "tolerance": tol, "rel_diff": diff / scale, "self_rel_diff": self_diff / scale,
+            "prompts_checked": n_checked, "prompts": len(greedy_rows),
+            "checked_identical": sum(r["identical"] for r in greedy_rows if r["checked"]),
+            "near_tie_identical": sum(r["identical"] for r in greedy_rows if not r["checked"]),
+            "ok": bool(ok)}
+
+
+# compute-sanitizer's memcheck over one small model (logits of a 70-token prefill, greedy
+# decode) and the matmul hook of every type: out-of-bounds or misaligned device accesses that
+# the numbers alone might not show.
+_MEMCHECK_CHILD = r"""
+import sys
+sys.path[:0] = sys.argv[2:]
+import numpy as np
+import gpu_check
+from luce import Engine
+with Engine(sys.argv[1], device="gpu", ctx_size=128) as eng:
+    eng.logits(list(range(70)))
+    gpu_check.greedy(eng, list(range(12)), 8)
+gpu_check.check_matmul_ops("gpu")
+"""
+
+
+def memcheck(model: Path) -> dict:
+    tool = shutil.which("compute-sanitizer")
+    if tool is None:
+        return {"status": "unavailable (no compute-sanitizer on PATH)", "ok": True}
+    cmd = [tool, "--tool", "memcheck", "--leak-check", "no", "--error-exitcode", "3", sys.executable, "-c",
+           _MEMCHECK_CHILD, str(model), str(Path(__file__).resolve().parent), str(REPO / "models"), str(REPO / "tests")]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd="/")
+    except subprocess.TimeoutExpired:
+        return {"status": "timed out after 180 s (not counted as a failure)", "ok": True}
+    errors = [line for line in proc.stdout.splitlines() if "ERROR SUMMARY" in line or "Invalid" in line]
+    if proc.returncode == 0:
+        return {"status": "clean: " + (errors[-1].strip() if errors else "no errors"), "ok": True}
+    return {"status": f"exit {proc.returncode}: " + " | ".join(errors[:5] or [proc.stderr[-500:]]), "ok": False}
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. bench: synthetic 27B
+
+def copy_bandwidth() -> float | None:
+    """Device-to-device copy bandwidth in bytes/s counting bytes read + written (torch, in a child
+    process so that its CUDA context does not share the measured process)."""
+    code = ("import torch, time\n"
+            "x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); y = torch.empty_like(x)\n"
+            "for _ in range(3): y.copy_(x)\n"
+            "torch.cuda.synchronize(); t = time.perf_counter()\n"
+            "for _ in range(20): y.copy_(x)\n"
+            "torch.cuda.synchronize(); print(2 * 20 * x.numel() / (time.perf_counter() - t))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return float(proc.stdout.strip()) if proc.returncode == 0 else None
+
+
+def device_memory_used_mib() -> float | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    proc = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True)
+    return float(proc.stdout.split()[0]) if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def decode_bytes_per_token(path: Path) -> int:
+    """Bytes of weights one decode step reads: every tensor of the main layers, the head and the
+    norms; not the token embedding (one row is gathered) nor the MTP block (never run)."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    n_layer = int(r.fields["qwen35.block_count"].parts[-1][0])
+    nextn = r.fields.get("qwen35.nextn_predict_layers")
+    n_main = n_layer - (int(nextn.parts[-1][0]) if nextn else 0)
+    mtp = tuple(f"blk.{i}." for i in range(n_main, n_layer))
+    return sum(int(t.n_bytes) for t in r.tensors
+               if t.name != "token_embd.weight" and not t.name.startswith(mtp))
+
+
+def bench(shape: str, dut: str, threads: int, deadline: float) -> dict:
+    import numpy as np
+
+    from luce import Engine
+    from luce.binding import check, ffi, lib
+
+    sys.path.insert(0, str(REPO / "models"))
+    import synthetic_qwen35 as synth
+
+    path = WORK / f"synthetic-{shape}-iq4_xs.gguf"
+    res: dict = {"shape": shape, "mix": "iq4_xs", "file": str(path)}
+    if not path.exists():
+        log(f"generating {path.name}")
+        t0 = time.perf_counter()
+        synth.write(path.with_suffix(".tmp"), synth.SHAPES[shape], "iq4_xs", log=None)
+        path.with_suffix(".tmp").rename(path)
+        res["generate_seconds"] = round(time.perf_counter() - t0, 1)
+    res["file_gib"] = round(path.stat().st_size / 2**30, 2)
+    res["bytes_per_token"] = decode_bytes_per_token(path)
+    res["copy_bandwidth_Bps"] = copy_bandwidth() if dut == "gpu" else None
+    if res["copy_bandwidth_Bps"]:
+        res["floor_ms"] = 1e3 * res["bytes_per_token"] / res["copy_bandwidth_Bps"]
+
+    log("loading")
+    t0 = time.perf_counter()
+    eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
+    res["load_seconds"] = round(time.perf_counter() - t0, 1)
+    L, session, V = lib(), eng._session, eng.info.n_vocab
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, V, 2048 + 64).astype(np.int32)
+    logits = np.empty((max(VERIFY_WIDTHS), V), dtype=np.float32)
+
+    def eval_(tokens, n_rows: int) -> float:
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        t = time.perf_counter()
+        check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", tokens), len(tokens),
+                                  ffi.from_buffer("float[]", logits), n_rows))
+        return time.perf_counter() - t
+
+    try:
+        greedy(eng, ids[:16], 4)  # warm-up: first launches, page faults
+        log("decode")
+        tokens, st = greedy(eng, ids[:16], DECODE_TOKENS)
+        ms = 1e3 * st.decode_seconds / max(1, st.n_generated - 1)
+        res["decode"] = {"ms_per_token": ms, "tok_s": 1e3 / ms, "tokens": st.n_generated}
+        if res.get("floor_ms"):
+            res["decode"]["fraction_of_floor"] = res["floor_ms"] / ms
+        res["prefill"] = {}
+        for n in PREFILL_LENGTHS:
+            if time.perf_counter() > deadline:
+                res["prefill"][str(n)] = "skipped: time budget"
+                continue
+            log(f"prefill {n}")
+            check(L.luce_session_reset(session))
+            dt = eval_(ids[:n], 1)
+            res["prefill"][str(n)] = {"seconds": dt, "tok_s": n / dt}
+        log("verify widths")
+        check(L.luce_session_reset(session))
+        eval_(ids[:512], 1)
+        res["verify"] = {}
+        pos = 512
+        for w in VERIFY_WIDTHS:
+            if time.perf_counter() > deadline:
+                res["verify"][str(w)] = "skipped: time budget"
+                continue
+            times = []
+            for _ in range(5):
+                times.append(eval_(ids[pos:pos + w], w))
+                pos += w
+            res["verify"][str(w)] = {"ms": 1e3 * statistics.median(times)}
+        base = res["verify"].get("1", {}).get("ms") if isinstance(res["verify"].get("1"), dict) else None
+        for w, row in res["verify"].items():
+            if isinstance(row, dict) and base:
+                row["x_width1"] = row["ms"] / base
+        res["device_memory_used_mib"] = device_memory_used_mib()
+    finally:
+        eng.close()
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+def write_report(out: Path, report: dict) -> None:
+    (out / "gpu_report.json").write_text(json.dumps(report, indent=2, default=str))
+    lines = [f"# luce GPU check — {report['date']}", "",
+             f"- device: {report.get('device', '?')}; host {report['host']}",
+             f"- build: {json.dumps(report.get('build'))}",
+             f"- tolerances: float {FLOAT_TOL:g}, quantized {QUANT_TOL:g} (max |gpu-cpu| / max |cpu|); "
+             f"GPU prefill vs GPU decode {SELF_TOL:g}; margin factor {MARGIN_FACTOR:g}", "",
+             f"| weight type | rows x cols | matmul rel err vs gguf.quants (widths {', '.join(map(str, MATMUL_WIDTHS))}) | ok |",
+             "| --- | --- | --- | --- |",
+             *[(f"| {m['type']} | error: {m['error']} | | FAIL |" if "error" in m else
+                f"| {m['type']} | {m['rows']} x {m['cols']} | {m['rel_err']:.2e} (tol {MATMUL_TOL:g}) | "
+                f"{'ok' if m['ok'] else 'FAIL'} |") for m in report.get("matmul", [])],
+             "",
+             "| model | rel diff vs CPU | tol | prefill vs decode (GPU) | greedy: margin-checked identical | near-tie identical | ok |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for c in report["checks"]:
+        if "error" in c:
+            lines.append(f"| {c['model']} | error: {c['error']} | | | | | FAIL |")
+            continue
+        lines.append(f"| {c['model']} | {c['rel_diff']:.2e} | {c['tolerance']:g} | {c['self_rel_diff']:.2e} | "
+                     f"{c['checked_identical']}/{c['prompts_checked']} | "
+                     f"{c['near_tie_identical']}/{c['prompts'] - c['prompts_checked']} | "
+                     f"{'ok' if c['ok'] else 'FAIL'} |")
+    if "memcheck" in report:
+        lines.append(f"\n- compute-sanitizer memcheck (synthetic tiny iq4_xs + matmul hook): {report['memcheck']['status']}")
+    for n in report.get("notes", []):
+        lines.append(f"\nNOTE: {n}")
+    b = report.get("bench")
+    if b:
+        lines += ["", f"## Bench: synthetic {b['shape']} {b['mix']} ({b.get('file_gib')} GiB)", ""]
+        if "error" in b:
+            lines.append(f"error: {b['error']}")
+        bw = b.get("copy_bandwidth_Bps")
+        lines.append(f"- load {b.get('load_seconds')} s; weights read per decode token "
+                     f"{b['bytes_per_token'] / 2**30:.2f} GiB; copy bandwidth "
+                     f"{(bw or 0) / 1e12:.2f} TB/s (read+write); floor {b.get('floor_ms', float('nan')):.2f} ms/token")
+        d = b.get("decode")
+        if d:
+            lines.append(f"- decode: {d['tok_s']:.1f} tok/s, {d['ms_per_token']:.2f} ms/token"
+                         + (f", {100 * d['fraction_of_floor']:.0f}% of the floor" if "fraction_of_floor" in d else ""))
+        for n, p in (b.get("prefill") or {}).items():
+            lines.append(f"- prefill {n}: " + (f"{p['tok_s']:.0f} tok/s ({p['seconds']:.2f} s)" if isinstance(p, dict) else p))
+        if b.get("verify"):
+            lines += ["", "| verify width | ms/step (incl. logits download) | x width 1 |", "| --- | --- | --- |"]
+            for w, row in b["verify"].items():
+                lines.append(f"| {w} | " + (f"{row['ms']:.2f} | {row.get('x_width1', float('nan')):.2f} |"
+                                            if isinstance(row, dict) else f"{row} | |"))
+        lines.append(f"\n- device memory in use after the bench: {b.get('device_memory_used_mib')} MiB")
+    lines.append(f"\nRESULT: {'PASS' if report['ok'] else 'FAIL'} ({report['seconds']:.0f} s)")
+    text = "\n".join(lines) + "\n"
+    (out / "gpu_report.md").write_text(text)
+    print(text)
+
+
+def run(args, out: Path, build_info: dict | None) -> int:
+    t_start = time.perf_counter()
+    deadline = t_start + args.budget
+    threads = os.cpu_count() or 4
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "host": f"{platform.node()} ({threads} cores)", "dut": args.dut, "build": build_info,
+              "checks": [], "notes": []}
+    if args.dut == "gpu" and shutil.which("nvidia-smi"):
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        report["device"] = q.stdout.strip()
+    WORK.mkdir(parents=True, exist_ok=True)
+    models, notes = fixture_models(Path(tempfile.mkdtemp(prefix="fixtures-", dir=WORK)))
+    report["notes"] += notes
+    log("matmul per weight type")
+    try:
+        report["matmul"] = check_matmul_ops(args.dut)
+    except Exception as e:
+        report["matmul"] = [{"type": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
+    for label, path, tol in models:
+        log(f"check {label}")
+        try:
+            report["checks"].append(check_model(label, path, tol, args.dut, threads))
+        except Exception as e:
+            report["checks"].append({"model": label, "error": f"{type(e).__name__}: {e}", "ok": False})
+    if args.dut == "gpu" and not args.no_memcheck:
+        log("memcheck")
+        report["memcheck"] = memcheck(models[0][1])
+    if args.bench_shape != "none":
+        try:
+            report["bench"] = bench(args.bench_shape, args.dut, threads, deadline)
+        except Exception as e:
+            report["bench"] = {"shape": args.bench_shape, "mix": "iq4_xs", "bytes_per_token": 0,
+                               "error": f"{type(e).__name__}: {e}"}
+    report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"]) and not notes
+                    and report.get("memcheck", {"ok": True})["ok"]) and "error" not in report.get("bench", {})
+    report["seconds"] = time.perf_counter() - t_start
+    write_report(out, report)
+    return 0 if report["ok"] else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-check-out"))
+    ap.add_argument("--dut", choices=("gpu", "cpu"), default="gpu",
+                    help="device under test (cpu: dry run of this script without a GPU)")
+    ap.add_argument("--skip-build", action="store_true", help="use the luce installed for this python")
+    ap.add_argument("--archs", default=os.environ.get("LUCE_GPU_ARCHS", "90"))
+    ap.add_argument("--bench-shape", default="27b", choices=("27b", "0.8b", "tiny", "none"))
+    ap.add_argument("--budget", type=float, default=330.0, help="seconds after which bench items are skipped")
+    ap.add_argument("--no-memcheck", action="store_true", help="skip the compute-sanitizer pass")
+    ap.add_argument("--build-info", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.skip_build:
+        info = build(args.out, args.archs)
+        # Continue in a fresh process that imports the luce just built (not the source tree).
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([info["site"], os.environ.get("PYTHONPATH", "")])}
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--skip-build", "--out", str(args.out.resolve()),
+               "--dut", args.dut, "--bench-shape", args.bench_shape, "--budget", str(args.budget),
+               "--build-info", json.dumps(info)] + (["--no-memcheck"] if args.no_memcheck else [])
+        return subprocess.run(cmd, cwd="/", env=env).returncode
+    return run(args, args.out, json.loads(args.build_info) if args.build_info else None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
