@@ -6,6 +6,8 @@
  *     human-readable reason is available from luce_last_error() on the same thread.
  *   - Handles are opaque; each create/load function has a matching free function (NULL is fine).
  *   - No C++ exception crosses this boundary.
+ *   - A model and its sessions share one worker pool: call into them from one thread at a time
+ *     (different models may be used from different threads).
  *   - This header is fed to cffi verbatim between the CDEF markers, so declarations use no macros.
  */
 #ifndef LUCE_H
