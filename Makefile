@@ -49,13 +49,20 @@ train-deps: build
 test: build train-deps
 	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
 
-# The main job on bundled data: generate a small DFlash 2 checkpoint (models/make_demo_drafter.py,
-# random weights, published layout), convert it to a drafter GGUF, and inspect the result.
-DEMO := models/work/demo-drafter
+# The main job on bundled data (models/reference, docs/models.md): convert the committed DFlash 2
+# checkpoint, inspect it against the committed target, then generate from a held-out HumanEval
+# prompt with and without the drafter (identical text; stats on stderr).
+REF        := models/reference
+DEMO_DRAFT := models/work/reference-dflash2.gguf
+DEMO_PROMPT = $$($(PY) -c "import json; print(json.loads(open('$(REF)/prompts/code.jsonl').readline())['prompt'])")
+
 demo: build
-	$(PY) models/make_demo_drafter.py $(DEMO)
-	$(VENV)/bin/luce convert $(DEMO) -o $(DEMO).gguf --force
-	$(VENV)/bin/luce inspect $(DEMO).gguf
+	@mkdir -p models/work
+	$(VENV)/bin/luce convert $(REF)/dflash2 -o $(DEMO_DRAFT) --force
+	$(VENV)/bin/luce inspect $(DEMO_DRAFT) --target $(REF)/target-q8_0.gguf
+	$(VENV)/bin/luce generate -m $(REF)/target-q8_0.gguf -p "$(DEMO_PROMPT)" -n 96 --device cpu
+	$(VENV)/bin/luce generate -m $(REF)/target-q8_0.gguf --draft $(DEMO_DRAFT) -p "$(DEMO_PROMPT)" \
+	  -n 96 --device cpu --no-adaptive
 
 # CPU benchmark against llama.cpp on a synthetic qwen35 file of a stated shape (docs/benchmarks.md).
 BENCH_SHAPE ?= 0.8b

@@ -116,7 +116,7 @@ def _convert_target(src: Path, out: Path, opts: ConvertOptions, progress) -> Con
     except ModuleNotFoundError:
         raise LuceError(f"{src} is a Qwen3.5 target checkpoint; the target converter is not available "
                         f"in this build yet") from None
-    result = qwen35.convert_qwen35(src, out, opts.outtype, progress)
+    result = qwen35.convert_qwen35(src, out, opts.outtype, progress, force=opts.force)
     if isinstance(result, ConvertResult):
         return result
     return ConvertResult(out, TARGET_KIND, "Qwen3.5 target", result if isinstance(result, dict) else {})

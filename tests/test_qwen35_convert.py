@@ -464,3 +464,9 @@ def test_luce_convert_cli_dispatches_qwen35_checkpoints(tmp_path_factory, tmp_pa
     assert "qwen35" in result.stdout
     want, got = gguf_tensors(api_path), gguf_tensors(out)
     assert set(got) == set(want) and all(np.array_equal(got[n], want[n]) for n in want)
+
+    # An existing output is refused without --force and replaced with it.
+    again = CliRunner().invoke(cli, ["convert", str(hf_dir), "-o", str(out), "--outtype", "q8_0"])
+    assert again.exit_code != 0 and "--force" in again.output
+    forced = CliRunner().invoke(cli, ["convert", str(hf_dir), "-o", str(out), "--outtype", "q8_0", "--force"])
+    assert forced.exit_code == 0, forced.output

@@ -53,4 +53,6 @@ def check(status: int, what: str = "") -> None:
         from luce.errors import LuceError
 
         reason = last_error() or f"native call failed with status {status}"
-        raise LuceError(f"{what}: {reason}" if what else reason, status=int(status))
+        # Native messages often name the file already; never say it twice.
+        message = f"{what}: {reason}" if what and what not in reason else reason
+        raise LuceError(message, status=int(status))
