@@ -11,7 +11,6 @@
 
 #include "api_handles.h"
 
-#define LUCE_API extern "C" __attribute__((visibility("default")))
 
 struct luce_snapshot {
     luce::Session::Snapshot snap;
@@ -20,14 +19,7 @@ struct luce_snapshot {
 using luce::fail;
 using luce::guard;
 
-namespace {
-
-template <class T>
-void require(const T *p, const char *what) {
-    if (!p) fail(LUCE_ERR_INVALID_ARGUMENT, "%s is NULL", what);
-}
-
-}  // namespace
+using luce::require;
 
 LUCE_API luce_status luce_model_load(const char *path, const luce_model_params *params, luce_model **out) {
     return guard([&] {

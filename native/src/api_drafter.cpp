@@ -8,19 +8,11 @@
 #include "errors.h"
 #include "luce.h"
 
-#define LUCE_API extern "C" __attribute__((visibility("default")))
 
 using luce::fail;
 using luce::guard;
 
-namespace {
-
-template <class T>
-void require(const T *p, const char *what) {
-    if (!p) fail(LUCE_ERR_INVALID_ARGUMENT, "%s is NULL", what);
-}
-
-}  // namespace
+using luce::require;
 
 LUCE_API luce_status luce_drafter_load(const char *path, luce_model *target, luce_drafter **out) {
     return guard([&] {

@@ -14,12 +14,12 @@
 
 namespace luce {
 
-namespace {
-
 double now_seconds() {
     using clock = std::chrono::steady_clock;
     return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
 }
+
+namespace {
 
 void check_tokens(const Session &s, const int32_t *tokens, int n) {
     const int n_vocab = s.model->hp.n_vocab;

@@ -6,6 +6,9 @@
 
 namespace luce {
 
+// Wall-clock seconds on a monotonic clock (step timings and stats).
+double now_seconds();
+
 // Appends n tokens to the session in MAX_STEP chunks; writes the logits of the last n_logit_rows
 // positions (host, row-major) when logits is not null. Validates ids and context first.
 // capture (may be null) receives hidden states of every position: its `out` is the start of a

@@ -48,11 +48,6 @@ constexpr int BURST_STEPS = 40;
 constexpr int DEFAULT_DDTREE_BUDGET = 22;
 constexpr int DDTREE_WIDE_K = 8;  // candidates per node when the budget exceeds the depth, else 1
 
-double now_seconds() {
-    using clock = std::chrono::steady_clock;
-    return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
-}
-
 int block_rows(const Drafter &d, int requested) {
     const int ckpt = d.hp.block_size, hi = std::min(2 * ckpt, MAX_DRAFT_BLOCK);
     if (requested == 0) return std::min(ckpt, MAX_DRAFT_BLOCK);
@@ -283,6 +278,22 @@ struct AdaptivePolicy {
     }
 };
 
+// Counts one speculative step: `drafted` proposals verified, `accepted` of them kept out of a
+// block of q. Times are taken at the step's start, after drafting, after verifying and after
+// rolling back; appending the committed context to the drafter (until now) counts as drafting.
+void record_spec_step(luce_generate_stats &st, int drafted, int accepted, int q, double t_start,
+                      double t_drafted, double t_verified, double t_rolled) {
+    ++st.spec_steps;
+    st.n_drafted += drafted;
+    st.n_accepted += accepted;
+    st.full_accept_steps += (accepted == q);
+    st.zero_accept_steps += (accepted == 0);
+    st.max_accepted = std::max(st.max_accepted, accepted);
+    st.draft_seconds += (t_drafted - t_start) + (now_seconds() - t_rolled);
+    st.verify_seconds += t_verified - t_drafted;
+    st.rollback_seconds += t_rolled - t_verified;
+}
+
 }  // namespace
 
 luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, int n_prompt,
@@ -440,15 +451,7 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
                     std::copy_n(taps.data() + size_t(path[size_t(i)]) * N * E, size_t(N) * E, taps.data() + size_t(i) * N * E);
             const double t_rolled = now_seconds();
             draft_append_context(d, ctx, taps.data(), n + 1);
-            ++st.spec_steps;
-            st.n_drafted += T - 1;
-            st.n_accepted += n;
-            st.full_accept_steps += (n == q);
-            st.zero_accept_steps += (n == 0);
-            st.max_accepted = std::max(st.max_accepted, n);
-            st.draft_seconds += (t_drafted - step_t0) + (now_seconds() - t_rolled);
-            st.verify_seconds += t_verified - t_drafted;
-            st.rollback_seconds += t_rolled - t_verified;
+            record_spec_step(st, T - 1, n, q, step_t0, t_drafted, t_verified, t_rolled);
             policy.after_spec(n, now_seconds() - step_t0);
             for (int i = 1; i <= n; ++i) tokens[size_t(i)] = nodes[size_t(path[size_t(i)])].token;
             tokens[size_t(n + 1)] = bonus;
@@ -504,15 +507,7 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
         const double t_rolled = now_seconds();
         draft_append_context(d, ctx, taps.data(), n + 1);
 
-        ++st.spec_steps;
-        st.n_drafted += q;
-        st.n_accepted += n;
-        st.full_accept_steps += (n == q);
-        st.zero_accept_steps += (n == 0);
-        st.max_accepted = std::max(st.max_accepted, n);
-        st.draft_seconds += (t_drafted - step_t0) + (now_seconds() - t_rolled);
-        st.verify_seconds += t_verified - t_drafted;
-        st.rollback_seconds += t_rolled - t_verified;
+        record_spec_step(st, q, n, q, step_t0, t_drafted, t_verified, t_rolled);
         policy.after_spec(n, now_seconds() - step_t0);
 
         tokens[size_t(n + 1)] = bonus;
