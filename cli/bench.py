@@ -60,8 +60,12 @@ class IntList(click.ParamType):
 @click.option("--verify", "verify_modes", default="chain", show_default=True, metavar="chain,tree",
               help="With --draft: verification modes to sweep (chain, tree).")
 @click.option("--no-adaptive", is_flag=True, help="With --draft: never fall back to plain-decode bursts.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), metavar="FILE.jsonl",
+              help="With --draft: decode after every prompt of this set (one JSON string or "
+                   "{\"prompt\": ...} per line) instead of one random prompt; e.g. "
+                   "models/reference/prompts/code.jsonl.")
 def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_warmup, seed, draft, block_sizes,
-            verify_modes, no_adaptive):
+            verify_modes, no_adaptive, prompts_file):
     """Measure prefill (ppN) and decode (tgN) tok/s of a qwen35 GGUF, or with --draft the
     speculative decode speed per block size and verify mode against plain decoding.
 
@@ -71,7 +75,11 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
       luce bench -m model.gguf --draft drafter.gguf -p 64 -n 128 --draft-block-size 8,16 --verify chain,tree
     """
     from luce import bench
+    from luce.cli.generate import read_prompts_jsonl
 
+    if prompts_file and draft is None:
+        raise click.BadParameter("a prompt set only applies to speculative runs (--draft)",
+                                 param_hint="--prompts")
     if draft is not None:
         modes = [m.strip() for m in verify_modes.split(",") if m.strip()]
         bad = [m for m in modes if m not in bench.VERIFY_MODES]
@@ -83,8 +91,9 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
         tests = bench.tests_from([], n_gen)
         if not tests:
             raise click.BadParameter("nothing to measure: -n is 0", param_hint="-n")
+        prompt_set = read_prompts_jsonl(prompts_file) if prompts_file else None
         rows = bench.bench_speculative(model, draft, tests, n_prompt[0], threads, block_sizes, modes,
-                                       not no_adaptive, device, repetitions, not no_warmup, seed)
+                                       not no_adaptive, device, repetitions, not no_warmup, seed, prompt_set)
         click.echo(bench.PRINTERS[fmt](rows))
         if fmt == "md":
             click.echo("\n" + bench.footer())

@@ -64,3 +64,23 @@ def test_trained_drafter_is_lossless_on_held_out_code(kind, block, drafter_ggufs
             assert g.tokens == tokens
             accepted += g.stats["n_accepted"]
     assert accepted > 0  # the drafter really predicted something on held-out text
+
+
+def test_bench_runs_a_held_out_prompt_set_with_and_without_the_drafter(drafter_ggufs, tmp_path):
+    from click.testing import CliRunner
+
+    from luce.cli.main import cli
+
+    prompts = tmp_path / "code2.jsonl"
+    prompts.write_text("\n".join((REFERENCE / "prompts" / "code.jsonl").read_text().splitlines()[:2]) + "\n")
+    args = ["bench", "-m", str(TARGET), "--draft", str(drafter_ggufs["dflash2"]), "-n", "16", "-t", "2",
+            "-r", "1", "--no-warmup", "--no-adaptive", "--draft-block-size", "4,8", "--prompts", str(prompts),
+            "-o", "json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["draft"], r["block"]) for r in rows] == [("none", None), ("dflash2.gguf", 4), ("dflash2.gguf", 8)]
+    assert all(r["tau"] >= 1.0 and 0.0 <= r["acceptance"] <= 1.0 for r in rows[1:])
+
+    no_draft = CliRunner().invoke(cli, ["bench", "-m", str(TARGET), "--prompts", str(prompts)])
+    assert no_draft.exit_code == 2 and "--draft" in no_draft.output

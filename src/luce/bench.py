@@ -127,17 +127,24 @@ VERIFY_MODES = ("chain", "tree")
 
 def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens: int, threads: list[int],
                       block_sizes: list[int], verify_modes: list[str], adaptive: bool, device: str, reps: int,
-                      warmup: bool, seed: int = 0) -> list[Row]:
+                      warmup: bool, seed: int = 0, prompt_set: list[str] | None = None) -> list[Row]:
     """tgN of greedy decoding without the drafter (the baseline row), then with it for every block
-    size and verify mode; each speculative row carries tau, acceptance and its speedup."""
+    size and verify mode; each speculative row carries tau, acceptance and its speedup.
+
+    Acceptance depends on the text, so with `prompt_set` (real prompts, e.g. the held-out sets of
+    models/reference/prompts) every measured run decodes tgN after each prompt of the set and the
+    row reports the set's totals; without it, one random prompt of `prompt_tokens` ids is used."""
     from luce.engine import Engine
 
     rows = []
     size_gib = model.stat().st_size / 2**30
     for t in map(resolve_threads, threads):
-        ctx = max([prompt_tokens + 1 + x.n for x in tests] + [16])
+        with Engine(model, device=device, threads=t, ctx_size=16, draft=draft) as probe:
+            prompts = ([probe.tokenizer.encode(text) for text in prompt_set] if prompt_set
+                       else [random_prompt(prompt_tokens, probe.info.n_vocab, seed)])
+        ctx = max(len(p) for p in prompts) + 1 + max([x.n for x in tests] + [16])
         with Engine(model, device=device, threads=t, ctx_size=ctx, draft=draft) as engine:
-            prompt = random_prompt(prompt_tokens, engine.info.n_vocab, seed)
+            prompt = prompts
             for test in (x for x in tests if x.kind == "tg"):
                 base = _spec_measure(engine, prompt, test, reps, warmup, speculative=False)
                 rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, base[0], base[1], None,
@@ -153,18 +160,22 @@ def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens
     return rows
 
 
-def _spec_measure(engine, prompt, test: Test, reps: int, warmup: bool, **kw):
-    """(mean tok/s, std, mean tau, mean acceptance) of decoding test.n tokens after the prompt."""
+def _spec_measure(engine, prompts: list[list[int]], test: Test, reps: int, warmup: bool, **kw):
+    """(mean tok/s, std, mean tau, mean acceptance) of decoding test.n tokens after each prompt;
+    one measured run covers the whole prompt list, tau/acceptance average over its prompts."""
     taus, accs = [], []
 
     def decode_seconds() -> float:
-        stats = engine.generate(prompt_ids=prompt, max_tokens=test.n + 1, ignore_eos=True, **kw).stats
-        taus.append(stats.get("tau"))
-        accs.append(stats.get("acceptance"))
-        return stats["decode_seconds"] * test.n / max(1, stats["generated_tokens"] - 1)
+        seconds = 0.0
+        for prompt in prompts:
+            stats = engine.generate(prompt_ids=prompt, max_tokens=test.n + 1, ignore_eos=True, **kw).stats
+            taus.append(stats.get("tau"))
+            accs.append(stats.get("acceptance"))
+            seconds += stats["decode_seconds"] * test.n / max(1, stats["generated_tokens"] - 1)
+        return seconds
 
-    mean, std = measure(decode_seconds, test.n, reps, warmup)
-    taus, accs = taus[-reps:], accs[-reps:]
+    mean, std = measure(decode_seconds, test.n * len(prompts), reps, warmup)
+    taus, accs = taus[-reps * len(prompts):], accs[-reps * len(prompts):]
     if taus[0] is None:
         return mean, std
     return mean, std, statistics.fmean(taus), statistics.fmean(accs)
