@@ -383,3 +383,20 @@ def test_unknown_type_id_is_refused():
     for bad in (4, 31, 99, -1):
         with pytest.raises(LuceError, match="unknown ggml type"):
             check(lib().luce_dequantize(bad, ffi.from_buffer(raw), raw.nbytes, ffi.from_buffer("float[]", out), 16))
+
+
+@pytest.mark.parametrize("qtype", sorted(QUANTIZED, key=int), ids=lambda t: t.name)
+def test_exact_kernels_skip_the_activation_rounding(qtype, monkeypatch):
+    """LUCE_CPU_KERNELS=exact (the reference other backends are checked against) multiplies the
+    unrounded fp32 activations: within fp32 summation error of float64, far inside the int8 path's
+    activation-rounding error."""
+    monkeypatch.setenv("LUCE_CPU_KERNELS", "exact")
+    rng = np.random.default_rng(7)
+    n_rows, n_cols = 24, 512
+    raw = matmul_raw(qtype, n_rows * n_cols // GGML_QUANT_SIZES[qtype][0], rng)
+    w64 = dequantize(qtype, raw, n_rows * n_cols).reshape(n_rows, n_cols).astype(np.float64)
+    x = rng.standard_normal((3, n_cols)).astype(np.float32)
+    ours = matmul(qtype, raw, n_rows, n_cols, x)
+    exact = x.astype(np.float64) @ w64.T
+    assert np.all(np.abs(ours - exact) <= fp32_sum_bound(w64, x.astype(np.float64)))
+    assert np.abs(ours - exact).max() < np.abs(kernel_activations(qtype, x) @ w64.T - exact).max()

@@ -9,6 +9,7 @@
 #include "quants.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -337,8 +338,17 @@ static void matmul_rows_q8_acts(int32_t type, const void *w, int64_t n_cols, int
     matmul_rows_reference(type, w, n_cols, row_begin, row_end, xq.data(), n_tok, y, ldy);
 }
 
+// LUCE_CPU_KERNELS=exact: fp32 activations for every type (no int8 rounding of the activations):
+// the reference another backend is compared against when a difference must be attributed.
+// Slow; for checks, not for use.
+static bool exact_requested() {
+    const char *k = std::getenv("LUCE_CPU_KERNELS");
+    return k && std::strcmp(k, "exact") == 0;
+}
+
 void matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
                  const float *x, int64_t n_tok, float *y, int64_t ldy) {
+    if (exact_requested()) return matmul_rows_reference(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);
     if (matmul_rows_simd(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy)) return;
     if (act_block(type) != 0)
         matmul_rows_q8_acts(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);
