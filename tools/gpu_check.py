@@ -40,11 +40,14 @@ WORK = Path(os.environ.get("LUCE_CHECK_WORK", "/tmp/luce-gpu-check"))
 WHEELS = REPO / ".whl"
 NEEDED_MODULES = {"gguf": ["gguf"], "cffi": ["cffi", "pycparser"]}  # module -> wheels to install
 
-# Tolerances on max |gpu - cpu| / max |cpu| over all logits. The CPU multiplies quantized weights
-# with int8-quantized activations (as llama.cpp does); the GPU keeps activations in fp32, so
-# quantized types differ by that rounding; float weights differ only by fp32 summation order.
+# Tolerances on max |gpu - cpu| / max |cpu| over all logits. The CPU reference runs with
+# LUCE_CPU_KERNELS=exact (fp32 activations for quantized weights too, like the GPU): its fast
+# path rounds activations to int8 as llama.cpp does, which on tiny random models moves logits by
+# 0.3-1.2 of their scale (measured 2026-12-02) and would hide any real GPU error. With the exact
+# reference every type differs only by fp32 summation order (measured <= 4.5e-5).
+os.environ.setdefault("LUCE_CPU_KERNELS", "exact")
 FLOAT_TOL = 1e-4
-QUANT_TOL = 4e-2
+QUANT_TOL = 1e-4
 SELF_TOL = 1e-4  # GPU prefill vs GPU decode steps: same kernels, different token tiling
 MARGIN_FACTOR = 4.0
 VERIFY_WIDTHS = (1, 2, 4, 8, 16, 32)
