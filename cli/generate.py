@@ -133,7 +133,7 @@ class Stream:
 
 @click.command()
 @click.option("-m", "--model", type=click.Path(exists=True, dir_okay=False), metavar="TARGET.gguf",
-              help="Target model: a qwen35 GGUF.")
+              help="Target model: a qwen35 GGUF (default: the bundled reference target).")
 @click.option("-p", "--prompt", metavar="TEXT", help="Prompt text.")
 @click.option("-f", "--prompt-file", metavar="FILE", help="Read the prompt from FILE ('-' for stdin).")
 @click.option("--prompts", "prompts_file", metavar="FILE.jsonl",
@@ -199,7 +199,14 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
     if chat and prompt_ids is not None:
         raise click.UsageError("--chat renders text prompts; it cannot apply to --prompt-ids")
     if model is None:
-        raise click.UsageError("a model is required: -m TARGET.gguf (a qwen35 GGUF)")
+        from luce import reference_target
+
+        model = reference_target()
+        if not model.is_file():
+            raise click.UsageError("a model is required: -m TARGET.gguf (a qwen35 GGUF); "
+                                   "this install has no bundled reference target")
+        click.secho(f"no -m given: using the bundled reference target ({model.name}, 12.6 M "
+                    "parameters trained on Python source and essays; see docs/models.md)", err=True, dim=True)
     if output_file is not None and not Path(output_file).resolve().parent.is_dir():
         raise LuceError(f"output folder {Path(output_file).resolve().parent} does not exist")
 

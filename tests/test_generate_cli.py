@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,8 +230,19 @@ def test_usage_errors_exit_2(not_a_gguf, args, message):
     assert_one_line_error(run("-m", not_a_gguf, *args), 2, message)
 
 
-def test_model_is_required():
-    assert_one_line_error(run("-p", "hello"), 2, "a model is required")
+def test_without_a_model_the_bundled_reference_target_runs():
+    """Issue 5: `luce generate` without -m uses the reference target shipped in the wheel and says
+    so; its tokens are those of the committed GGUF run explicitly."""
+    import luce
+
+    bundled = luce.reference_target()
+    repo_copy = Path(__file__).resolve().parents[1] / "models" / "reference" / "target-q8_0.gguf"
+    assert bundled.read_bytes() == repo_copy.read_bytes()
+    implicit = run("-p", "def add(a, b):", "-n", "12", "--json", "-t", "1")
+    explicit = run("-m", repo_copy, "-p", "def add(a, b):", "-n", "12", "--json", "-t", "1")
+    assert implicit.exit_code == 0, implicit.output
+    assert "bundled reference target" in implicit.stderr
+    assert json.loads(implicit.stdout)["tokens"] == json.loads(explicit.stdout)["tokens"]
 
 
 def test_missing_model_file(tmp_path):

@@ -13,6 +13,14 @@ from luce.errors import LuceError
 
 __version__ = "0.1.0"
 
+
+def reference_target():
+    """Path of the bundled reference target: a 12.6 M-parameter Qwen3.5-architecture model trained
+    on Python source and essays (docs/models.md), what `luce generate` runs without -m."""
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent / "data" / "reference-target-q8_0.gguf"
+
 __all__ = ["Engine", "Generation", "LuceError", "ModelInfo", "__version__"]
 
 
