@@ -2,7 +2,8 @@
 
 Where published configs disagree (spec/engine.md §2.2, §9; spec/drafters.md §1.5, §1.8, §3.4):
   - `dflash_config` (and DSpark's `dspark_config`) win over top-level fields for block_size,
-    mask_token_id, target_layer_ids and the DFlash 2 conv / selector fields;
+    mask_token_id, target_layer_ids and the DFlash 2 conv / selector fields and logit scalars
+    (`output_multiplier`, `final_logit_softcapping`: finite and > 0; a null cap means off);
   - rope: transformers>=5 `rope_parameters`, else legacy `rope_scaling`; YaRN is recognised by
     `rope_type` or the legacy `type` spelling; `original_max_position_embeddings` comes from the
     rope dict, else the top level; a YaRN factor > 1 without an original context is refused
@@ -16,6 +17,7 @@ but a disagreement means the config describes another model, so it is an error n
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from luce.converters import schema
@@ -55,6 +57,8 @@ class DraftConfig:
     conv_group: int = schema.DEFAULT_CONV_GROUP_SIZE
     selector_rank: int = 0
     selector_top_k: int = schema.DEFAULT_SELECTOR_TOP_K
+    output_multiplier: float = schema.DEFAULT_OUTPUT_MULTIPLIER
+    final_logit_softcapping: float | None = schema.DEFAULT_FINAL_LOGIT_SOFTCAPPING
     markov_rank: int | None = None  # declared in DSpark configs; the weights decide
     sample_from_anchor: bool | None = None
 
@@ -78,6 +82,14 @@ def _as_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise LuceError(f"config.json: {name} must be an integer, got {value!r}")
     return value
+
+
+def _positive_float(value, name: str) -> float:
+    """A finite number > 0 (the DFlash 2 logit scalars: a cap of 0 would divide by zero, and a
+    non-positive multiplier would reorder or flatten the candidates)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise LuceError(f"config.json: {name} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 def _sub(cfg: dict, key: str) -> dict:
@@ -133,6 +145,12 @@ def normalise(cfg: dict, kind: str, no_yarn: bool = False) -> DraftConfig:
         dc.selector_rank = _as_int(rank, "selector_rank") if rank is not None else 0
         dc.selector_top_k = _as_int(_first(inner_first, "selector_top_k") or schema.DEFAULT_SELECTOR_TOP_K,
                                     "selector_top_k")
+        multiplier = _first(inner_first, "output_multiplier")
+        if multiplier is not None:
+            dc.output_multiplier = _positive_float(multiplier, "output_multiplier")
+        cap = _first(inner_first, "final_logit_softcapping")
+        if cap is not None:
+            dc.final_logit_softcapping = _positive_float(cap, "final_logit_softcapping")
     if kind == "dspark":
         rank = _first(inner_first, "markov_rank")
         dc.markov_rank = _as_int(rank, "markov_rank") if rank is not None else None

@@ -298,6 +298,7 @@ def drafter_keys(plan: DraftPlan, shape: schema.DraftShape) -> list[tuple[schema
         if has_selector:
             keys += [(S.UP_SELECTOR_RANK if up else S.SELECTOR_RANK, shape.selector_rank),
                      (S.UP_SELECTOR_TOP_K if up else S.SELECTOR_TOP_K, c.selector_top_k)]
+        keys += _logit_transform_keys(c, up)
     if plan.kind == "dspark":
         keys.append((S.UP_SAMPLE_FROM_ANCHOR if up else S.SAMPLE_FROM_ANCHOR, bool(c.sample_from_anchor)))
         if up:
@@ -307,6 +308,23 @@ def drafter_keys(plan: DraftPlan, shape: schema.DraftShape) -> list[tuple[schema
                      (S.DSPARK_VOCAB_SIZE, shape.markov_vocab)]
             if shape.confidence_dim:
                 keys += [(S.DSPARK_CONFIDENCE_DIM, shape.confidence_dim), (S.DSPARK_CONFIDENCE_ENABLED, 1)]
+    return keys
+
+
+def _logit_transform_keys(c: DraftConfig, up: bool) -> list[tuple[schema.Key, object]]:
+    """The DFlash 2 unary-logit scalars, only where they differ from the defaults (so a drafter
+    without them converts to the same bytes as before they existed). Upstream llama.cpp has no
+    key for them: dropping them would walk on the wrong logits, so that layout refuses."""
+    S = schema
+    keys = []
+    if c.output_multiplier != S.DEFAULT_OUTPUT_MULTIPLIER:
+        keys.append((S.OUTPUT_MULTIPLIER, c.output_multiplier))
+    if c.final_logit_softcapping != S.DEFAULT_FINAL_LOGIT_SOFTCAPPING:
+        keys.append((S.FINAL_LOGIT_SOFTCAPPING, c.final_logit_softcapping))
+    if keys and up:
+        names = " and ".join(k.template.rsplit(".", 1)[1] for k, _ in keys)
+        raise LuceError(f"this DFlash 2 drafter sets {names}, which the llama.cpp layout cannot store; "
+                        f"convert with --layout lucebox")
     return keys
 
 

@@ -79,6 +79,13 @@ CONV_KERNEL_SIZE = _own("dflash.dflash2.conv_kernel_size", VT.UINT32, "DFlash 2 
 CONV_GROUP_SIZE = _own("dflash.dflash2.conv_group_size", VT.UINT32, "channels per dynamic group")
 SELECTOR_RANK = _own("dflash.dflash2.selector_rank", VT.UINT32, "selector rank R")
 SELECTOR_TOP_K = _own("dflash.dflash2.selector_top_k", VT.UINT32, "selector candidates (1..256)")
+# The DFlash 2 unary logits U = lm_head(h) are transformed in fp32 before the top-k:
+# U*m, then tanh(U*m / cap)*cap when a cap is set (spec/drafters.md §2.2). Written only when
+# they differ from the defaults below, so drafters that do not use them keep their bytes.
+OUTPUT_MULTIPLIER = _own("dflash.dflash2.output_multiplier", VT.FLOAT32,
+                         "unary logit scale m > 0 (absent = 1)")
+FINAL_LOGIT_SOFTCAPPING = _own("dflash.dflash2.final_logit_softcapping", VT.FLOAT32,
+                               "unary logit soft cap > 0 (absent = off)")
 DSPARK_ENABLED = _own("dflash.dspark.enabled", VT.UINT32, "1 for DSpark drafters")
 DSPARK_MARKOV_RANK = _own("dflash.dspark.markov_rank", VT.UINT32, "Markov rank R (from w1)")
 DSPARK_VOCAB_SIZE = _own("dflash.dspark.vocab_size", VT.UINT32, "Markov vocab V (from w1)")
@@ -105,6 +112,8 @@ TOKENIZER_MASK_TOKEN_ID = Key(Keys.Tokenizer.MASK_ID, VT.UINT32, meaning="mask i
 DEFAULT_CONV_GROUP_SIZE = 16
 DEFAULT_SELECTOR_TOP_K = 16
 MAX_SELECTOR_TOP_K = 256
+DEFAULT_OUTPUT_MULTIPLIER = 1.0
+DEFAULT_FINAL_LOGIT_SOFTCAPPING = None   # off
 DEFAULT_BETA_FAST = 32.0
 DEFAULT_BETA_SLOW = 1.0
 DEFAULT_CONTEXT_LENGTH = 32768

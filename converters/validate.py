@@ -8,6 +8,7 @@ Each rule adds Findings; any error makes the report invalid (exit 1); warnings d
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -193,6 +194,8 @@ class DraftView:
     selector_vocab: int | None = None
     selector_top_k: int | None = None
     markov_vocab: int | None = None
+    output_multiplier: float | None = None
+    final_logit_softcapping: float | None = None
 
 
 def _find_tensors(gf: GGUFFile, n_layer: int | None):
@@ -239,6 +242,7 @@ def check_drafter(gf: GGUFFile, report: Report) -> DraftView:
     _check_trunk_tensors(report, view)
     conv_k = _check_conv(k, report, view, a)
     _check_selector(k, report, view, a)
+    _check_logit_transform(k, report, view, a)
     dspark = _check_dspark(k, report, view, a)
     _summarise_drafter(gf, report, view, conv_k, dspark)
     return view
@@ -431,6 +435,20 @@ def _check_selector(k: _Keys, report, v: DraftView, a) -> None:
                                        f"and <= codebook vocab {v.selector_vocab}")
 
 
+def _check_logit_transform(k: _Keys, report, v: DraftView, a) -> None:
+    """DFlash 2 unary-logit scalars: the runtime refuses a non-finite or non-positive value (a cap
+    of 0 divides by zero; a multiplier <= 0 reverses or flattens the candidate order)."""
+    S = schema
+    for key, attr in ((S.OUTPUT_MULTIPLIER, "output_multiplier"), (S.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping")):
+        value = k.float(key.at(a))
+        if value is None:
+            continue
+        if not (math.isfinite(value) and value > 0):
+            report.error("logit-scalar-range", f"{key.at(a)}={value} must be finite and > 0")
+            continue
+        setattr(v, attr, value)
+
+
 def _check_dspark(k: _Keys, report, v: DraftView, a) -> dict | None:
     S = schema
     enabled = k.int(S.DSPARK_ENABLED.at(a))
@@ -493,6 +511,7 @@ def _summarise_drafter(gf: GGUFFile, report, v: DraftView, conv_k: int, dspark) 
                  if factor is not None else None),
         "sliding_window": gf.kv.get(S.SLIDING_WINDOW.at(a)),
         "sample_from_anchor": (dspark or {}).get("sample_from_anchor"),
+        "output_multiplier": v.output_multiplier, "final_logit_softcapping": v.final_logit_softcapping,
         "tensor_types": _type_histogram(gf), "n_tensors": len(gf.tensors),
     })
 

@@ -49,6 +49,8 @@ struct DrafterHparams {
     std::vector<bool> causal;           // per layer: in-block causal (slot j sees slots 0..j)
     int conv_kernel = 0, conv_group = 0;          // DFlash 2 conv (0 = none)
     int selector_rank = 0, selector_top_k = 0;    // DFlash 2 selector (0 = none)
+    // DFlash 2 unary logits U -> tanh(U*m / cap)*cap (U*m when cap = 0, off), fp32, before top-k.
+    float output_multiplier = 1.f, final_logit_softcapping = 0.f;
     int markov_rank = 0, confidence_dim = 0;      // DSpark heads (0 = none)
 };
 
@@ -114,6 +116,11 @@ void draft_append_context(const Drafter &d, DraftContext &ctx, const float *taps
 // (normally [anchor, mask x (B-1)]) -> final-normed hidden rows out [B][E].
 void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, int B, float *out);
 
+// The unary logits the candidate heads start from: logits [n_rows][V] = target_head(hidden rows
+// [n_rows][E]); for DFlash 2 then scaled by output_multiplier and soft-capped (fp32), as the
+// drafter was trained. DFlash and DSpark use the raw head output.
+void draft_unary_logits(const Drafter &d, const float *hidden, int n_rows, float *logits);
+
 // Candidate heads over final-normed hidden rows [n_rows][E] (drafter_heads.cpp).
 //   DFlash: argmax of the target head; DFlash 2: selector walk; DSpark: Markov chain.
 // tokens[n_rows]; confidence[n_rows] (DSpark sigmoid; may be null). When temperature > 0 the
@@ -128,8 +135,8 @@ void draft_chain(const Drafter &d, const float *hidden, int n_rows, int32_t anch
                  float *confidence, const ChainSampling *sampling = nullptr);
 
 // Tree candidates (DDTree): the k best next tokens after `prev` at one proposal row, with their
-// log-probabilities under the drafter's scores there, best first. U_row [V] = target_head(h) of the
-// row, hidden_row [E] = h. DFlash: log-softmax of U (prev unused); DFlash 2: the selector's
+// log-probabilities under the drafter's scores there, best first. U_row [V] = the row's unary
+// logits (draft_unary_logits), hidden_row [E] = h. DFlash: log-softmax of U (prev unused); DFlash 2: the selector's
 // top-k of U rescored with prev and renormalised over them; DSpark: log-softmax of
 // U + W2 W1[prev]. k <= the candidate set (DFlash 2: selector_top_k).
 int draft_candidates(const Drafter &d, const float *U_row, const float *hidden_row, int32_t prev, int k,

@@ -1,5 +1,6 @@
 // drafter_heads.cpp — from final-normed drafter rows to a candidate chain (spec drafters.md
-// §1.6, §2.2, §3.2-§3.3; engine.md §4.4). U_t = target_head(h_t) [V] are the unary logits.
+// §1.6, §2.2, §3.2-§3.3; engine.md §4.4). U_t = target_head(h_t) [V] are the unary logits;
+// for DFlash 2 transformed first: U_t = tanh(target_head(h_t)*m / cap)*cap (or *m without a cap).
 //   DFlash:   token_t = argmax U_t.
 //   DFlash 2: C_t = top-k of U_t (value desc, id asc); walk from prev = anchor:
 //             S_t(b) = U_t(b) + < pred_cb[prev] * hproj(h_t), succ_cb[b] >,  b in C_t;
@@ -122,6 +123,19 @@ void markov_chain(const Drafter &d, const float *hidden, float *logits, int n_ro
 
 }  // namespace
 
+void draft_unary_logits(const Drafter &d, const float *hidden, int n_rows, float *logits) {
+    const Model &tm = *d.target;
+    const int64_t n = int64_t(n_rows) * tm.hp.n_vocab;
+    tm.backend->matmul(tm.output, hidden, n_rows, logits, tm.hp.n_vocab);
+    if (d.hp.kind != DRAFT_DFLASH2) return;
+    // The order of fp32 operations of z-lab's compute_logits: scale, then divide, tanh, multiply.
+    const float m = d.hp.output_multiplier, cap = d.hp.final_logit_softcapping;
+    if (m != 1.f)
+        for (int64_t i = 0; i < n; ++i) logits[i] *= m;
+    if (cap > 0.f)
+        for (int64_t i = 0; i < n; ++i) logits[i] = std::tanh(logits[i] / cap) * cap;
+}
+
 void draft_chain(const Drafter &d, const float *hidden, int n_rows, int32_t anchor, int32_t *tokens,
                  float *confidence, const ChainSampling *smp) {
     const Model &tm = *d.target;
@@ -132,7 +146,7 @@ void draft_chain(const Drafter &d, const float *hidden, int n_rows, int32_t anch
     if (n_rows == 0) return;
     thread_local std::vector<float> logits;  // [n_rows][V] scratch that only grows
     logits.resize(size_t(n_rows) * size_t(V));
-    tm.backend->matmul(tm.output, hidden, n_rows, logits.data(), V);
+    draft_unary_logits(d, hidden, n_rows, logits.data());
     if (d.hp.kind == DRAFT_DSPARK) {
         markov_chain(d, hidden, logits.data(), n_rows, anchor, tokens, confidence, smp);
         return;

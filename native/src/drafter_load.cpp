@@ -6,6 +6,7 @@
 // name once for the native side (tests load files that schema.py wrote, in both layouts). Every
 // tensor's type, dimensions and element count are checked before any pointer into it is used.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 
 #include "drafter.h"
@@ -40,6 +41,8 @@ const char *K_CONV_K[] = {"dflash.dflash2.conv_kernel_size", "conv_kernel_size"}
 const char *K_CONV_G[] = {"dflash.dflash2.conv_group_size", "conv_group_size"};
 const char *K_SEL_RANK[] = {"dflash.dflash2.selector_rank", "selector_rank"};
 const char *K_SEL_TOPK[] = {"dflash.dflash2.selector_top_k", "selector_top_k"};
+const char *K_OUTPUT_MULTIPLIER = "dflash.dflash2.output_multiplier";  // lucebox only (llama.cpp has none)
+const char *K_SOFTCAP = "dflash.dflash2.final_logit_softcapping";
 
 struct TensorName {
     const char *lucebox, *upstream;  // {} = layer index
@@ -312,6 +315,20 @@ void bind_conv(const Reader &r, Drafter &d) {
     }
 }
 
+// DFlash 2 unary-logit scalars (optional: multiplier 1, cap off). A cap of 0 would divide by zero
+// and a multiplier <= 0 reverses or flattens the candidate order, so both must be finite and > 0.
+void read_logit_transform(const Reader &r, DrafterHparams &hp) {
+    auto positive = [&](const char *suffix, double fallback) {
+        const std::string k = r.key(suffix);
+        const double v = r.f.get_float(k, fallback);
+        if (!(std::isfinite(v) && v > 0.0 && v <= double(FLT_MAX)))
+            fail(LUCE_ERR_FORMAT, "%s=%g must be finite and > 0", k.c_str(), v);
+        return float(v);
+    };
+    hp.output_multiplier = positive(K_OUTPUT_MULTIPLIER, 1.0);
+    hp.final_logit_softcapping = r.f.has(r.key(K_SOFTCAP)) ? positive(K_SOFTCAP, 0.0) : 0.f;
+}
+
 void bind_selector(const Reader &r, Drafter &d, int target_vocab) {
     DrafterHparams &hp = d.hp;
     const GgufTensor *h = r.find(T_SEL_HPROJ), *p = r.find(T_SEL_PRED), *s = r.find(T_SEL_SUCC);
@@ -430,6 +447,7 @@ std::unique_ptr<Drafter> load_drafter(const std::string &path, Model *target) {
     bind_trunk(r, *d);
     bind_conv(r, *d);
     bind_selector(r, *d, thp.n_vocab);
+    read_logit_transform(r, hp);
     bind_dspark(r, *d, thp.n_vocab);
     hp.kind = hp.markov_rank ? DRAFT_DSPARK : (hp.conv_kernel || hp.selector_rank) ? DRAFT_DFLASH2 : DRAFT_DFLASH;
     rope_table(*d);

@@ -399,7 +399,7 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
         if (p.ddtree) {
             // Tree: build, verify all nodes at once (ancestor-only attention, DeltaNet from each
             // node's parent), follow the target's argmax down the tree, commit that path.
-            be.matmul(s.model->output, hidden.data() + size_t(row0) * E, q, row_logits.data(), V);
+            draft_unary_logits(d, hidden.data() + size_t(row0) * E, q, row_logits.data());
             // Nodes occupy cache slots start .. start+budget: stay inside the session's context.
             const int room = std::min(budget, s.n_ctx - start - 1);
             std::vector<TreeNode> nodes = build_tree(d, row_logits.data(), hidden.data() + size_t(row0) * E, q, anchor,
