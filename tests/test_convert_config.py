@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType
 
 from fixtures import drafter_checkpoints as ck
 from luce.converters.convert import ConvertOptions, convert_checkpoint
@@ -157,3 +158,65 @@ def test_config_markov_rank_must_match_the_weights(tmp_path):
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(LuceError, match="markov_rank=8 but the weights say 16"):
         convert_checkpoint(src, tmp_path / "out.gguf")
+
+
+# ---- DFlash 2 unary-logit scalars (spec/drafters.md §2.2-§2.3) -----------------------------------
+
+MULTIPLIER_KEY, SOFTCAP_KEY = A + "dflash.dflash2.output_multiplier", A + "dflash.dflash2.final_logit_softcapping"
+
+
+def _dflash2_with(folder, dflash_config: dict, **top_level):
+    src = ck.dflash2(folder, **top_level)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["dflash_config"].update(dflash_config)
+    (src / "config.json").write_text(json.dumps(cfg))
+    return src
+
+
+def test_logit_scalars_are_written_as_f32_keys(tmp_path):
+    out = tmp_path / "out.gguf"
+    convert_checkpoint(ck.dflash2_logit_scalars(tmp_path / "src"), out)
+    fields = GGUFReader(out).fields
+    for key, value in ((MULTIPLIER_KEY, ck.MUSE_MULTIPLIER), (SOFTCAP_KEY, ck.MUSE_SOFTCAP)):
+        assert fields[key].types == [GGUFValueType.FLOAT32]
+        assert fields[key].contents() == np.float32(value)
+
+
+def test_logit_scalars_dflash_config_wins_and_top_level_is_read(tmp_path):
+    src = _dflash2_with(tmp_path / "a", {"output_multiplier": 0.5}, output_multiplier=3.0, final_logit_softcapping=30.0)
+    k = _keys(tmp_path / "a", src)
+    assert k[MULTIPLIER_KEY] == 0.5 and k[SOFTCAP_KEY] == 30.0
+
+
+def test_default_logit_scalars_write_nothing(tmp_path):
+    """Explicit defaults (multiplier 1, cap null) give the same bytes as a config without them."""
+    plain, explicit = tmp_path / "plain.gguf", tmp_path / "explicit.gguf"
+    convert_checkpoint(ck.dflash2(tmp_path / "a"), plain)
+    convert_checkpoint(_dflash2_with(tmp_path / "b", {"output_multiplier": 1.0, "final_logit_softcapping": None}),
+                       explicit)
+    assert plain.read_bytes() == explicit.read_bytes()
+    assert not any("output_multiplier" in f or "softcapping" in f for f in GGUFReader(plain).fields)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("output_multiplier", 0), ("output_multiplier", -0.5), ("output_multiplier", float("inf")),
+    ("final_logit_softcapping", 0.0), ("final_logit_softcapping", float("nan")), ("final_logit_softcapping", "20"),
+    ("final_logit_softcapping", True),
+])
+def test_bad_logit_scalars_are_refused(tmp_path, field, value):
+    src = _dflash2_with(tmp_path / "src", {field: value})
+    with pytest.raises(LuceError, match=f"{field} must be a finite number > 0"):
+        convert_checkpoint(src, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_llama_cpp_layout_refuses_logit_scalars_in_one_line(tmp_path, luce_cmd):
+    src = ck.dflash2_logit_scalars(tmp_path / "src")
+    out = tmp_path / "out.gguf"
+    result = luce_cmd("convert", src, "-o", out, "--layout", "llama.cpp")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and "output_multiplier and final_logit_softcapping" in lines[0], lines
+    assert "--layout lucebox" in lines[0] and not out.exists()
+    # without the scalars the same checkpoint converts to that layout
+    convert_checkpoint(ck.dflash2(tmp_path / "plain"), out, ConvertOptions(layout="llama.cpp"))

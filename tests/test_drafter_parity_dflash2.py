@@ -13,7 +13,9 @@ import pytest
 
 from fixtures.drafter_parity import (BLOCK, TAPS, assert_close, assert_tokens_equal, convert_drafter, dflash_config,
                                      dflash2_config, features, mask_block, stored_types, target)
+from fixtures.gguf_edit import F32, rewrite
 from fixtures.native_drafter import NativeDrafter
+from luce.errors import LuceError
 from oracles import nemo, zlab
 
 REL = 1e-4
@@ -164,3 +166,13 @@ def test_logit_multiplier_and_softcap_match_zlab(tmp_path_factory, tgt):
     assert (zlab.selector_walk(untransformed, hidden, tgt.lm_head, ANCHOR) != want).any()  # the knobs matter here
     with NativeDrafter(tgt.gguf, drafter.gguf) as native:
         assert_tokens_equal(native.chain(hidden, ANCHOR)[0], want, "DFlash 2 walk with multiplier 8, softcap 5")
+
+
+@pytest.mark.parametrize("key, value", [("output_multiplier", 0.0), ("output_multiplier", float("inf")),
+                                        ("final_logit_softcapping", -1.0), ("final_logit_softcapping", float("nan"))])
+def test_loader_refuses_bad_logit_scalars(tmp_path, ref, tgt, key, value):
+    """The runtime applies the same rule as inspect (finite, > 0): a cap of 0 would divide by zero."""
+    name = f"qwen35-dflash-draft.dflash.dflash2.{key}"
+    path = rewrite(ref[0].gguf, tmp_path / "bad.gguf", set_kv={name: (value, F32)})
+    with pytest.raises(LuceError, match=f"{name}=.* must be finite and > 0"):
+        NativeDrafter(tgt.gguf, path)

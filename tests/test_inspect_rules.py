@@ -25,7 +25,7 @@ I32 = GGUFValueType.INT32
 def drafters(tmp_path_factory):
     root = tmp_path_factory.mktemp("drafters")
     out = {}
-    for name in ("zlab_dflash", "dflash2", "dspark_radixark"):
+    for name in ("zlab_dflash", "dflash2", "dspark_radixark", "dflash2_logit_scalars"):
         out[name] = root / f"{name}.gguf"
         convert_checkpoint(ck.FIXTURES[name](root / name), out[name])
     return out
@@ -89,6 +89,14 @@ RULES = [
     ("selector-vocab", "dflash2", dict(tensors={"dflash.selector.succ_cb": _z(256, 32)}), "selector-vocab", None),
     ("selector-top-k-zero", "dflash2", dict(set_kv={A + "dflash.dflash2.selector_top_k": (0, U32)}), "selector-top-k", None),
     ("selector-top-k-257", "dflash2", dict(set_kv={A + "dflash.dflash2.selector_top_k": (257, U32)}), "selector-top-k", None),
+    ("logit-softcap-zero", "dflash2", dict(set_kv={A + "dflash.dflash2.final_logit_softcapping": (0.0, F32)}),
+     "logit-scalar-range", None),
+    ("logit-multiplier-negative", "dflash2", dict(set_kv={A + "dflash.dflash2.output_multiplier": (-1.0, F32)}),
+     "logit-scalar-range", None),
+    ("logit-multiplier-nan", "dflash2", dict(set_kv={A + "dflash.dflash2.output_multiplier": (float("nan"), F32)}),
+     "logit-scalar-range", None),
+    ("logit-softcap-type", "dflash2", dict(set_kv={A + "dflash.dflash2.final_logit_softcapping": ("20", STR)}),
+     "key-type", None),
     ("dspark-markov-incomplete", "dspark_radixark", dict(drop_tensors=["dflash.dspark.markov.w2"]),
      "dspark-markov-incomplete", None),
     ("dspark-markov-shape", "dspark_radixark", dict(tensors={"dflash.dspark.markov.w2": _z(256, 16)}),
@@ -122,11 +130,18 @@ def test_rule_violation_is_reported_alone(tmp_path, drafters, name, source, edit
     assert (error or warning) in {f["code"] for f in payload["findings"]}
 
 
-@pytest.mark.parametrize("name", ["zlab_dflash", "dflash2", "dspark_radixark"])
+@pytest.mark.parametrize("name", ["zlab_dflash", "dflash2", "dspark_radixark", "dflash2_logit_scalars"])
 def test_converted_files_are_valid_and_pair_with_the_tiny_target(drafters, target, name):
     report = inspect_gguf(drafters[name], target)
     assert report.valid and report.exit_code == 0, report.findings
     assert report.target.kind == "target" and report.target.valid
+
+
+def test_summary_reports_the_logit_scalars(drafters):
+    with_scalars, without = inspect_gguf(drafters["dflash2_logit_scalars"]), inspect_gguf(drafters["dflash2"])
+    assert with_scalars.summary["output_multiplier"] == np.float32(ck.MUSE_MULTIPLIER)
+    assert with_scalars.summary["final_logit_softcapping"] == ck.MUSE_SOFTCAP
+    assert without.summary["output_multiplier"] is None and without.summary["final_logit_softcapping"] is None
 
 
 def test_upstream_layout_reads_back_the_same_summary(tmp_path):
