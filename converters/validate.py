@@ -439,7 +439,8 @@ def _check_logit_transform(k: _Keys, report, v: DraftView, a) -> None:
     """DFlash 2 unary-logit scalars: the runtime refuses a non-finite or non-positive value (a cap
     of 0 divides by zero; a multiplier <= 0 reverses or flattens the candidate order)."""
     S = schema
-    for key, attr in ((S.OUTPUT_MULTIPLIER, "output_multiplier"), (S.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping")):
+    for key, attr in ((S.OUTPUT_MULTIPLIER, "output_multiplier"),
+                      (S.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping")):
         value = k.float(key.at(a))
         if value is None:
             continue

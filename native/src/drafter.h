@@ -136,9 +136,9 @@ void draft_chain(const Drafter &d, const float *hidden, int n_rows, int32_t anch
 
 // Tree candidates (DDTree): the k best next tokens after `prev` at one proposal row, with their
 // log-probabilities under the drafter's scores there, best first. U_row [V] = the row's unary
-// logits (draft_unary_logits), hidden_row [E] = h. DFlash: log-softmax of U (prev unused); DFlash 2: the selector's
-// top-k of U rescored with prev and renormalised over them; DSpark: log-softmax of
-// U + W2 W1[prev]. k <= the candidate set (DFlash 2: selector_top_k).
+// logits (draft_unary_logits), hidden_row [E] = h. DFlash: log-softmax of U (prev unused);
+// DFlash 2: the selector's top-k of U rescored with prev and renormalised over them; DSpark:
+// log-softmax of U + W2 W1[prev]. k <= the candidate set (DFlash 2: selector_top_k).
 int draft_candidates(const Drafter &d, const float *U_row, const float *hidden_row, int32_t prev, int k,
                      int32_t *ids, float *logp);
 
