@@ -109,8 +109,8 @@ SMOKE = Preset(
 # Drafters only, on a target trained before (--target-dir). The first real run (train_report.json)
 # showed why its drafters reached tau 1.2-1.4: the committed DFlash's first-draft accuracy is ~0.7
 # deep (>= 64 tokens) into a greedy continuation, where the small target loops, but ~0.1 over the
-# first 64 generated tokens, which is where held-out tau is scored (anchors 0..127 tokens into
-# the generation). Its 2048 x 448 training continuations were mostly such loops. So: 6x as many
+# first 32 generated tokens; held-out tau is scored over anchors 0..127 tokens into the
+# generation. Its 2048 x 448 training continuations were mostly such loops. So: 6x as many
 # distinct prompts, generations cut to 192 tokens (the scored range, little looping), 2.6x the
 # generated tokens, and the time the target took goes to the drafters instead.
 # Timings from the first run on the H200: generate() ~45 ms per decode step, flat in the batch
