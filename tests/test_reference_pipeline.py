@@ -102,6 +102,9 @@ def test_drafters_only_mode_reuses_the_given_target(smoke):
     assert (target_dir / "model.safetensors").read_bytes() == before
     report = json.loads((out / "report.json").read_text())
     assert report["target"] == {"reused": str(target_dir)}
+    # the smoke preset draws half its regeneration prompts from the valid split, and says so
+    assert (report["regen_sequences"], report["regen_valid_share"]) == (4, 0.5)
+    assert "50% of the windows from the valid split" in (work / "dflash" / "MODEL_CARD.md").read_text()
     for kind in ("dflash", "dflash2", "dspark"):
         check_drafter(work / kind, target_dir, report["drafters"][kind])
 
