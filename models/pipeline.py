@@ -391,6 +391,8 @@ def main(argv=None) -> None:
     ap.add_argument("--drafter-seconds", type=float, default=None,
                     help="DFlash 2 / DSpark budget each; DFlash gets 1.4x (real preset: 50)")
     args = ap.parse_args(argv)
+    if args.preset == "drafters" and args.target_dir is None:  # its budget leaves no time for one
+        ap.error("--preset drafters trains drafters only: give the target with --target-dir DIR")
     torch.set_float32_matmul_precision("high")  # TF32 for the fp32 matmuls outside autocast
     work = args.work or Path("models/work") / args.preset
     work.mkdir(parents=True, exist_ok=True)

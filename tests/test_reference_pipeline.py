@@ -120,6 +120,9 @@ def test_drafters_only_mode_refuses_a_target_of_another_shape(smoke):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --target-dir") and "hidden_size 64 (want 256)" in last
     assert "Traceback" not in proc.stderr
+    proc = subprocess.run(cmd[:-2], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--preset drafters trains drafters only" in proc.stderr.strip().splitlines()[-1]
 
 
 def check_tokenizer(target_dir: Path):
