@@ -17,6 +17,7 @@ LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
 .PHONY: venv build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
+        reference-drafters-carry \
         gpu-check hip-check
 
 $(VENV)/.ready: pyproject.toml
@@ -89,6 +90,15 @@ reference-corpus: train-deps
 
 reference-smoke: train-deps
 	$(PY) -m models.pipeline --preset smoke --corpus models/work/corpus-smoke --out models/work/smoke-out
+
+# The drafters-only GPU run carries the corpus and the committed target's exact bf16 checkpoint
+# in one xz archive (~22 MiB, against ~54 MiB plain): with the ~31 MiB of tracked models the
+# plain files would overflow the device tool's 64 MiB working-tree limit.
+DRAFTERS_CARRY := models/work/drafters-carry.tar.xz
+reference-drafters-carry:
+	@test -f models/work/target/model.safetensors || { echo "error: copy the committed target's bf16 checkpoint to models/work/target first (models/README.md)"; exit 1; }
+	@test -f models/work/corpus/train.jsonl || $(MAKE) reference-corpus
+	tar cf - -C models/work corpus target | xz -6 -T2 > $(DRAFTERS_CARRY).part && mv $(DRAFTERS_CARRY).part $(DRAFTERS_CARRY)
 
 # One call on the GPU machine (no network; see docs/gpu.md for the two wheels it may need).
 gpu-check:

@@ -256,10 +256,14 @@ def acceptance(drafter: Drafter, target, seqs: torch.Tensor, prompt_len: int, st
     drafts = torch.cat(drafts)                                           # (n, A, D)
     d = drafts.shape[-1]
     want = gold(seqs, anchors, d, 1)                                     # positions p+1 .. p+D
-    accepted = (drafts == want).int().cumprod(-1).sum(-1).cpu()           # (n, A)
+    hits = drafts == want
+    accepted = hits.int().cumprod(-1).sum(-1).cpu()                      # (n, A)
     lengths = [n for row in accepted.tolist() for n in walk(row)]
     hist = torch.bincount(torch.tensor(lengths), minlength=d + 2)[1:].tolist()
     drafter.train()
     return {"tau": round(sum(lengths) / len(lengths), 3),
             "acceptance_rate": round((sum(lengths) - len(lengths)) / (d * len(lengths)), 3),
-            "verify_steps": len(lengths), "drafts_per_step": d, "histogram_accept_len": hist}
+            "verify_steps": len(lengths), "drafts_per_step": d, "histogram_accept_len": hist,
+            # per-draft accuracy over EVERY anchor, not only the walk's: tells a drafter that
+            # predicts badly (low at draft 0) from one whose later drafts decay
+            "draft_accuracy": [round(x, 3) for x in hits.float().mean((0, 1)).tolist()]}

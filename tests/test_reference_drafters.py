@@ -226,3 +226,32 @@ def test_regenerated_data_is_the_targets_plain_greedy_decoding():
     target = tiny_target(50)
     prompts = torch.randint(0, 49, (3, 7))
     assert torch.equal(greedy_continue(target, prompts, 10, 3), _greedy_no_cache(target, prompts, 10))
+
+
+def test_dflash_tau_walk_with_a_drafter_handed_the_answer(monkeypatch):
+    """A DFlash whose drafts are the true tokens p+1..p+B-1 must reach tau = B with every draft
+    accurate; one that gets only its first k drafts right, tau = k + 1; one that drafts the
+    token AT p+d instead of p+1+d (a same-position slip) on a sequence without repeats, tau = 1.
+    Checks acceptance()'s gold alignment and walk for the DFlash kinds (the DSpark walk is
+    checked above through a real Markov head)."""
+    import models.train_drafters as td
+    b, k = 8, 3
+    m = dr.Drafter(shape("dflash", b), H)
+    seqs = torch.stack([torch.randperm(V - 1)[:60] for _ in range(2)])     # no repeated token
+    monkeypatch.setattr(td, "target_pass", lambda *a, **kw: (None, None))
+
+    def drafter_from(shift, right):
+        def drafts(drafter, target, ids, feats, anchors):
+            d = gold(ids, anchors, b - 1, shift).clone()
+            d[..., right:] = V - 1                                         # never a gold token
+            return d
+        return drafts
+
+    monkeypatch.setattr(td, "greedy_drafts", drafter_from(1, b - 1))
+    acc = acceptance(m, None, seqs, 8, 32)
+    assert acc["tau"] == b and acc["draft_accuracy"] == [1.0] * (b - 1)
+    monkeypatch.setattr(td, "greedy_drafts", drafter_from(1, k))
+    acc = acceptance(m, None, seqs, 8, 32)
+    assert acc["tau"] == k + 1 and acc["draft_accuracy"] == [1.0] * k + [0.0] * (b - 1 - k)
+    monkeypatch.setattr(td, "greedy_drafts", drafter_from(0, b - 1))
+    assert acceptance(m, None, seqs, 8, 32)["tau"] == 1.0

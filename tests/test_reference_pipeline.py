@@ -8,6 +8,7 @@ checkpoints carry exactly the release key sets, the packed outputs fit the trans
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -81,6 +82,47 @@ def test_smoke_pipeline_end_to_end(smoke):
     check_target(work / "target", report)
     for kind in ("dflash", "dflash2", "dspark"):
         check_drafter(work / kind, work / "target", report["drafters"][kind])
+
+
+def test_drafters_only_mode_reuses_the_given_target(smoke):
+    """--target-dir: the given checkpoint is used as it is (not retrained, not repacked), the
+    drafters are trained against it and are the only models packed."""
+    target_dir = smoke / "work" / "target"
+    before = (target_dir / "model.safetensors").read_bytes()
+    work, out = smoke / "work-drafters", smoke / "out-drafters"
+    cmd = [sys.executable, "-m", "models.pipeline", "--preset", "smoke", "--device", "cpu",
+           "--corpus", str(smoke / "corpus"), "--work", str(work), "--out", str(out),
+           "--target-dir", str(target_dir)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == \
+        ["dflash.tar", "dflash2.tar", "dspark.tar", "pipeline.log", "report.json"]
+    assert all((out / f).stat().st_size < 16 * MiB for f in os.listdir(out))
+    assert not (work / "target").exists() and not (work / "tokenizer").exists()
+    assert (target_dir / "model.safetensors").read_bytes() == before
+    report = json.loads((out / "report.json").read_text())
+    assert report["target"] == {"reused": str(target_dir)}
+    # the smoke preset draws half its regeneration prompts from the valid split, and says so
+    assert (report["regen_sequences"], report["regen_valid_share"]) == (4, 0.5)
+    assert "50% of the windows from the valid split" in (work / "dflash" / "MODEL_CARD.md").read_text()
+    for kind in ("dflash", "dflash2", "dspark"):
+        check_drafter(work / kind, target_dir, report["drafters"][kind])
+
+
+def test_drafters_only_mode_refuses_a_target_of_another_shape(smoke):
+    """The real preset's drafters need a hidden-256, 8-layer, 8192-vocab target: the smoke
+    target is refused in one line before any training."""
+    cmd = [sys.executable, "-m", "models.pipeline", "--preset", "drafters", "--device", "cpu",
+           "--corpus", str(smoke / "corpus"), "--work", str(smoke / "work-refused"),
+           "--target-dir", str(smoke / "work" / "target")]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --target-dir") and "hidden_size 64 (want 256)" in last
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run(cmd[:-2], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--preset drafters trains drafters only" in proc.stderr.strip().splitlines()[-1]
 
 
 def check_tokenizer(target_dir: Path):
