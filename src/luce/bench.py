@@ -110,7 +110,8 @@ def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, 
     rows = []
     size_gib = model.stat().st_size / 2**30
     for t in map(resolve_threads, threads):
-        ctx = max([1 + x.n for x in tests] + [16])
+        # tgN decodes n + 1 tokens after a 1-token prompt (luce_timer); ppN needs n + 1.
+        ctx = max([x.n + 2 for x in tests] + [16])
         with Engine(model, device=device, threads=t, ctx_size=ctx) as engine:
             weight_gb = engine.info.weight_bytes / 1e9
             for test in tests:
