@@ -69,3 +69,17 @@ def test_bench_cli_needs_something_to_measure(tmp_path):
     model.write_bytes(b"GGUF")
     result = CliRunner().invoke(cli, ["bench", "-m", str(model), "-p", "0", "-n", "0"])
     assert result.exit_code == 2 and "nothing to measure" in result.output
+
+
+def test_decode_bytes_leave_out_the_untied_embedding(tmp_path):
+    # Hand count from the file itself (gguf-py): every kept tensor but token_embd.weight, which a
+    # decode step only gathers one row of. The tiny synthetic file has an untied head.
+    from luce import Engine
+    path = synth.write(tmp_path / "tiny.gguf", synth.SHAPES["tiny"], "iq4_xs", seed=1, log=None)
+    reader = GGUFReader(path)
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    with Engine(path, threads=1, ctx_size=16) as engine:
+        assert not engine.info.tied_head
+        got = bench.decode_weight_bytes(path, engine.info)
+        assert got == engine.info.weight_bytes - int(embd.n_bytes)
+        assert got < engine.info.weight_bytes

@@ -103,6 +103,19 @@ def luce_timer(engine, test: Test, seed: int) -> Callable[[], float]:
     return decode_seconds
 
 
+def decode_weight_bytes(model: Path, info) -> int:
+    """Weight bytes one decode step reads: what the backend keeps, less the token embedding when
+    the head is untied (a step gathers one row of it). The GB/s column is tok/s times this, so it
+    compares with the memory bandwidth the way llama-bench's does not (it counts the whole file)."""
+    if info.tied_head:
+        return info.weight_bytes
+    from luce.converters.gguf_reader import GGUFFile
+
+    with GGUFFile.open(model) as f:
+        embd = f.tensors.get("token_embd.weight")
+        return info.weight_bytes - (embd.nbytes if embd else 0)
+
+
 def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, reps: int,
                warmup: bool, seed: int = 0) -> list[Row]:
     from luce.engine import Engine
@@ -113,7 +126,7 @@ def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, 
         # tgN decodes n + 1 tokens after a 1-token prompt (luce_timer); ppN needs n + 1.
         ctx = max([x.n + 2 for x in tests] + [16])
         with Engine(model, device=device, threads=t, ctx_size=ctx) as engine:
-            weight_gb = engine.info.weight_bytes / 1e9
+            weight_gb = decode_weight_bytes(model, engine.info) / 1e9
             for test in tests:
                 mean, std = measure(luce_timer(engine, test, seed), test.n, reps, warmup)
                 rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, mean, std,
