@@ -639,19 +639,6 @@ def write_report(out: Path, report: dict) -> None:
                          f"{r['confidence_diff']:.1e} | {col('lossless')} | {col('gpu_vs_cpu')} | {col('ddtree')} | "
                          f"{taus} | "
                          f"{'ok' if r['ok'] else 'FAIL'} |")
-    db = report.get("drafter_bench")
-    if db:
-        lines += ["", f"## Bench: DFlash 2 step, synthetic {db.get('shape')} pair, block {db.get('block')}", ""]
-        if "error" in db or "skipped" in db:
-            lines.append(f"- {db.get('error') or db.get('skipped')}")
-        else:
-            lines.append(f"- drafter {db['drafter_mib']} MiB; plain step {db['plain_ms']:.2f} ms")
-            for name in ("zero_accept", "full_accept"):
-                r = db.get(name)
-                lines.append(f"- {name}: " + (r if isinstance(r, str) else
-                             f"step {r['step_ms']:.2f} ms = {r['x_plain']:.2f}x plain (draft {r['draft_ms']:.2f}, "
-                             f"verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms; "
-                             f"{r['spec_steps']} steps, tau {r['tau']:.2f})"))
     b = report.get("bench")
     if b:
         lines += ["", f"## Bench: synthetic {b['shape']} {b['mix']} ({b.get('file_gib')} GiB)", ""]
@@ -673,6 +660,19 @@ def write_report(out: Path, report: dict) -> None:
                 lines.append(f"| {w} | " + (f"{row['ms']:.2f} | {row.get('x_width1', float('nan')):.2f} |"
                                             if isinstance(row, dict) else f"{row} | |"))
         lines.append(f"\n- device memory in use after the bench: {b.get('device_memory_used_mib')} MiB")
+    db = report.get("drafter_bench")
+    if db:
+        lines += ["", f"## Bench: DFlash 2 step, synthetic {db.get('shape')} pair, block {db.get('block')}", ""]
+        if "error" in db or "skipped" in db:
+            lines.append(f"- {db.get('error') or db.get('skipped')}")
+        else:
+            lines.append(f"- drafter {db['drafter_mib']} MiB; plain step {db['plain_ms']:.2f} ms")
+            for name in ("zero_accept", "full_accept"):
+                r = db.get(name)
+                lines.append(f"- {name}: " + (r if isinstance(r, str) else
+                             f"step {r['step_ms']:.2f} ms = {r['x_plain']:.2f}x plain (draft {r['draft_ms']:.2f}, "
+                             f"verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms; "
+                             f"{r['spec_steps']} steps, tau {r['tau']:.2f})"))
     lines.append(f"\nRESULT: {'PASS' if report['ok'] else 'FAIL'} ({report['seconds']:.0f} s)")
     text = "\n".join(lines) + "\n"
     (out / "gpu_report.md").write_text(text)

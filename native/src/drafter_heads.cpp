@@ -50,7 +50,7 @@ int32_t sample_softmax(const float *scores, const int32_t *ids, int n, float T, 
     return ids ? ids[n - 1] : n - 1;
 }
 
-void dflash_chain(const Drafter &d, DraftHeads &hd, int n_rows, int32_t *tokens, const ChainSampling *smp) {
+void dflash_chain(DraftHeads &hd, int n_rows, int32_t *tokens, const ChainSampling *smp) {
     const int V = hd.V;
     if (!(smp && smp->temperature > 0.f)) {
         hd.be.argmax_rows(hd.U, n_rows, V, hd.tok);
@@ -62,7 +62,6 @@ void dflash_chain(const Drafter &d, DraftHeads &hd, int n_rows, int32_t *tokens,
         float *q = smp->q_out ? smp->q_out + int64_t(t) * V : nullptr;
         tokens[t] = sample_softmax(hd.h_row.data(), nullptr, V, smp->temperature, *smp->rng, q, V);
     }
-    (void)d;
 }
 
 void selector_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_rows, int32_t anchor,
@@ -196,7 +195,7 @@ void draft_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_ro
     }
     if (confidence) std::fill(confidence, confidence + n_rows, 1.0f);
     if (d.hp.selector_rank) selector_chain(d, hd, hidden, n_rows, anchor, tokens, smp);
-    else dflash_chain(d, hd, n_rows, tokens, smp);
+    else dflash_chain(hd, n_rows, tokens, smp);
 }
 
 int draft_candidates(const Drafter &d, const float *U_row, const float *hidden_row, int32_t prev, int k,
