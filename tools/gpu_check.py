@@ -441,8 +441,9 @@ DRAFT_TOKENS = 40
 DRAFT_TOL = 1e-4         # drafter hidden rows, max |gpu - cpu| / max |cpu| (fp32 sums, f16 weights)
 NEAR_TIE = 1e-3          # a token mismatch is a near tie when the reference's top-2 margin there
                          # is below NEAR_TIE x max |logit| (reported, not failed)
-DRAFT_BENCH_TOKENS = 24  # zero-acceptance run: one spec step per token
+DRAFT_BENCH_TOKENS = 16  # zero-acceptance run: one spec step per token
 DRAFT_BENCH_BLOCK = 8
+DRAFT_BENCH_SETUP_S = 45  # generating the 2 GB drafter and loading the 27B pair, roughly
 
 
 def _reference_drafter(kind: str, root: Path) -> Path:
@@ -531,9 +532,12 @@ def check_drafter_kind(kind: str, dut: str, threads: int, root: Path) -> dict:
     return res
 
 
-def check_drafters(dut: str, threads: int, root: Path) -> list[dict]:
+def check_drafters(dut: str, threads: int, root: Path, deadline: float) -> list[dict]:
     rows = []
     for kind in DRAFT_KINDS:
+        if time.perf_counter() > deadline:
+            rows.append({"kind": kind, "skipped": "time budget (--drafter-budget)", "ok": True})
+            continue
         log(f"drafter {kind}")
         try:
             rows.append(check_drafter_kind(kind, dut, threads, root))
@@ -557,6 +561,8 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
     target = WORK / f"synthetic-{shape}-iq4_xs.gguf"
     if shape not in synthetic_drafter.SHAPES or not target.exists():
         return {"skipped": f"no synthetic {shape} target or drafter shape"}
+    if time.perf_counter() > deadline - DRAFT_BENCH_SETUP_S:
+        return {"skipped": "time budget (--drafter-budget): no room to generate and load the pair"}
     path = WORK / f"synthetic-dflash2-{shape}.gguf"
     res: dict = {"shape": shape, "block": DRAFT_BENCH_BLOCK, "drafter": str(path)}
     if not path.exists():
@@ -629,8 +635,9 @@ def write_report(out: Path, report: dict) -> None:
                   "| spec GPU == CPU | DDTree | tau | ok |".format(DRAFT_TOL),
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in report["drafters"]:
-            if "error" in r:
-                lines.append(f"| {r['kind']} | error: {r['error']} | | | | | | | FAIL |")
+            if "error" in r or "skipped" in r:
+                lines.append(f"| {r['kind']} | " + (f"error: {r['error']} | | | | | | | FAIL |" if "error" in r
+                                                   else f"skipped: {r['skipped']} | | | | | | | - |"))
                 continue
             g = r["generate"]
             col = lambda k: ", ".join(x[k] if len(x[k]) < 60 else x[k][:57] + "..." for x in g)  # noqa: E731
@@ -707,18 +714,18 @@ def run(args, out: Path, build_info: dict | None) -> int:
     if args.dut == "gpu" and not args.no_memcheck:
         log("memcheck")
         report["memcheck"] = memcheck(models[0][1])
-    if not args.no_drafters:
-        report["drafters"] = check_drafters(args.dut, threads, WORK)
     if args.bench_shape != "none":
         try:
             report["bench"] = bench(args.bench_shape, args.dut, threads, deadline)
         except Exception as e:
             report["bench"] = {"shape": args.bench_shape, "mix": "iq4_xs", "bytes_per_token": 0,
                                "error": f"{type(e).__name__}: {e}"}
-        if not args.no_drafters:  # its own budget: starts when the target bench ends
+    if not args.no_drafters:  # after the target bench, with a budget of their own
+        drafter_deadline = time.perf_counter() + args.drafter_budget
+        report["drafters"] = check_drafters(args.dut, threads, WORK, drafter_deadline)
+        if args.bench_shape != "none":
             try:
-                report["drafter_bench"] = bench_drafter(args.bench_shape, args.dut, threads,
-                                                        time.perf_counter() + args.drafter_budget)
+                report["drafter_bench"] = bench_drafter(args.bench_shape, args.dut, threads, drafter_deadline)
             except Exception as e:
                 report["drafter_bench"] = {"error": f"{type(e).__name__}: {e}"}
     report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("drafters", []))
@@ -741,7 +748,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-memcheck", action="store_true", help="skip the compute-sanitizer pass")
     ap.add_argument("--no-drafters", action="store_true", help="skip the drafter checks and the drafter bench")
     ap.add_argument("--drafter-budget", type=float, default=90.0,
-                    help="seconds for the drafter bench after the target bench")
+                    help="seconds for the drafter checks and bench, after the target bench")
     ap.add_argument("--build-info", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
