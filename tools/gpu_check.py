@@ -15,6 +15,10 @@
 3. bench   a synthetic 27B qwen35 file in the upstream mix (models/synthetic_qwen35.py, generated
            here, ~15 GB): plain decode tok/s against the floor (bytes read per token / measured
            device copy bandwidth), prefill tok/s at 512 and 2048, verify-width step times.
+4. drafters each reference drafter (models/reference, converted here) GPU vs CPU: hidden rows of one
+           block, the greedy chain, and greedy generation on real prompts: speculative == plain on
+           the GPU, speculative GPU == CPU, DDTree (or the backend's refusal); then a whole DFlash 2
+           step at block 8 on the synthetic 27B pair (models/synthetic_drafter.py) vs a plain step.
 
 Writes gpu_report.md and gpu_report.json. Exit status 0 iff every check passed. `--dut cpu` runs
 the same script with the CPU standing in for the GPU (a dry run of the script itself).
@@ -428,6 +432,175 @@ def bench(shape: str, dut: str, threads: int, deadline: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# 4. drafters: GPU vs CPU on the reference pair, and a DFlash 2 step on the synthetic 27B pair
+
+DRAFT_KINDS = ("dflash", "dflash2", "dspark")
+DRAFT_PROMPTS = 3        # first prompts of models/reference/prompts/mixed.jsonl
+DRAFT_PROMPT_TOKENS = 160
+DRAFT_TOKENS = 40
+DRAFT_TOL = 1e-4         # drafter hidden rows, max |gpu - cpu| / max |cpu| (fp32 sums, f16 weights)
+NEAR_TIE = 1e-3          # a token mismatch is a near tie when the reference's top-2 margin there
+                         # is below NEAR_TIE x max |logit| (reported, not failed)
+DRAFT_BENCH_TOKENS = 16  # zero-acceptance run: one spec step per token
+DRAFT_BENCH_BLOCK = 8
+DRAFT_BENCH_SETUP_S = 45  # generating the 2 GB drafter and loading the 27B pair, roughly
+
+
+def _reference_drafter(kind: str, root: Path) -> Path:
+    """models/reference/<kind> converted by luce's converter (f16, the converter's default)."""
+    from luce.converters.convert import convert_checkpoint
+
+    out = root / f"reference-{kind}.gguf"
+    if not out.exists():
+        convert_checkpoint(REPO / "models" / "reference" / kind, out)
+    return out
+
+
+def _drafter_forward_chain(eng, features, block, hidden_rows, anchor):
+    """The drafter's C test hooks on `eng`'s backend: hidden rows of one block over `features`,
+    and the greedy chain (tokens, confidence) over the given hidden rows."""
+    import numpy as np
+    from luce.binding import check, ffi, lib
+
+    out = np.zeros((len(block), eng.info.n_embd), dtype=np.float32)  # drafter hidden = target hidden
+    check(lib().luce_drafter_forward(eng._drafter, ffi.from_buffer("float[]", features), len(features),
+                                     ffi.from_buffer("int32_t[]", block), len(block), ffi.from_buffer("float[]", out)))
+    tokens = np.zeros(len(hidden_rows), dtype=np.int32)
+    conf = np.zeros(len(hidden_rows), dtype=np.float32)
+    check(lib().luce_drafter_chain(eng._drafter, ffi.from_buffer("float[]", hidden_rows), len(hidden_rows),
+                                   int(anchor), ffi.from_buffer("int32_t[]", tokens), ffi.from_buffer("float[]", conf)))
+    return out, tokens, conf
+
+
+def _compare_tokens(ref_eng, prompt, want, got) -> str:
+    """'identical', 'near tie at i' (the reference's top-2 margin at the first difference is
+    below NEAR_TIE x max |logit|: either token is a fair greedy choice) or 'DIFFER at i'."""
+    import numpy as np
+
+    if want == got:
+        return "identical"
+    i = next((k for k, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    row = ref_eng.logits(list(prompt) + list(want[:i]))[-1].astype(np.float64)
+    top2 = np.sort(row)[-2:]
+    return f"near tie at {i}" if top2[1] - top2[0] <= NEAR_TIE * np.abs(row).max() else f"DIFFER at {i}"
+
+
+def check_drafter_kind(kind: str, dut: str, threads: int, root: Path) -> dict:
+    """One reference drafter: its forward and chain hooks GPU vs CPU, then greedy generation on
+    real prompts: speculative on the GPU == plain on the GPU (lossless), speculative GPU == CPU,
+    chain mode and DDTree (or the backend's refusal of it)."""
+    import numpy as np
+
+    from luce import Engine
+    from luce.errors import LuceError
+
+    target = REPO / "models" / "reference" / "target-q8_0.gguf"
+    path = _reference_drafter(kind, root)
+    texts = [json.loads(line)["prompt"] for line in
+             (REPO / "models" / "reference" / "prompts" / "mixed.jsonl").read_text().splitlines()[:DRAFT_PROMPTS]]
+    res: dict = {"kind": kind}
+    with Engine(target, device="cpu", threads=threads, ctx_size=1024, draft=path) as cpu, \
+            Engine(target, device=dut, threads=max(1, threads // 2), ctx_size=1024, draft=path) as dev:
+        info, E, rng = cpu.draft_info, cpu.info.n_embd, np.random.default_rng(5)
+        feats = rng.standard_normal((37, len(info.target_layer_ids) * E)).astype(np.float32)
+        block = np.array([17] + [info.mask_token_id] * (info.block_size - 1), dtype=np.int32)
+        h_cpu, _, _ = _drafter_forward_chain(cpu, feats, block, np.zeros((1, E), np.float32), 17)
+        rows = np.ascontiguousarray(h_cpu[1:])
+        _, t_cpu, c_cpu = _drafter_forward_chain(cpu, feats, block, rows, 17)
+        h_dev, t_dev, c_dev = _drafter_forward_chain(dev, feats, block, rows, 17)
+        res["hidden_rel_diff"] = float(np.abs(h_dev - h_cpu).max() / np.abs(h_cpu).max())
+        res["chain_identical"] = bool((t_dev == t_cpu).all())
+        res["confidence_diff"] = float(np.abs(c_dev - c_cpu).max())
+        res["generate"] = []
+        for text in texts:
+            ids = cpu.encode_prompt(text)[-DRAFT_PROMPT_TOKENS:]
+            kw = dict(prompt_ids=ids, max_tokens=DRAFT_TOKENS, ignore_eos=True)
+            plain = dev.generate(**kw, speculative=False).tokens
+            spec = dev.generate(**kw, adaptive=False)
+            spec_cpu = cpu.generate(**kw, adaptive=False).tokens
+            row = {"lossless": _compare_tokens(dev, ids, plain, spec.tokens),
+                   "gpu_vs_cpu": _compare_tokens(cpu, ids, spec_cpu, spec.tokens), "tau": spec.stats["tau"]}
+            try:
+                tree = dev.generate(**kw, adaptive=False, ddtree=True).tokens
+                row["ddtree"] = _compare_tokens(dev, ids, plain, tree)
+            except LuceError as e:
+                row["ddtree"] = f"refused: {e}"
+            res["generate"].append(row)
+    gen = res["generate"]
+    res["ok"] = (res["hidden_rel_diff"] <= DRAFT_TOL and res["chain_identical"] and res["confidence_diff"] <= DRAFT_TOL
+                 and not any("DIFFER" in r[k] for r in gen for k in ("lossless", "gpu_vs_cpu", "ddtree")))
+    return res
+
+
+def check_drafters(dut: str, threads: int, root: Path, deadline: float) -> list[dict]:
+    rows = []
+    for kind in DRAFT_KINDS:
+        if time.perf_counter() > deadline:
+            rows.append({"kind": kind, "skipped": "time budget (--drafter-budget)", "ok": True})
+            continue
+        log(f"drafter {kind}")
+        try:
+            rows.append(check_drafter_kind(kind, dut, threads, root))
+        except Exception as e:
+            rows.append({"kind": kind, "error": f"{type(e).__name__}: {e}", "ok": False})
+    return rows
+
+
+def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
+    """A whole DFlash 2 speculative step (draft, verify, rollback, bookkeeping) at block 8 on the
+    synthetic pair (target from bench(), drafter from models/synthetic_drafter.py) against a plain
+    step. The random drafter's proposals are all rejected (worst case: rollback every step); a
+    second run forces full acceptance through the oracle hook (no rollback, 7 drafts kept)."""
+    import numpy as np
+
+    from luce import Engine
+
+    sys.path.insert(0, str(REPO / "models"))
+    import synthetic_drafter
+
+    target = WORK / f"synthetic-{shape}-iq4_xs.gguf"
+    if shape not in synthetic_drafter.SHAPES or not target.exists():
+        return {"skipped": f"no synthetic {shape} target or drafter shape"}
+    if time.perf_counter() > deadline - DRAFT_BENCH_SETUP_S:
+        return {"skipped": "time budget (--drafter-budget): no room to generate and load the pair"}
+    path = WORK / f"synthetic-dflash2-{shape}.gguf"
+    res: dict = {"shape": shape, "block": DRAFT_BENCH_BLOCK, "drafter": str(path)}
+    if not path.exists():
+        log(f"generating {path.name}")
+        t0 = time.perf_counter()
+        synthetic_drafter.write(path.with_suffix(".tmp"), synthetic_drafter.SHAPES[shape])
+        path.with_suffix(".tmp").rename(path)
+        res["generate_seconds"] = round(time.perf_counter() - t0, 1)
+    res["drafter_mib"] = round(path.stat().st_size / 2**20, 1)
+    log("drafter bench: loading")
+    with Engine(target, device=dut, threads=threads, ctx_size=1024, draft=path) as eng:
+        ids = np.random.default_rng(4).integers(0, eng.info.n_vocab, 64).tolist()
+        kw = dict(prompt_ids=ids, ignore_eos=True, draft_block_size=DRAFT_BENCH_BLOCK, adaptive=False)
+        eng.generate(**kw, max_tokens=4)  # warm-up
+        plain = eng.generate(**{**kw, "max_tokens": DRAFT_BENCH_TOKENS}, speculative=False)
+        st = plain.stats
+        res["plain_ms"] = 1e3 * st["decode_seconds"] / max(1, st["generated_tokens"] - 1)
+        runs = {"zero_accept": dict(max_tokens=DRAFT_BENCH_TOKENS),
+                "full_accept": dict(max_tokens=4 * DRAFT_BENCH_BLOCK + 1, oracle_tokens=None)}
+        for name, extra in runs.items():
+            if time.perf_counter() > deadline:
+                res[name] = "skipped: time budget"
+                continue
+            if "oracle_tokens" in extra:  # the plain continuation: every draft is accepted
+                extra["oracle_tokens"] = eng.generate(**{**kw, "max_tokens": extra["max_tokens"]},
+                                                      speculative=False).tokens
+            log(f"drafter bench: {name}")
+            st = eng.generate(**kw, **extra).stats
+            n = max(1, st["spec_steps"])
+            step = (st["decode_seconds"] - st["plain_steps"] * res["plain_ms"] / 1e3) / n
+            res[name] = {"spec_steps": st["spec_steps"], "tau": st["tau"], "step_ms": 1e3 * step,
+                         "draft_ms": 1e3 * st["draft_seconds"] / n, "verify_ms": 1e3 * st["verify_seconds"] / n,
+                         "rollback_ms": 1e3 * st["rollback_seconds"] / n,
+                         "x_plain": 1e3 * step / res["plain_ms"]}
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
 # report
 
 def write_report(out: Path, report: dict) -> None:
@@ -457,6 +630,22 @@ def write_report(out: Path, report: dict) -> None:
         lines.append(f"\n- compute-sanitizer memcheck (synthetic tiny iq4_xs + matmul hook): {report['memcheck']['status']}")
     for n in report.get("notes", []):
         lines.append(f"\nNOTE: {n}")
+    if report.get("drafters"):
+        lines += ["", "| drafter | hidden rel diff (tol {:g}) | chain GPU == CPU | conf diff | spec == plain (GPU) "
+                  "| spec GPU == CPU | DDTree | tau | ok |".format(DRAFT_TOL),
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in report["drafters"]:
+            if "error" in r or "skipped" in r:
+                lines.append(f"| {r['kind']} | " + (f"error: {r['error']} | | | | | | | FAIL |" if "error" in r
+                                                   else f"skipped: {r['skipped']} | | | | | | | - |"))
+                continue
+            g = r["generate"]
+            col = lambda k: ", ".join(x[k] if len(x[k]) < 60 else x[k][:57] + "..." for x in g)  # noqa: E731
+            taus = ", ".join(f"{x['tau']:.2f}" for x in g)
+            lines.append(f"| {r['kind']} | {r['hidden_rel_diff']:.2e} | {r['chain_identical']} | "
+                         f"{r['confidence_diff']:.1e} | {col('lossless')} | {col('gpu_vs_cpu')} | {col('ddtree')} | "
+                         f"{taus} | "
+                         f"{'ok' if r['ok'] else 'FAIL'} |")
     b = report.get("bench")
     if b:
         lines += ["", f"## Bench: synthetic {b['shape']} {b['mix']} ({b.get('file_gib')} GiB)", ""]
@@ -478,6 +667,19 @@ def write_report(out: Path, report: dict) -> None:
                 lines.append(f"| {w} | " + (f"{row['ms']:.2f} | {row.get('x_width1', float('nan')):.2f} |"
                                             if isinstance(row, dict) else f"{row} | |"))
         lines.append(f"\n- device memory in use after the bench: {b.get('device_memory_used_mib')} MiB")
+    db = report.get("drafter_bench")
+    if db:
+        lines += ["", f"## Bench: DFlash 2 step, synthetic {db.get('shape')} pair, block {db.get('block')}", ""]
+        if "error" in db or "skipped" in db:
+            lines.append(f"- {db.get('error') or db.get('skipped')}")
+        else:
+            lines.append(f"- drafter {db['drafter_mib']} MiB; plain step {db['plain_ms']:.2f} ms")
+            for name in ("zero_accept", "full_accept"):
+                r = db.get(name)
+                lines.append(f"- {name}: " + (r if isinstance(r, str) else
+                             f"step {r['step_ms']:.2f} ms = {r['x_plain']:.2f}x plain (draft {r['draft_ms']:.2f}, "
+                             f"verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms; "
+                             f"{r['spec_steps']} steps, tau {r['tau']:.2f})"))
     lines.append(f"\nRESULT: {'PASS' if report['ok'] else 'FAIL'} ({report['seconds']:.0f} s)")
     text = "\n".join(lines) + "\n"
     (out / "gpu_report.md").write_text(text)
@@ -518,7 +720,16 @@ def run(args, out: Path, build_info: dict | None) -> int:
         except Exception as e:
             report["bench"] = {"shape": args.bench_shape, "mix": "iq4_xs", "bytes_per_token": 0,
                                "error": f"{type(e).__name__}: {e}"}
-    report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"]) and not notes
+    if not args.no_drafters:  # after the target bench, with a budget of their own
+        drafter_deadline = time.perf_counter() + args.drafter_budget
+        report["drafters"] = check_drafters(args.dut, threads, WORK, drafter_deadline)
+        if args.bench_shape != "none":
+            try:
+                report["drafter_bench"] = bench_drafter(args.bench_shape, args.dut, threads, drafter_deadline)
+            except Exception as e:
+                report["drafter_bench"] = {"error": f"{type(e).__name__}: {e}"}
+    report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("drafters", []))
+                    and not notes
                     and report.get("memcheck", {"ok": True})["ok"]) and "error" not in report.get("bench", {})
     report["seconds"] = time.perf_counter() - t_start
     write_report(out, report)
@@ -535,6 +746,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bench-shape", default="27b", choices=("27b", "0.8b", "tiny", "none"))
     ap.add_argument("--budget", type=float, default=330.0, help="seconds after which bench items are skipped")
     ap.add_argument("--no-memcheck", action="store_true", help="skip the compute-sanitizer pass")
+    ap.add_argument("--no-drafters", action="store_true", help="skip the drafter checks and the drafter bench")
+    ap.add_argument("--drafter-budget", type=float, default=90.0,
+                    help="seconds for the drafter checks and bench, after the target bench")
     ap.add_argument("--build-info", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -544,7 +758,8 @@ def main(argv=None) -> int:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([info["site"], os.environ.get("PYTHONPATH", "")])}
         cmd = [sys.executable, str(Path(__file__).resolve()), "--skip-build", "--out", str(args.out.resolve()),
                "--dut", args.dut, "--bench-shape", args.bench_shape, "--budget", str(args.budget),
-               "--build-info", json.dumps(info)] + (["--no-memcheck"] if args.no_memcheck else [])
+               "--build-info", json.dumps(info), "--drafter-budget", str(args.drafter_budget)] \
+            + (["--no-memcheck"] if args.no_memcheck else []) + (["--no-drafters"] if args.no_drafters else [])
         return subprocess.run(cmd, cwd="/", env=env).returncode
     return run(args, args.out, json.loads(args.build_info) if args.build_info else None)
 

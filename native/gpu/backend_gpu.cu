@@ -179,6 +179,51 @@ int32_t GpuBackend::argmax(const float *x, int64_t n) {
     return r;
 }
 
+// ---- Drafter ops (backend.h's last block; kernels in drafter.cu) -----------------------------------
+
+void GpuBackend::rope_table(float *x, const int32_t *pos, int T, int n_head, int head_dim, const float *inv_freq,
+                            float mscale) {
+    gpu::rope_table(stream_, x, pos, T, n_head, head_dim, inv_freq, mscale);
+}
+
+void GpuBackend::dyn_conv(const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B, int E,
+                          int K, int group, float *out) {
+    gpu::dyn_conv(stream_, base, dyn, dyn_stride, in, B, E, K, group, out);
+}
+
+void GpuBackend::softcap(float *x, int64_t n, float mult, float cap) { gpu::softcap(stream_, x, n, mult, cap); }
+
+void GpuBackend::argmax_rows(const float *x, int n_rows, int64_t n, int32_t *out) {
+    gpu::argmax_rows(stream_, x, n_rows, n, out);
+}
+
+// The scratch grows to the largest request seen (a drafter asks for the same shape every step).
+void GpuBackend::topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals) {
+    const size_t need = size_t(gpu::topk_scratch_bytes(n_rows, n, k));
+    if (need > topk_scratch_bytes_) {
+        release(topk_scratch_);
+        topk_scratch_ = nullptr;
+        topk_scratch_bytes_ = 0;
+        topk_scratch_ = alloc(need);
+        topk_scratch_bytes_ = need;
+    }
+    gpu::topk_rows(stream_, x, n_rows, n, k, ids, vals, topk_scratch_);
+}
+
+void GpuBackend::selector_pairs(const float *hproj, const float *pred, const float *succ, int n_rows, int k, int R,
+                                float *out) {
+    gpu::selector_pairs(stream_, hproj, pred, succ, n_rows, k, R, out);
+}
+
+void GpuBackend::confidence(const float *h, const float *e, const float *w, float b, int E, int R, float *out) {
+    gpu::confidence(stream_, h, e, w, b, E, R, out);
+}
+
+void GpuBackend::copy_rows(void *dst, int64_t dst_stride, const void *src, int64_t src_stride, int64_t width,
+                           int n_rows) {
+    gpu::copy_rows(stream_, dst, dst_stride, src, src_stride, width, n_rows);
+}
+
 }  // namespace luce
 
 extern "C" luce_status luce_gpu_open(int32_t device_index, int64_t bytes_needed, luce::Backend **out,

@@ -49,6 +49,21 @@ public:
                          float *out, float *state_history, const int32_t *parent) override;
     int32_t argmax(const float *x, int64_t n) override;
 
+    // Drafter ops (backend.h's last block; implemented at the end of backend_gpu.cu).
+    void rope_table(float *x, const int32_t *pos, int T, int n_head, int head_dim, const float *inv_freq,
+                    float mscale) override;
+    void dyn_conv(const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B, int E, int K,
+                  int group, float *out) override;
+    void softcap(float *x, int64_t n, float mult, float cap) override;
+    void argmax_rows(const float *x, int n_rows, int64_t n, int32_t *out) override;
+    void topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals) override;
+    void selector_pairs(const float *hproj, const float *pred, const float *succ, int n_rows, int k, int R,
+                        float *out) override;
+    void confidence(const float *h, const float *e, const float *w, float b, int E, int R, float *out) override;
+    void copy_rows(void *dst, int64_t dst_stride, const void *src, int64_t src_stride, int64_t width,
+                   int n_rows) override;
+    bool tree_mode() const override { return false; }  // conv_silu / gated_delta_net refuse parent != null
+
     // Free device memory now, for the load-time check.
     size_t free_bytes() const;
 
@@ -60,7 +75,9 @@ private:
     std::string name_;
     cudaStream_t stream_ = nullptr;
     int32_t *argmax_result_ = nullptr;       // device scratch for argmax
-    std::map<uintptr_t, size_t> allocations_;  // base -> bytes; freed in the destructor
+    std::map<uintptr_t, size_t> allocations_;
+    void *topk_scratch_ = nullptr;           // drafter top-k candidates, grown on demand
+    size_t topk_scratch_bytes_ = 0;  // base -> bytes; freed in the destructor
 };
 
 }  // namespace luce

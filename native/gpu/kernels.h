@@ -43,4 +43,21 @@ void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const flo
 // argmax.cu: writes the index into *result (device memory).
 void argmax(cudaStream_t stream, const float *x, int64_t n, int32_t *result);
 
+// drafter.cu (backend.h's drafter block). topk_rows needs topk_scratch_bytes() of device scratch.
+void rope_table(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_head, int head_dim,
+                const float *inv_freq, float mscale);
+void dyn_conv(cudaStream_t stream, const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B,
+              int E, int K, int group, float *out);
+void softcap(cudaStream_t stream, float *x, int64_t n, float mult, float cap);
+void argmax_rows(cudaStream_t stream, const float *x, int n_rows, int64_t n, int32_t *out);
+int64_t topk_scratch_bytes(int n_rows, int64_t n, int k);
+void topk_rows(cudaStream_t stream, const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals,
+               void *scratch);
+void selector_pairs(cudaStream_t stream, const float *hproj, const float *pred, const float *succ, int n_rows,
+                    int k, int R, float *out);
+void confidence(cudaStream_t stream, const float *h, const float *e, const float *w, float b, int E, int R,
+                float *out);
+void copy_rows(cudaStream_t stream, void *dst, int64_t dst_stride, const void *src, int64_t src_stride,
+               int64_t width, int n_rows);
+
 }  // namespace luce::gpu

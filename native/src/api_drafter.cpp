@@ -1,5 +1,6 @@
 // api_drafter.cpp — the drafter part of the C ABI (luce_drafter_*): load/bind, info, and the two
-// stateless test hooks the parity tests drive (one forward, one candidate chain).
+// stateless test hooks the parity tests drive (one forward, one candidate chain). The hooks take
+// host arrays and copy them to and from backend memory, so they run on either backend.
 #include <algorithm>
 #include <cstring>
 
@@ -14,17 +15,26 @@ using luce::guard;
 
 using luce::require;
 
+namespace {
+
+// A backend buffer for the host arrays these test hooks take (the drafter reads backend memory).
+struct DeviceCopy {
+    luce::Backend &be;
+    void *p;
+    DeviceCopy(luce::Backend &b, size_t n) : be(b), p(b.alloc(n + 64)) {}
+    ~DeviceCopy() { be.release(p); }
+    DeviceCopy(const DeviceCopy &) = delete;
+    DeviceCopy &operator=(const DeviceCopy &) = delete;
+};
+
+}  // namespace
+
 LUCE_API luce_status luce_drafter_load(const char *path, luce_model *target, luce_drafter **out) {
     return guard([&] {
         require(out, "out");
         *out = nullptr;
         require(path, "path");
         require(target, "target");
-        // The drafter's forward, heads and tree builder are host loops over host buffers so far;
-        // on a device backend they would read device pointers. Refuse rather than crash.
-        if (std::strcmp(target->m->backend->name(), "cpu") != 0)
-            luce::fail(LUCE_ERR_UNSUPPORTED, "speculative decoding runs on the CPU backend only for now "
-                       "(the GPU drafter lands with the GPU backend work); use --device cpu");
         auto h = std::make_unique<luce_drafter>();
         h->d = luce::load_drafter(path, target->m.get());
         *out = h.release();
@@ -76,9 +86,15 @@ LUCE_API luce_status luce_drafter_forward(luce_drafter *drafter, const float *fe
         if (n_block < 1 || n_block > luce::DraftContext::ROWS)
             fail(LUCE_ERR_INVALID_ARGUMENT, "n_block = %d must be in 1..%d", n_block, luce::DraftContext::ROWS);
         const luce::Drafter &d = *drafter->d;
+        luce::Backend &be = *d.target->backend;
         luce::DraftContext ctx(d, n_ctx + n_block);
-        luce::draft_append_context(d, ctx, features, n_ctx);
-        luce::draft_forward(d, ctx, block, n_block, hidden_out);
+        const size_t feat_bytes = sizeof(float) * size_t(n_ctx) * size_t(d.n_taps()) * size_t(d.hp.n_embd);
+        const size_t out_bytes = sizeof(float) * size_t(n_block) * size_t(d.hp.n_embd);
+        DeviceCopy feats(be, feat_bytes), out(be, out_bytes);
+        be.upload(feats.p, features, feat_bytes);
+        luce::draft_append_context(d, ctx, static_cast<const float *>(feats.p), n_ctx);
+        luce::draft_forward(d, ctx, block, n_block, static_cast<float *>(out.p));
+        be.download(hidden_out, out.p, out_bytes);
     });
 }
 
@@ -91,6 +107,12 @@ LUCE_API luce_status luce_drafter_chain(luce_drafter *drafter, const float *hidd
             require(hidden, "hidden");
             require(tokens_out, "tokens_out");
         }
-        luce::draft_chain(*drafter->d, hidden, n_rows, anchor, tokens_out, confidence_out);
+        const luce::Drafter &d = *drafter->d;
+        luce::Backend &be = *d.target->backend;
+        const size_t bytes = sizeof(float) * size_t(n_rows) * size_t(d.hp.n_embd);
+        DeviceCopy rows(be, bytes);
+        be.upload(rows.p, hidden, bytes);
+        luce::DraftHeads heads(d, std::max(n_rows, 1));
+        luce::draft_chain(d, heads, static_cast<const float *>(rows.p), n_rows, anchor, tokens_out, confidence_out);
     });
 }

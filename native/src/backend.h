@@ -110,6 +110,42 @@ public:
     // Sampling helpers ---------------------------------------------------------------------------
     // Index of the largest of n values (ties -> lowest index).
     virtual int32_t argmax(const float *x, int64_t n) = 0;
+
+    // Drafter ops (block-diffusion drafters, drafter_forward.cpp / drafter_heads.cpp) ------------
+    // Everything the drafter does per token runs through these on backend memory, so a drafter
+    // bound to a GPU target runs on the GPU. CPU reference: backend_cpu.cpp, GPU: gpu/drafter.cu.
+
+    // Rotate-half RoPE over the whole head with a precomputed table: pairs (i, i + D/2), angle
+    // pos[t] * inv_freq[i] (fp32), cos and sin multiplied by mscale (YaRN attention factor).
+    // x [T][n_head][D]; inv_freq [D/2] backend memory.
+    virtual void rope_table(float *x, const int32_t *pos, int T, int n_head, int head_dim,
+                            const float *inv_freq, float mscale) = 0;
+    // DFlash 2 grouped dynamic causal conv within a block (spec drafters.md §2.1), out != in:
+    //   out[t][c] = sum_{tau < K, tau <= t} (base[tau][c] + dyn[t * dyn_stride + tau * G + c / group])
+    //               * in[t - tau][c],   G = E / group;  base [K][E].
+    virtual void dyn_conv(const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B,
+                          int E, int K, int group, float *out) = 0;
+    // x[i] = cap > 0 ? tanh(x[i] * mult / cap) * cap : x[i] * mult (DFlash 2 unary logits; fp32 in
+    // z-lab's order: scale, divide, tanh, multiply).
+    virtual void softcap(float *x, int64_t n, float mult, float cap) = 0;
+    // out[r] = argmax of row r of x [n_rows][n] (ties -> lowest index), written to backend memory
+    // so a chain can feed it to the next get_rows without a host round trip.
+    virtual void argmax_rows(const float *x, int n_rows, int64_t n, int32_t *out) = 0;
+    // The k largest of each row of x [n_rows][n], value descending, ties -> lower id:
+    // ids, vals [n_rows][k]. k <= 256.
+    virtual void topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals) = 0;
+    // DFlash 2 selector pair terms: out[t][a][b] = sum_r pred[t][a][r] * hproj[t][r] * succ[t][b][r]
+    // for a, b < k; pred, succ [n_rows][k][R] gathered codebook rows, hproj [n_rows][R].
+    virtual void selector_pairs(const float *hproj, const float *pred, const float *succ, int n_rows, int k,
+                                int R, float *out) = 0;
+    // DSpark confidence of one row: *out = sigmoid(b + w[0:E] . h + w[E:E+R] . e) (R = 0: no e).
+    virtual void confidence(const float *h, const float *e, const float *w, float b, int E, int R,
+                            float *out) = 0;
+    // Strided byte copy in backend memory: n_rows rows of `width` bytes (feature capture).
+    virtual void copy_rows(void *dst, int64_t dst_stride, const void *src, int64_t src_stride, int64_t width,
+                           int n_rows) = 0;
+    // Whether conv_silu / gated_delta_net implement tree mode (parent != null): DDTree needs it.
+    virtual bool tree_mode() const = 0;
 };
 
 }  // namespace luce

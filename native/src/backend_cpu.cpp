@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "errors.h"
@@ -351,6 +352,91 @@ int32_t CpuBackend::argmax(const float *x, int64_t n) {
     for (int64_t i = 1; i < n; ++i)
         if (x[i] > x[best]) best = i;
     return int32_t(best);
+}
+
+// ---- Drafter ops (backend.h's last block; the reference for gpu/drafter.cu) -------------------
+
+void CpuBackend::rope_table(float *x, const int32_t *pos, int T, int n_head, int head_dim, const float *inv_freq,
+                            float mscale) {
+    const int half = head_dim / 2;
+    for (int t = 0; t < T; ++t)
+        for (int i = 0; i < half; ++i) {
+            const float angle = float(pos[t]) * inv_freq[i];
+            const float c = std::cos(angle) * mscale, s = std::sin(angle) * mscale;
+            for (int h = 0; h < n_head; ++h) {
+                float *xh = x + (int64_t(t) * n_head + h) * head_dim;
+                const float a = xh[i], b = xh[i + half];
+                xh[i] = a * c - b * s;
+                xh[i + half] = b * c + a * s;
+            }
+        }
+}
+
+void CpuBackend::dyn_conv(const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B, int E,
+                          int K, int group, float *out) {
+    const int G = E / group;
+    for (int t = 0; t < B; ++t) {
+        const float *dt = dyn + int64_t(t) * dyn_stride;
+        float *o = out + int64_t(t) * E;
+        std::fill(o, o + E, 0.f);
+        for (int tau = 0; tau < K && tau <= t; ++tau) {
+            const float *bs = base + int64_t(tau) * E, *src = in + int64_t(t - tau) * E;
+            for (int c = 0; c < E; ++c) o[c] += (bs[c] + dt[tau * G + c / group]) * src[c];
+        }
+    }
+}
+
+void CpuBackend::softcap(float *x, int64_t n, float mult, float cap) {
+    if (mult != 1.f)
+        for (int64_t i = 0; i < n; ++i) x[i] *= mult;
+    if (cap > 0.f)
+        for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] / cap) * cap;
+}
+
+void CpuBackend::argmax_rows(const float *x, int n_rows, int64_t n, int32_t *out) {
+    for (int r = 0; r < n_rows; ++r) out[r] = argmax(x + int64_t(r) * n, n);
+}
+
+void CpuBackend::topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals) {
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    for (int r = 0; r < n_rows; ++r) {
+        const float *row = x + int64_t(r) * n;
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+        for (int i = 0; i < k; ++i) {
+            ids[int64_t(r) * k + i] = order[size_t(i)];
+            vals[int64_t(r) * k + i] = row[order[size_t(i)]];
+        }
+    }
+}
+
+void CpuBackend::selector_pairs(const float *hproj, const float *pred, const float *succ, int n_rows, int k, int R,
+                                float *out) {
+    for (int t = 0; t < n_rows; ++t)
+        for (int a = 0; a < k; ++a) {
+            const float *p = pred + (int64_t(t) * k + a) * R, *h = hproj + int64_t(t) * R;
+            for (int b = 0; b < k; ++b) {
+                const float *s = succ + (int64_t(t) * k + b) * R;
+                float dot = 0.f;
+                for (int r = 0; r < R; ++r) dot += (p[r] * h[r]) * s[r];
+                out[(int64_t(t) * k + a) * k + b] = dot;
+            }
+        }
+}
+
+void CpuBackend::confidence(const float *h, const float *e, const float *w, float b, int E, int R, float *out) {
+    float z = b;
+    for (int i = 0; i < E; ++i) z += w[i] * h[i];
+    for (int r = 0; r < R; ++r) z += w[E + r] * e[r];
+    *out = 1.0f / (1.0f + std::exp(-z));
+}
+
+void CpuBackend::copy_rows(void *dst, int64_t dst_stride, const void *src, int64_t src_stride, int64_t width,
+                           int n_rows) {
+    for (int r = 0; r < n_rows; ++r)
+        std::memcpy(static_cast<char *>(dst) + r * dst_stride, static_cast<const char *>(src) + r * src_stride,
+                    size_t(width));
 }
 
 }  // namespace luce

@@ -39,6 +39,21 @@ public:
                          float *out, float *state_history, const int32_t *parent = nullptr) override;
     int32_t argmax(const float *x, int64_t n) override;
 
+    // Drafter ops (backend.h's last block).
+    void rope_table(float *x, const int32_t *pos, int T, int n_head, int head_dim, const float *inv_freq,
+                    float mscale) override;
+    void dyn_conv(const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B, int E, int K,
+                  int group, float *out) override;
+    void softcap(float *x, int64_t n, float mult, float cap) override;
+    void argmax_rows(const float *x, int n_rows, int64_t n, int32_t *out) override;
+    void topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals) override;
+    void selector_pairs(const float *hproj, const float *pred, const float *succ, int n_rows, int k, int R,
+                        float *out) override;
+    void confidence(const float *h, const float *e, const float *w, float b, int E, int R, float *out) override;
+    void copy_rows(void *dst, int64_t dst_stride, const void *src, int64_t src_stride, int64_t width,
+                   int n_rows) override;
+    bool tree_mode() const override { return true; }
+
 private:
     ThreadPool pool_;
 };

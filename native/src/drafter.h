@@ -10,7 +10,10 @@
 //
 // The drafter has no embedding and no LM head: block rows are embedded with the target's
 // token_embd and proposals come from the target's output head (spec drafters.md §1.1, §7.5).
-// Weights stay in their GGUF encoding and run through the target backend's matmul.
+// Weights stay in their GGUF encoding and run through the target backend's matmul. Everything
+// the drafter touches per token (weights, its K/V cache, scratch, the captured target features)
+// is backend memory and every per-token operation a Backend op, so a drafter bound to a GPU
+// target runs on the GPU; the host sees only a few ids and scores per step (drafter_heads.cpp).
 #pragma once
 
 #include <cstdint>
@@ -57,14 +60,14 @@ struct DrafterHparams {
 // DFlash 2 grouped dynamic causal conv of one sublayer: base [2][K][E] (side 0 = before the
 // sublayer, 1 = after), proj E -> 2*K*G with output order (side, tap, group).
 struct DrafterConv {
-    std::vector<float> base;
+    Vector base;
     Weight proj;
 };
 
 struct DrafterLayer {
-    std::vector<float> attn_norm, ffn_norm;  // [E] plain Qwen3 RMSNorm weights (no +1)
+    Vector attn_norm, ffn_norm;              // [E] plain Qwen3 RMSNorm weights (no +1)
     Weight q, k, v, o;                       // E -> H*D, E -> Hkv*D (x2), H*D -> E
-    std::vector<float> q_norm, k_norm;       // [D]
+    Vector q_norm, k_norm;                   // [D]
     Weight gate, up, down;                   // E -> F (x2), F -> E
     DrafterConv attn_conv, ffn_conv;         // DFlash 2 only
 };
@@ -74,13 +77,13 @@ struct Drafter {
     Model *target = nullptr;                 // borrowed: token_embd, output head, backend
     DrafterHparams hp;
     Weight fc;                               // N*E -> E
-    std::vector<float> hidden_norm, output_norm;  // [E]
+    Vector hidden_norm, output_norm;         // [E]
     std::vector<DrafterLayer> layers;
     Weight sel_hproj, sel_pred, sel_succ;    // E -> R; codebooks [V][R] (rows by token id)
     Weight markov_w1, markov_w2;             // [V][R] rows by token id; R -> V
-    std::vector<float> conf_w;               // [C]
+    Vector conf_w;                           // [C]
     float conf_b = 0.f;
-    std::vector<float> rope_inv_freq;        // [D/2] fp32, YaRN applied
+    Vector rope_inv_freq;                    // [D/2] fp32, YaRN applied
     float rope_mscale = 1.f;                 // multiplied into cos and sin (HF attention_factor)
 
     int n_taps() const { return int(hp.target_layer_ids.size()); }
@@ -92,53 +95,92 @@ struct Drafter {
 // in either layout to a target. Throws luce::Error (FORMAT / INVALID_ARGUMENT / UNSUPPORTED).
 std::unique_ptr<Drafter> load_drafter(const std::string &path, Model *target);
 
-// Per-generation drafter state: the context K/V of every layer for committed positions
-// 0..n_ctx-1 (after k_norm and RoPE), plus room for one transient block after them.
+// Per-generation drafter state, all in backend memory: the context K/V of every layer for
+// committed positions 0..n_ctx-1 (after k_norm and RoPE), plus room for one transient block.
 struct DraftContext {
     static constexpr int ROWS = 64;  // block rows / context rows projected per pass
+    Backend &be;
     int cap = 0;            // positions the cache holds (committed + one block)
     int n_ctx = 0;
-    std::vector<std::vector<float>> k, v;  // per layer [Hkv][cap][D]
+    std::vector<KvLayer> kv;  // per layer: k, v [Hkv][cap][D] f32
     // Scratch, sized once for ROWS rows: x, cur, tmp, mix [ROWS][E]; q, attn [ROWS][H*D];
-    // kr, vr [ROWS][Hkv*D]; dyn [ROWS][2*K*G]; gate, up [ROWS][F]; mask [ROWS][cap].
-    std::vector<float> x, cur, tmp, mix, q, attn, kr, vr, dyn, gate, up;
-    std::vector<uint8_t> mask;
-    std::vector<int32_t> pos;
+    // kr, vr [ROWS][Hkv*D]; dyn [ROWS][2*K*G]; gate, up [ROWS][F]; masks [4][ROWS][cap]
+    // (one per (sliding, causal) layer variant); pos, block [ROWS].
+    float *x, *cur, *tmp, *mix, *q, *attn, *kr, *vr, *dyn, *gate, *up;
+    uint8_t *masks;
+    int32_t *pos, *block;
+    std::vector<uint8_t> host_mask;   // [ROWS][cap] staging for one mask variant
+    std::vector<int32_t> host_ids;    // [ROWS] staging for pos / block ids
     DraftContext(const Drafter &d, int cap);
+    ~DraftContext();
+    DraftContext(const DraftContext &) = delete;
+    DraftContext &operator=(const DraftContext &) = delete;
+
+private:
+    std::vector<void *> owned_;
+    void *take(size_t n_bytes);
 };
 
 // Appends the fused features of n new committed positions (positions ctx.n_ctx ..): taps
-// [n][N*E] raw target layer outputs -> hidden_norm(fc(taps)) -> per layer k_norm(k_proj), v_proj,
-// RoPE at the absolute positions. Only these rows are projected (incremental context).
+// [n][N*E] raw target layer outputs (backend memory) -> hidden_norm(fc(taps)) -> per layer
+// k_norm(k_proj), v_proj, RoPE at the absolute positions. Only these rows are projected.
 void draft_append_context(const Drafter &d, DraftContext &ctx, const float *taps, int n);
 
 // One drafter forward of a block at positions ctx.n_ctx .. ctx.n_ctx+B-1: block token ids [B]
-// (normally [anchor, mask x (B-1)]) -> final-normed hidden rows out [B][E].
+// (host; normally [anchor, mask x (B-1)]) -> final-normed hidden rows out [B][E] (backend memory).
 void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, int B, float *out);
+
+// Scratch of the candidate heads for up to `rows` proposal rows, backend memory plus host
+// mirrors of the small results (drafter_heads.cpp says what each holds).
+struct DraftHeads {
+    Backend &be;
+    int rows = 0, V = 0, k = 0, R = 0;
+    float *U;            // [rows][V] unary logits
+    int32_t *ids;        // [rows][k] selector candidates, then [rows][k] their predecessors
+    float *vals;         // [rows][k] candidate unary logits
+    float *pred, *succ;  // [rows][k][R] codebook rows
+    float *hproj;        // [rows][R]
+    float *pairs;        // [rows][k][k]
+    int32_t *tok;        // [rows + 1]: the anchor, then each row's token
+    float *conf;         // [rows]
+    float *e, *bias;     // [R] Markov embedding of prev, [V] its logit bias
+    std::vector<int32_t> h_ids, h_tok;
+    std::vector<float> h_vals, h_pairs, h_row, h_conf;
+    DraftHeads(const Drafter &d, int rows);
+    ~DraftHeads();
+    DraftHeads(const DraftHeads &) = delete;
+    DraftHeads &operator=(const DraftHeads &) = delete;
+
+private:
+    std::vector<void *> owned_;
+    void *take(size_t n_bytes);
+};
 
 // The unary logits the candidate heads start from: logits [n_rows][V] = target_head(hidden rows
 // [n_rows][E]); for DFlash 2 then scaled by output_multiplier and soft-capped (fp32), as the
-// drafter was trained. DFlash and DSpark use the raw head output.
+// drafter was trained. DFlash and DSpark use the raw head output. Backend memory in and out.
 void draft_unary_logits(const Drafter &d, const float *hidden, int n_rows, float *logits);
 
-// Candidate heads over final-normed hidden rows [n_rows][E] (drafter_heads.cpp).
+// Candidate heads over final-normed hidden rows [n_rows][E] (backend memory; drafter_heads.cpp).
 //   DFlash: argmax of the target head; DFlash 2: selector walk; DSpark: Markov chain.
-// tokens[n_rows]; confidence[n_rows] (DSpark sigmoid; may be null). When temperature > 0 the
-// chain is sampled instead (q = softmax(scores / T) over the candidate set) and, if q_out is
-// not null, q_out[i] receives the full proposal distribution of row i [n_rows][V].
+// tokens[n_rows] and confidence[n_rows] (DSpark sigmoid; may be null) are host memory. When
+// temperature > 0 the chain is sampled instead (q = softmax(scores / T) over the candidate set)
+// and, if q_out is not null, q_out[i] (host) receives the full proposal distribution of row i [n_rows][V].
 struct ChainSampling {
     float temperature = 0.f;
     Rng *rng = nullptr;
     float *q_out = nullptr;
 };
-void draft_chain(const Drafter &d, const float *hidden, int n_rows, int32_t anchor, int32_t *tokens,
-                 float *confidence, const ChainSampling *sampling = nullptr);
+void draft_chain(const Drafter &d, DraftHeads &heads, const float *hidden, int n_rows, int32_t anchor,
+                 int32_t *tokens, float *confidence, const ChainSampling *sampling = nullptr);
 
 // Tree candidates (DDTree): the k best next tokens after `prev` at one proposal row, with their
 // log-probabilities under the drafter's scores there, best first. U_row [V] = the row's unary
 // logits (draft_unary_logits), hidden_row [E] = h. DFlash: log-softmax of U (prev unused);
 // DFlash 2: the selector's top-k of U rescored with prev and renormalised over them; DSpark:
 // log-softmax of U + W2 W1[prev]. k <= the candidate set (DFlash 2: selector_top_k).
+// Host loops over U_row / hidden_row: only for backends whose memory the host can read
+// (Backend::tree_mode() is false on the GPU, where DDTree is refused before this runs).
 int draft_candidates(const Drafter &d, const float *U_row, const float *hidden_row, int32_t prev, int k,
                      int32_t *ids, float *logp);
 

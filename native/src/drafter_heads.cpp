@@ -10,6 +10,16 @@
 //             computed with prev_t (before token_t is known).
 // Sampled chains (temperature T > 0) draw token_t ~ q_t = softmax(scores_t / T) over the same
 // candidate set (DFlash 2: the k candidates, zero elsewhere) and report q_t for verification.
+//
+// Where the host takes part (everything else is Backend ops on backend memory, DraftHeads):
+//   DFlash greedy: argmax_rows on the device, n ids come back. DSpark greedy: each row's argmax
+//   is written to device memory and gathered as the next row's W1[prev], so the chain runs without
+//   a host round trip; the n ids and confidences come back at the end. DFlash 2: the device
+//   computes every row's top-k candidates and the pair terms <pred[a] * hproj_t, succ[b]> for all
+//   a in C_{t-1} (the possible predecessors; the anchor for t = 0) and b in C_t; the walk itself,
+//   a choice among k values per row, runs on the host over those n x k x k floats.
+//   Sampled chains (T > 0) download each row's scores, since the proposal distribution q_t must be
+//   on the host for rejection sampling anyway.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -20,13 +30,6 @@
 namespace luce {
 
 namespace {
-
-int32_t argmax_row(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; ++i)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
 
 // q = softmax(scores / T) over ids (n of them), scattered into a zeroed q_row [V]; draws one id.
 int32_t sample_softmax(const float *scores, const int32_t *ids, int n, float T, Rng &rng, float *q_row, int V) {
@@ -47,124 +50,152 @@ int32_t sample_softmax(const float *scores, const int32_t *ids, int n, float T, 
     return ids ? ids[n - 1] : n - 1;
 }
 
-void selector_chain(const Drafter &d, const float *hidden, const float *logits, int n_rows, int32_t anchor,
-                    int32_t *tokens, const ChainSampling *smp) {
-    Backend &be = *d.target->backend;
-    const int V = d.target->hp.n_vocab, R = d.hp.selector_rank, k = d.hp.selector_top_k;
-    thread_local std::vector<float> hproj, pred, succ, scores;  // scratch that only grows
-    thread_local std::vector<int32_t> ids;
-    hproj.resize(size_t(n_rows) * R);
-    pred.resize(size_t(R));
-    succ.resize(size_t(R));
-    scores.resize(size_t(k));
-    ids.resize(size_t(V));
-    be.matmul(d.sel_hproj, hidden, n_rows, hproj.data(), R);
-    int32_t prev = anchor;
+void dflash_chain(DraftHeads &hd, int n_rows, int32_t *tokens, const ChainSampling *smp) {
+    const int V = hd.V;
+    if (!(smp && smp->temperature > 0.f)) {
+        hd.be.argmax_rows(hd.U, n_rows, V, hd.tok);
+        hd.be.download(tokens, hd.tok, sizeof(int32_t) * size_t(n_rows));
+        return;
+    }
     for (int t = 0; t < n_rows; ++t) {
-        const float *U = logits + int64_t(t) * V;
-        std::iota(ids.begin(), ids.end(), 0);
-        std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
-                          [&](int32_t a, int32_t b) { return U[a] > U[b] || (U[a] == U[b] && a < b); });
-        be.get_rows(d.sel_pred, &prev, 1, pred.data());
-        for (int r = 0; r < R; ++r) pred[size_t(r)] *= hproj[size_t(t) * R + r];
-        for (int i = 0; i < k; ++i) {
-            be.get_rows(d.sel_succ, &ids[size_t(i)], 1, succ.data());
-            float dot = 0.f;
-            for (int r = 0; r < R; ++r) dot += pred[size_t(r)] * succ[size_t(r)];
-            scores[size_t(i)] = U[ids[size_t(i)]] + dot;
-        }
-        if (smp && smp->temperature > 0.f) {
-            float *q = smp->q_out ? smp->q_out + int64_t(t) * V : nullptr;
-            prev = sample_softmax(scores.data(), ids.data(), k, smp->temperature, *smp->rng, q, V);
-        } else {
-            int best = 0;  // candidates are in id-ascending order among equal U; ties -> smaller id
-            for (int i = 1; i < k; ++i)
-                if (scores[size_t(i)] > scores[size_t(best)] ||
-                    (scores[size_t(i)] == scores[size_t(best)] && ids[size_t(i)] < ids[size_t(best)]))
-                    best = i;
-            prev = ids[size_t(best)];
-        }
-        tokens[t] = prev;
+        hd.be.download(hd.h_row.data(), hd.U + int64_t(t) * V, sizeof(float) * size_t(V));
+        float *q = smp->q_out ? smp->q_out + int64_t(t) * V : nullptr;
+        tokens[t] = sample_softmax(hd.h_row.data(), nullptr, V, smp->temperature, *smp->rng, q, V);
     }
 }
 
-void markov_chain(const Drafter &d, const float *hidden, float *logits, int n_rows, int32_t anchor, int32_t *tokens,
-                  float *confidence, const ChainSampling *smp) {
-    Backend &be = *d.target->backend;
-    const int V = d.target->hp.n_vocab, R = d.hp.markov_rank, E = d.hp.n_embd;
-    thread_local std::vector<float> e, bias;  // scratch that only grows
-    e.resize(size_t(R));
-    bias.resize(size_t(V));
-    int32_t prev = anchor;
+void selector_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_rows, int32_t anchor,
+                    int32_t *tokens, const ChainSampling *smp) {
+    Backend &be = hd.be;
+    const int V = hd.V, R = hd.R, k = hd.k;
+    const int64_t nk = int64_t(n_rows) * k;
+    int32_t *cand = hd.ids, *prev_ids = hd.ids + int64_t(hd.rows) * k;
+    be.topk_rows(hd.U, n_rows, V, k, cand, hd.vals);
+    be.matmul(d.sel_hproj, hidden, n_rows, hd.hproj, R);
+    be.get_rows(d.sel_succ, cand, int(nk), hd.succ);
+    // Predecessor candidates of row t: the anchor for t = 0 (k copies; only the first is read),
+    // C_{t-1} after.
+    std::fill(hd.h_ids.begin(), hd.h_ids.begin() + k, anchor);
+    be.upload(prev_ids, hd.h_ids.data(), sizeof(int32_t) * size_t(k));
+    be.copy(prev_ids + k, cand, sizeof(int32_t) * size_t(nk - k));
+    be.get_rows(d.sel_pred, prev_ids, int(nk), hd.pred);
+    be.selector_pairs(hd.hproj, hd.pred, hd.succ, n_rows, k, R, hd.pairs);
+    be.download(hd.h_ids.data(), cand, sizeof(int32_t) * size_t(nk));
+    be.download(hd.h_vals.data(), hd.vals, sizeof(float) * size_t(nk));
+    be.download(hd.h_pairs.data(), hd.pairs, sizeof(float) * size_t(nk) * size_t(k));
+    std::vector<float> &scores = hd.h_row;  // [k]
+    int a = 0;  // index of the predecessor in its candidate row
     for (int t = 0; t < n_rows; ++t) {
-        float *U = logits + int64_t(t) * V;
-        be.get_rows(d.markov_w1, &prev, 1, e.data());
-        if (confidence && d.hp.confidence_dim == 0) {
-            confidence[t] = 1.0f;  // no confidence head: never gates
-        } else if (confidence) {
-            const float *h = hidden + int64_t(t) * E;
-            float z = d.conf_b;
-            for (int i = 0; i < E; ++i) z += d.conf_w[size_t(i)] * h[i];
-            if (d.hp.confidence_dim > E)
-                for (int r = 0; r < R; ++r) z += d.conf_w[size_t(E + r)] * e[size_t(r)];
-            confidence[t] = 1.0f / (1.0f + std::exp(-z));
-        }
-        be.matmul(d.markov_w2, e.data(), 1, bias.data(), V);
-        for (int i = 0; i < V; ++i) U[i] += bias[size_t(i)];
+        const int32_t *ids = hd.h_ids.data() + int64_t(t) * k;
+        const float *U = hd.h_vals.data() + int64_t(t) * k, *pair = hd.h_pairs.data() + (int64_t(t) * k + a) * k;
+        for (int b = 0; b < k; ++b) scores[size_t(b)] = U[b] + pair[b];
+        int best = 0;
         if (smp && smp->temperature > 0.f) {
             float *q = smp->q_out ? smp->q_out + int64_t(t) * V : nullptr;
-            prev = sample_softmax(U, nullptr, V, smp->temperature, *smp->rng, q, V);
+            const int32_t id = sample_softmax(scores.data(), ids, k, smp->temperature, *smp->rng, q, V);
+            while (ids[best] != id) ++best;
         } else {
-            prev = argmax_row(U, V);
+            for (int b = 1; b < k; ++b)  // ties -> smaller id
+                if (scores[size_t(b)] > scores[size_t(best)] ||
+                    (scores[size_t(b)] == scores[size_t(best)] && ids[b] < ids[best]))
+                    best = b;
         }
-        tokens[t] = prev;
+        tokens[t] = ids[best];
+        a = best;
     }
+}
+
+void markov_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_rows, int32_t anchor, int32_t *tokens,
+                  float *confidence, const ChainSampling *smp) {
+    Backend &be = hd.be;
+    const int V = hd.V, R = hd.R, E = d.hp.n_embd;
+    const bool sampled = smp && smp->temperature > 0.f;
+    const bool gate = confidence && d.hp.confidence_dim > 0;
+    be.upload(hd.tok, &anchor, sizeof anchor);
+    for (int t = 0; t < n_rows; ++t) {
+        float *U = hd.U + int64_t(t) * V;
+        be.get_rows(d.markov_w1, hd.tok + t, 1, hd.e);  // e = W1[prev_t]
+        if (gate)
+            be.confidence(hidden + int64_t(t) * E, hd.e, d.conf_w.data(), d.conf_b, E,
+                          d.hp.confidence_dim > E ? R : 0, hd.conf + t);
+        be.matmul(d.markov_w2, hd.e, 1, hd.bias, V);
+        be.add(U, hd.bias, V);
+        if (!sampled) {
+            be.argmax_rows(U, 1, V, hd.tok + t + 1);
+            continue;
+        }
+        be.download(hd.h_row.data(), U, sizeof(float) * size_t(V));
+        float *q = smp->q_out ? smp->q_out + int64_t(t) * V : nullptr;
+        const int32_t id = sample_softmax(hd.h_row.data(), nullptr, V, smp->temperature, *smp->rng, q, V);
+        be.upload(hd.tok + t + 1, &id, sizeof id);
+    }
+    be.download(tokens, hd.tok + 1, sizeof(int32_t) * size_t(n_rows));
+    if (gate) be.download(confidence, hd.conf, sizeof(float) * size_t(n_rows));
+    else if (confidence) std::fill(confidence, confidence + n_rows, 1.0f);  // no confidence head: never gates
 }
 
 }  // namespace
 
-void draft_unary_logits(const Drafter &d, const float *hidden, int n_rows, float *logits) {
-    const Model &tm = *d.target;
-    const int64_t n = int64_t(n_rows) * tm.hp.n_vocab;
-    tm.backend->matmul(tm.output, hidden, n_rows, logits, tm.hp.n_vocab);
-    if (d.hp.kind != DRAFT_DFLASH2) return;
-    // The order of fp32 operations of z-lab's compute_logits: scale, then divide, tanh, multiply.
-    const float m = d.hp.output_multiplier, cap = d.hp.final_logit_softcapping;
-    if (m != 1.f)
-        for (int64_t i = 0; i < n; ++i) logits[i] *= m;
-    if (cap > 0.f)
-        for (int64_t i = 0; i < n; ++i) logits[i] = std::tanh(logits[i] / cap) * cap;
+void *DraftHeads::take(size_t n_bytes) {
+    owned_.push_back(be.alloc(n_bytes + 64));  // + 64: no zero-sized requests
+    return owned_.back();
 }
 
-void draft_chain(const Drafter &d, const float *hidden, int n_rows, int32_t anchor, int32_t *tokens,
-                 float *confidence, const ChainSampling *smp) {
+DraftHeads::DraftHeads(const Drafter &d, int rows_) : be(*d.target->backend), rows(rows_) {
+    V = d.target->hp.n_vocab;
+    k = d.hp.selector_top_k;
+    R = d.hp.selector_rank ? d.hp.selector_rank : d.hp.markov_rank;
+    const size_t n = size_t(rows), F = sizeof(float), I = sizeof(int32_t), K = size_t(k);
+    try {
+        U = static_cast<float *>(take(n * size_t(V) * F));
+        ids = static_cast<int32_t *>(take(2 * n * K * I));
+        vals = static_cast<float *>(take(n * K * F));
+        pred = static_cast<float *>(take(n * K * size_t(R) * F));
+        succ = static_cast<float *>(take(n * K * size_t(R) * F));
+        hproj = static_cast<float *>(take(n * size_t(R) * F));
+        pairs = static_cast<float *>(take(n * K * K * F));
+        tok = static_cast<int32_t *>(take((n + 1) * I));
+        conf = static_cast<float *>(take(n * F));
+        e = static_cast<float *>(take(size_t(R) * F));
+        bias = static_cast<float *>(take(size_t(V) * F));
+    } catch (...) {
+        for (void *p : owned_) be.release(p);
+        throw;
+    }
+    h_ids.resize(n * K + K);
+    h_vals.resize(n * K);
+    h_pairs.resize(n * K * K);
+    h_row.resize(size_t(std::max(V, k)));
+}
+
+DraftHeads::~DraftHeads() {
+    for (void *p : owned_) be.release(p);
+}
+
+void draft_unary_logits(const Drafter &d, const float *hidden, int n_rows, float *logits) {
     const Model &tm = *d.target;
-    const int V = tm.hp.n_vocab;
-    if (n_rows < 0) fail(LUCE_ERR_INVALID_ARGUMENT, "n_rows must be >= 0");
+    tm.backend->matmul(tm.output, hidden, n_rows, logits, tm.hp.n_vocab);
+    if (d.hp.kind != DRAFT_DFLASH2) return;
+    tm.backend->softcap(logits, int64_t(n_rows) * tm.hp.n_vocab, d.hp.output_multiplier,
+                        d.hp.final_logit_softcapping);
+}
+
+void draft_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_rows, int32_t anchor, int32_t *tokens,
+                 float *confidence, const ChainSampling *smp) {
+    const int V = hd.V;
+    if (n_rows < 0 || n_rows > hd.rows)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "n_rows = %d must be in 0..%d", n_rows, hd.rows);
     if (anchor < 0 || anchor >= V)
         fail(LUCE_ERR_INVALID_ARGUMENT, "anchor token %d is out of range (vocabulary has %d tokens)", anchor, V);
     if (n_rows == 0) return;
-    thread_local std::vector<float> logits;  // [n_rows][V] scratch that only grows
-    logits.resize(size_t(n_rows) * size_t(V));
-    draft_unary_logits(d, hidden, n_rows, logits.data());
+    draft_unary_logits(d, hidden, n_rows, hd.U);
     if (d.hp.kind == DRAFT_DSPARK) {
-        markov_chain(d, hidden, logits.data(), n_rows, anchor, tokens, confidence, smp);
+        markov_chain(d, hd, hidden, n_rows, anchor, tokens, confidence, smp);
         return;
     }
     if (confidence) std::fill(confidence, confidence + n_rows, 1.0f);
-    if (d.hp.selector_rank) {
-        selector_chain(d, hidden, logits.data(), n_rows, anchor, tokens, smp);
-        return;
-    }
-    for (int t = 0; t < n_rows; ++t) {
-        const float *U = logits.data() + int64_t(t) * V;
-        if (smp && smp->temperature > 0.f) {
-            float *q = smp->q_out ? smp->q_out + int64_t(t) * V : nullptr;
-            tokens[t] = sample_softmax(U, nullptr, V, smp->temperature, *smp->rng, q, V);
-        } else {
-            tokens[t] = argmax_row(U, V);
-        }
-    }
+    if (d.hp.selector_rank) selector_chain(d, hd, hidden, n_rows, anchor, tokens, smp);
+    else dflash_chain(hd, n_rows, tokens, smp);
 }
 
 int draft_candidates(const Drafter &d, const float *U_row, const float *hidden_row, int32_t prev, int k,

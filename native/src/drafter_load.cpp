@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 
 #include "drafter.h"
 #include "errors.h"
@@ -394,7 +395,7 @@ void rope_table(Drafter &d) {
     const DrafterHparams &hp = d.hp;
     const int dim = hp.head_dim, half = dim / 2;
     const double base = hp.rope_theta;
-    d.rope_inv_freq.resize(size_t(half));
+    std::vector<float> inv(static_cast<size_t>(half));
     std::vector<float> pos_freq(static_cast<size_t>(half)), extra(static_cast<size_t>(half));
     for (int i = 0; i < half; ++i) {
         pos_freq[size_t(i)] = std::pow(float(base), float(2 * i) / float(dim));
@@ -417,9 +418,39 @@ void rope_table(Drafter &d) {
         ramp = std::min(1.f, std::max(0.f, ramp));
         float extrapolation_factor = 1.f - ramp;
         float interp = 1.0f / (float(factor) * pos_freq[size_t(i)]);
-        d.rope_inv_freq[size_t(i)] = interp * (1.f - extrapolation_factor) + extra[size_t(i)] * extrapolation_factor;
+        inv[size_t(i)] = interp * (1.f - extrapolation_factor) + extra[size_t(i)] * extrapolation_factor;
     }
+    d.rope_inv_freq = inv;
     d.rope_mscale = hp.yarn.attn_factor > 0.f ? hp.yarn.attn_factor : float(0.1 * std::log(factor) + 1.0);
+}
+
+// A drafter bound to a device target keeps its weights in the target backend's memory: every
+// matrix in its GGUF encoding, every small vector in fp32 (as upload_weights in model.cpp does
+// for the target). On the CPU the weights stay views into the mapped file.
+void upload_drafter(Drafter &d) {
+    Backend &be = *d.target->backend;
+    if (std::strcmp(be.name(), "cpu") == 0) return;
+    auto matrix = [&](Weight &w) {
+        if (!w.present()) return;
+        const size_t bytes = size_t(row_bytes(w.type, w.n_in)) * size_t(w.n_out);
+        void *dst = be.alloc(bytes);
+        be.upload(dst, w.data, bytes);
+        w.data = dst;
+    };
+    auto vector = [&](Vector &v) {
+        if (v.host.empty()) return;
+        void *dst = be.alloc(v.host.size() * sizeof(float));
+        be.upload(dst, v.host.data(), v.host.size() * sizeof(float));
+        v.device = static_cast<const float *>(dst);
+    };
+    for (Weight *w : {&d.fc, &d.sel_hproj, &d.sel_pred, &d.sel_succ, &d.markov_w1, &d.markov_w2}) matrix(*w);
+    for (Vector *v : {&d.hidden_norm, &d.output_norm, &d.conf_w, &d.rope_inv_freq}) vector(*v);
+    for (DrafterLayer &L : d.layers) {
+        for (Weight *w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &L.attn_conv.proj, &L.ffn_conv.proj})
+            matrix(*w);
+        for (Vector *v : {&L.attn_norm, &L.ffn_norm, &L.q_norm, &L.k_norm, &L.attn_conv.base, &L.ffn_conv.base})
+            vector(*v);
+    }
 }
 
 }  // namespace
@@ -451,6 +482,7 @@ std::unique_ptr<Drafter> load_drafter(const std::string &path, Model *target) {
     bind_dspark(r, *d, thp.n_vocab);
     hp.kind = hp.markov_rank ? DRAFT_DSPARK : (hp.conv_kernel || hp.selector_rank) ? DRAFT_DFLASH2 : DRAFT_DFLASH;
     rope_table(*d);
+    upload_drafter(*d);
     return d;
 }
 

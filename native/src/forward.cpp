@@ -25,14 +25,20 @@ void mlp(Session &s, const LayerWeights &L, int T) {
     be.matmul(L.ffn_down, b.ff_gate, T, b.mix, E);
 }
 
+// One strided copy per tapped layer: rows x[t] [E] -> out[t][slot] (row stride n_layers * E).
 void capture_layer(Session &s, const HiddenCapture *cap, int layer, int T) {
     if (!cap) return;
-    const int64_t E = s.model->hp.n_embd;
+    Backend &be = *s.model->backend;
+    const int64_t E = s.model->hp.n_embd, row = E * int64_t(sizeof(float));
     for (int slot = 0; slot < cap->n_layers; ++slot) {
         if (cap->layer_ids[slot] != layer) continue;
+        float *dst = cap->out + int64_t(slot) * E;
+        if (cap->in_backend) {
+            be.copy_rows(dst, row * cap->n_layers, s.buf.x, row, row, T);
+            continue;
+        }
         for (int t = 0; t < T; ++t)
-            s.model->backend->download(cap->out + (int64_t(t) * cap->n_layers + slot) * E,
-                                       s.buf.x + int64_t(t) * E, size_t(E) * sizeof(float));
+            be.download(dst + int64_t(t) * cap->n_layers * E, s.buf.x + int64_t(t) * E, size_t(row));
     }
 }
 

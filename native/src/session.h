@@ -50,7 +50,10 @@ struct StepBuffers {
 struct HiddenCapture {
     const int32_t *layer_ids = nullptr;  // ascending main-layer indices
     int n_layers = 0;
-    float *out = nullptr;                // host memory [T][n_layers][E]
+    float *out = nullptr;                // [T][n_layers][E], host memory or (in_backend) backend memory
+    // The speculative loop's taps stay in backend memory, copied there device to device, so the
+    // drafter reads them where they are; the C API's capture downloads to the caller's host buffer.
+    bool in_backend = false;
 };
 
 // Tree verification (DDTree, speculative.cpp): node t of a step sits at RoPE position pos[t]

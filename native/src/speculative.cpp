@@ -294,6 +294,256 @@ void record_spec_step(luce_generate_stats &st, int drafted, int accepted, int q,
     st.rollback_seconds += t_rolled - t_verified;
 }
 
+// Backend memory owned for one generation, released in reverse order.
+struct BackendBuffers {
+    Backend &be;
+    std::vector<void *> owned;
+    explicit BackendBuffers(Backend &b) : be(b) {}
+    ~BackendBuffers() {
+        for (auto it = owned.rbegin(); it != owned.rend(); ++it) be.release(*it);
+    }
+    float *floats(size_t n) {
+        owned.push_back(be.alloc(n * sizeof(float) + 64));
+        return static_cast<float *>(owned.back());
+    }
+};
+
+// One generate_speculative call: every buffer sized once up front, then prefill, and a loop of
+// plain, chain or tree steps. Where each piece of data lives:
+//   backend memory: the drafter context and heads scratch, taps [MAX_STEP][N][E] (captured device
+//   to device by forward_step), the drafter's hidden rows [B][E], DDTree's unary logits [q][V];
+//   host: the verify logits forward_step downloads (acceptance reads them), the proposals.
+struct SpecLoop {
+    Session &s;
+    Drafter &d;
+    const luce_generate_params &p;
+    luce_token_callback callback;
+    void *user_data;
+    int32_t *out_tokens;
+    Backend &be;
+    const bool sampled;
+    const int B, q_max, cap_from, V, E, N, budget, W;
+    DraftContext ctx;
+    DraftHeads heads;
+    Checkpoints ckpt;
+    BackendBuffers dev;
+    float *taps, *hidden, *row_logits;
+    std::vector<float> logits, q_probs, p_row, conf;
+    std::vector<int32_t> block, tokens, ids, tree_pos, tree_slot, tree_parent, path, chain_rows;
+    std::vector<uint8_t> tree_mask;
+    HiddenCapture capture;
+    Rng rng;
+    ChainSampling chain_sampling;
+    AdaptivePolicy policy;
+    luce_generate_stats st{};
+    luce_status status = LUCE_OK;
+
+    SpecLoop(Session &s_, Drafter &d_, int n_prompt, const luce_generate_params &p_, luce_token_callback cb, void *ud,
+             int32_t *out)
+        : s(s_), d(d_), p(p_), callback(cb), user_data(ud), out_tokens(out), be(*s_.model->backend),
+          sampled(p_.temperature > 0.f), B(block_rows(d_, p_.draft_block_size)), q_max(d_.proposals(B)),
+          cap_from(p_.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p_.verify_cap_from), V(s_.model->hp.n_vocab),
+          E(d_.hp.n_embd), N(d_.n_taps()), budget(p_.ddtree_budget ? p_.ddtree_budget : DEFAULT_DDTREE_BUDGET),
+          W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
+          ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
+          rng(p_.seed), chain_sampling{p_.temperature, &rng, nullptr}, policy(!p_.no_adaptive && !sampled) {
+        taps = dev.floats(size_t(MAX_STEP) * N * E);
+        hidden = dev.floats(size_t(B) * E);
+        row_logits = p.ddtree ? dev.floats(size_t(q_max) * V) : nullptr;
+        logits.resize(size_t(W) * V);
+        q_probs.resize(sampled ? size_t(q_max) * V : 0);
+        p_row.resize(size_t(V));
+        conf.resize(size_t(B));
+        block.assign(size_t(B), d.hp.mask_token_id);
+        tokens.resize(size_t(W));
+        ids.resize(size_t(V));
+        for (auto *v : {&tree_pos, &tree_slot, &tree_parent}) v->resize(size_t(W));
+        tree_mask.resize(p.ddtree ? size_t(W) * size_t(s.n_ctx) : 0);
+        chain_rows.resize(size_t(W));
+        std::iota(chain_rows.begin(), chain_rows.end(), 0);
+        capture = HiddenCapture{d.hp.target_layer_ids.data(), N, taps, true};
+        chain_sampling.q_out = sampled ? q_probs.data() : nullptr;
+        st.n_prompt = n_prompt;
+        st.block_size = B;
+    }
+
+    int32_t choose(const float *row) {
+        if (!sampled) return be.argmax(row, V);
+        target_probs(row, V, p, ids, p_row.data());
+        return draw(p_row.data(), V, rng);
+    }
+    bool is_stop(int32_t id) const {
+        return !p.ignore_eos && std::find(p.stop_ids, p.stop_ids + p.n_stop_ids, id) != p.stop_ids + p.n_stop_ids;
+    }
+    // Appends committed tokens to the output; false when generation ends (stop id, budget, callback).
+    bool emit(const int32_t *toks, int n) {
+        int m = 0;
+        while (m < n && st.n_generated < p.max_tokens && !is_stop(toks[m])) out_tokens[st.n_generated++] = toks[m++];
+        if (m < n && is_stop(toks[m])) st.stopped_by_eos = 1;
+        if (m > 0 && callback && callback(user_data, toks, m) != 0) {
+            status = LUCE_ERR_CANCELLED;
+            return false;
+        }
+        return m == n && st.n_generated < p.max_tokens;
+    }
+
+    // Prefill in MAX_STEP chunks, capturing taps for the drafter context; returns the first token.
+    int32_t prefill(const int32_t *prompt, int n_prompt) {
+        for (int c0 = 0; c0 < n_prompt; c0 += MAX_STEP) {
+            const int T = std::min(MAX_STEP, n_prompt - c0);
+            forward_step(s, prompt + c0, T, logits.data(), T - 1, &capture);
+            draft_append_context(d, ctx, taps, T);
+        }
+        return p.max_tokens > 0 ? choose(logits.data()) : -1;
+    }
+
+    // One token, features still captured (adaptive bursts, and the last token of the budget).
+    bool plain_step(int32_t &anchor, double t0) {
+        forward_step(s, &anchor, 1, logits.data(), 0, &capture);
+        draft_append_context(d, ctx, taps, 1);
+        anchor = choose(logits.data());
+        ++st.plain_steps;
+        policy.after_plain(now_seconds() - t0);
+        return emit(&anchor, 1);
+    }
+
+    // Acceptance of a chain verify (rule in the file header); returns n and sets the bonus.
+    int accept(int q, int32_t &bonus) {
+        int n = 0;
+        bonus = -1;
+        if (!sampled) {
+            while (n < q && tokens[size_t(n + 1)] == be.argmax(logits.data() + size_t(n) * V, V)) ++n;
+            bonus = be.argmax(logits.data() + size_t(n) * V, V);
+            return n;
+        }
+        for (; n < q; ++n) {
+            const int32_t dt = tokens[size_t(n + 1)];
+            const float *qi = q_probs.data() + size_t(n) * V;
+            target_probs(logits.data() + size_t(n) * V, V, p, ids, p_row.data());
+            if (rng.uniform() * qi[dt] < p_row[size_t(dt)]) continue;  // u < p/q
+            double mass = 0.0;
+            for (int v = 0; v < V; ++v) mass += (p_row[size_t(v)] = std::max(p_row[size_t(v)] - qi[v], 0.f));
+            if (mass <= 0.0) target_probs(logits.data() + size_t(n) * V, V, p, ids, p_row.data());
+            bonus = draw(p_row.data(), V, rng);
+            return n;
+        }
+        bonus = choose(logits.data() + size_t(q) * V);
+        return n;
+    }
+
+    // Draft a chain of q proposals, verify [anchor, d_1..d_q], accept, roll back, commit.
+    bool chain_step(int32_t &anchor, int q, double t0) {
+        const int start = s.n_past, row0 = d.hp.sample_from_anchor ? 0 : 1;
+        draft_chain(d, heads, hidden + size_t(row0) * E, q, anchor, tokens.data() + 1, conf.data(),
+                    sampled ? &chain_sampling : nullptr);
+        for (int i = 1; i <= q; ++i) {  // test hook: proposals from a known continuation
+            const int g = st.n_generated - 1 + i;  // generated index of draft i (the anchor is g - i)
+            if (g < p.n_oracle_tokens) tokens[size_t(i)] = p.oracle_tokens[g];
+        }
+        if (p.dspark_confidence_threshold > 0.f && d.hp.confidence_dim > 0)
+            for (int i = 0; i < q; ++i)
+                if (conf[size_t(i)] < p.dspark_confidence_threshold) {
+                    q = i;
+                    break;
+                }
+        const double t_drafted = now_seconds();
+        tokens[0] = anchor;
+        ckpt.attach();
+        forward_step(s, tokens.data(), q + 1, logits.data(), 0, &capture);
+        ckpt.detach();
+        const double t_verified = now_seconds();
+        int32_t bonus;
+        const int n = accept(q, bonus);
+        // Commit n+1 positions; the recurrent state cannot be trimmed, so it is restored from the
+        // verify's per-row checkpoints (attention only needs n_past lowered).
+        if (n + 1 < q + 1) ckpt.restore(start, chain_rows.data(), n + 1);
+        const double t_rolled = now_seconds();
+        draft_append_context(d, ctx, taps, n + 1);
+        record_spec_step(st, q, n, q, t0, t_drafted, t_verified, t_rolled);
+        policy.after_spec(n, now_seconds() - t0);
+        tokens[size_t(n + 1)] = bonus;
+        anchor = bonus;
+        return emit(tokens.data() + 1, n + 1);
+    }
+
+    // Tree: build, verify all nodes at once (ancestor-only attention, DeltaNet from each node's
+    // parent), follow the target's argmax down the tree, commit that path.
+    bool tree_step(int32_t &anchor, int q, double t0) {
+        const int start = s.n_past, row0 = d.hp.sample_from_anchor ? 0 : 1;
+        draft_unary_logits(d, hidden + size_t(row0) * E, q, row_logits);
+        // Nodes occupy cache slots start .. start+budget: stay inside the session's context.
+        const int room = std::min(budget, s.n_ctx - start - 1);
+        std::vector<TreeNode> nodes = build_tree(d, row_logits, hidden + size_t(row0) * E, q, anchor, room);
+        const int T = int(nodes.size());
+        // Test hook: the oracle continuation goes on the tree's first-child chain.
+        for (int cur = 0, depth = 1; depth <= q; ++depth) {
+            int child = -1;
+            for (int c = cur + 1; c < T && child < 0; ++c)
+                if (nodes[size_t(c)].parent == cur) child = c;
+            const int g = st.n_generated - 1 + depth;
+            if (child < 0 || g >= p.n_oracle_tokens) break;
+            nodes[size_t(child)].token = p.oracle_tokens[g];
+            cur = child;
+        }
+        std::fill(tree_mask.begin(), tree_mask.begin() + size_t(T) * s.n_ctx, 0);
+        for (int t = 0; t < T; ++t) {
+            tokens[size_t(t)] = nodes[size_t(t)].token;
+            tree_pos[size_t(t)] = start + nodes[size_t(t)].depth;
+            tree_slot[size_t(t)] = start + t;
+            tree_parent[size_t(t)] = nodes[size_t(t)].parent;
+            uint8_t *m = tree_mask.data() + size_t(t) * s.n_ctx;
+            std::fill(m, m + start, 1);
+            for (int a = t; a >= 0; a = nodes[size_t(a)].parent) m[start + a] = 1;
+        }
+        const double t_drafted = now_seconds();
+        const TreeStep tree{tree_pos.data(), tree_slot.data(), tree_parent.data(), tree_mask.data()};
+        ckpt.attach();
+        s.tree = &tree;
+        forward_step(s, tokens.data(), T, logits.data(), 0, &capture);
+        s.tree = nullptr;
+        ckpt.detach();
+        const double t_verified = now_seconds();
+        path.assign(1, 0);
+        int32_t bonus = -1;
+        for (int cur = 0; bonus < 0;) {
+            const int32_t want = be.argmax(logits.data() + size_t(cur) * V, V);
+            int child = -1;
+            for (int c = cur + 1; c < T && child < 0; ++c)
+                if (nodes[size_t(c)].parent == cur && nodes[size_t(c)].token == want) child = c;
+            if (child < 0) bonus = want;
+            else path.push_back(cur = child);
+        }
+        const int n = int(path.size()) - 1;
+        compact_kv(s, start, path);
+        ckpt.restore(start, path.data(), n + 1);
+        const size_t tap_row = size_t(N) * E;
+        for (int i = 0; i <= n; ++i)  // the path's taps, in order (path[i] >= i: in place)
+            if (path[size_t(i)] != i)
+                be.copy(taps + size_t(i) * tap_row, taps + size_t(path[size_t(i)]) * tap_row, tap_row * sizeof(float));
+        const double t_rolled = now_seconds();
+        draft_append_context(d, ctx, taps, n + 1);
+        record_spec_step(st, T - 1, n, q, t0, t_drafted, t_verified, t_rolled);
+        policy.after_spec(n, now_seconds() - t0);
+        for (int i = 1; i <= n; ++i) tokens[size_t(i)] = nodes[size_t(path[size_t(i)])].token;
+        tokens[size_t(n + 1)] = bonus;
+        anchor = bonus;
+        return emit(tokens.data() + 1, n + 1);
+    }
+
+    // One step at the anchor's position: plain when nothing can be drafted or a burst runs,
+    // else draft the block and verify it as a chain or a tree.
+    bool step(int32_t &anchor) {
+        const int remaining = p.max_tokens - st.n_generated;
+        int q = std::min(q_max, remaining - 1);
+        if (cap_from > 0 && s.n_past >= cap_from) q = std::min(q, std::max(VERIFY_CAP_MIN, B / 2) - 1);
+        const double t0 = now_seconds();
+        if (q <= 0 || policy.burst_left > 0) return plain_step(anchor, t0);
+        block[0] = anchor;
+        draft_forward(d, ctx, block.data(), B, hidden);
+        return p.ddtree ? tree_step(anchor, q, t0) : chain_step(anchor, q, t0);
+    }
+};
+
 }  // namespace
 
 luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, int n_prompt,
@@ -307,6 +557,9 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     if (s.n_past != 0)
         fail(LUCE_ERR_INVALID_ARGUMENT, "speculative decoding needs an empty session (%d positions are used)", s.n_past);
     if (p.ddtree && sampled) fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification is greedy only (temperature 0)");
+    if (p.ddtree && !s.model->backend->tree_mode())
+        fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification needs tree-mode DeltaNet, which the %s backend does not "
+             "have yet; use chain drafting (no --ddtree) or --device cpu", s.model->backend->name());
     if (p.ddtree && (p.ddtree_budget < 0 || p.ddtree_budget > MAX_STEP - 1))
         fail(LUCE_ERR_INVALID_ARGUMENT, "--ddtree-budget must be in 1..%d; got %d", MAX_STEP - 1, p.ddtree_budget);
     if (!(p.dspark_confidence_threshold >= 0.f && p.dspark_confidence_threshold < 1.f))
@@ -316,210 +569,22 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     for (int i = 0; i < p.n_oracle_tokens; ++i)
         if (p.oracle_tokens[i] < 0 || p.oracle_tokens[i] >= s.model->hp.n_vocab)
             fail(LUCE_ERR_INVALID_ARGUMENT, "oracle token %d is out of range", p.oracle_tokens[i]);
-    const int B = block_rows(d, p.draft_block_size);
-    const int q_max = d.proposals(B);
-    const int cap_from = p.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p.verify_cap_from;
-    const int V = s.model->hp.n_vocab, E = d.hp.n_embd, N = d.n_taps();
-    Backend &be = *s.model->backend;
 
-    const int budget = p.ddtree_budget ? p.ddtree_budget : DEFAULT_DDTREE_BUDGET;
-    const int W = p.ddtree ? std::max(q_max, budget) + 1 : q_max + 1;  // most rows one verify runs
-    DraftContext ctx(d, n_prompt + p.max_tokens + W + B + 1);
-    Checkpoints ckpt(s, W);
-    std::vector<float> taps(size_t(MAX_STEP) * N * E), logits(size_t(W) * V), hidden(size_t(B) * E);
-    std::vector<float> q_probs(sampled ? size_t(q_max) * V : 0), p_row(static_cast<size_t>(V)), conf(static_cast<size_t>(B));
-    std::vector<int32_t> block(size_t(B), d.hp.mask_token_id), tokens(static_cast<size_t>(W)), ids(static_cast<size_t>(V));
-    std::vector<float> row_logits(p.ddtree ? size_t(q_max) * V : 0);
-    std::vector<int32_t> tree_pos(static_cast<size_t>(W)), tree_slot(static_cast<size_t>(W)), tree_parent(static_cast<size_t>(W)), path;
-    std::vector<uint8_t> tree_mask(p.ddtree ? size_t(W) * size_t(s.n_ctx) : 0);
-    std::vector<int32_t> chain_rows(static_cast<size_t>(W));
-    std::iota(chain_rows.begin(), chain_rows.end(), 0);
-    HiddenCapture capture{d.hp.target_layer_ids.data(), N, taps.data()};
-    Rng rng(p.seed);
-    ChainSampling chain_sampling{p.temperature, &rng, sampled ? q_probs.data() : nullptr};
-    AdaptivePolicy policy(!p.no_adaptive && !sampled);  // bursts would bypass rejection sampling
-
-    luce_generate_stats st{};
-    st.n_prompt = n_prompt;
-    st.block_size = B;
-    luce_status status = LUCE_OK;
-    auto choose = [&](const float *row) -> int32_t {
-        if (!sampled) return be.argmax(row, V);
-        target_probs(row, V, p, ids, p_row.data());
-        return draw(p_row.data(), V, rng);
-    };
-    auto is_stop = [&](int32_t id) {
-        return !p.ignore_eos && std::find(p.stop_ids, p.stop_ids + p.n_stop_ids, id) != p.stop_ids + p.n_stop_ids;
-    };
-    // Appends committed tokens to the output; false when generation ends (stop id, budget, callback).
-    auto emit = [&](const int32_t *toks, int n) -> bool {
-        int m = 0;
-        while (m < n && st.n_generated < p.max_tokens && !is_stop(toks[m])) out_tokens[st.n_generated++] = toks[m++];
-        if (m < n && is_stop(toks[m])) st.stopped_by_eos = 1;
-        if (m > 0 && callback && callback(user_data, toks, m) != 0) {
-            status = LUCE_ERR_CANCELLED;
-            return false;
-        }
-        return m == n && st.n_generated < p.max_tokens;
-    };
-
-    // Prefill in MAX_STEP chunks, capturing taps for the drafter context.
+    SpecLoop run(s, d, n_prompt, p, callback, user_data, out_tokens);
     const double t0 = now_seconds();
-    for (int c0 = 0; c0 < n_prompt; c0 += MAX_STEP) {
-        const int T = std::min(MAX_STEP, n_prompt - c0);
-        forward_step(s, prompt + c0, T, logits.data(), T - 1, &capture);
-        draft_append_context(d, ctx, taps.data(), T);
-    }
-    int32_t anchor = p.max_tokens > 0 ? choose(logits.data()) : -1;
+    int32_t anchor = run.prefill(prompt, n_prompt);
     const double t1 = now_seconds();
-    st.prefill_seconds = t1 - t0;
-    bool going = p.max_tokens > 0 && emit(&anchor, 1);
+    run.st.prefill_seconds = t1 - t0;
+    bool going = p.max_tokens > 0 && run.emit(&anchor, 1);
+    while (going) going = run.step(anchor);
 
-    while (going) {
-        const int remaining = p.max_tokens - st.n_generated;
-        const int start = s.n_past;  // the anchor's position
-        int q = std::min(q_max, remaining - 1);
-        if (cap_from > 0 && start >= cap_from) q = std::min(q, std::max(VERIFY_CAP_MIN, B / 2) - 1);
-        const double step_t0 = now_seconds();
-
-        if (q <= 0 || policy.burst_left > 0) {  // plain step: one token, features still captured
-            forward_step(s, &anchor, 1, logits.data(), 0, &capture);
-            draft_append_context(d, ctx, taps.data(), 1);
-            anchor = choose(logits.data());
-            ++st.plain_steps;
-            policy.after_plain(now_seconds() - step_t0);
-            going = emit(&anchor, 1);
-            continue;
-        }
-
-        // 1. Draft.
-        block[0] = anchor;
-        draft_forward(d, ctx, block.data(), B, hidden.data());
-        const int row0 = d.hp.sample_from_anchor ? 0 : 1;
-        if (p.ddtree) {
-            // Tree: build, verify all nodes at once (ancestor-only attention, DeltaNet from each
-            // node's parent), follow the target's argmax down the tree, commit that path.
-            draft_unary_logits(d, hidden.data() + size_t(row0) * E, q, row_logits.data());
-            // Nodes occupy cache slots start .. start+budget: stay inside the session's context.
-            const int room = std::min(budget, s.n_ctx - start - 1);
-            std::vector<TreeNode> nodes = build_tree(d, row_logits.data(), hidden.data() + size_t(row0) * E, q, anchor,
-                                                     room);
-            const int T = int(nodes.size());
-            // Test hook: the oracle continuation goes on the tree's first-child chain.
-            for (int cur = 0, depth = 1; depth <= q; ++depth) {
-                int child = -1;
-                for (int c = cur + 1; c < T && child < 0; ++c)
-                    if (nodes[size_t(c)].parent == cur) child = c;
-                const int g = st.n_generated - 1 + depth;
-                if (child < 0 || g >= p.n_oracle_tokens) break;
-                nodes[size_t(child)].token = p.oracle_tokens[g];
-                cur = child;
-            }
-            std::fill(tree_mask.begin(), tree_mask.begin() + size_t(T) * s.n_ctx, 0);
-            for (int t = 0; t < T; ++t) {
-                tokens[size_t(t)] = nodes[size_t(t)].token;
-                tree_pos[size_t(t)] = start + nodes[size_t(t)].depth;
-                tree_slot[size_t(t)] = start + t;
-                tree_parent[size_t(t)] = nodes[size_t(t)].parent;
-                uint8_t *m = tree_mask.data() + size_t(t) * s.n_ctx;
-                std::fill(m, m + start, 1);
-                for (int a = t; a >= 0; a = nodes[size_t(a)].parent) m[start + a] = 1;
-            }
-            const double t_drafted = now_seconds();
-            const TreeStep tree{tree_pos.data(), tree_slot.data(), tree_parent.data(), tree_mask.data()};
-            ckpt.attach();
-            s.tree = &tree;
-            forward_step(s, tokens.data(), T, logits.data(), 0, &capture);
-            s.tree = nullptr;
-            ckpt.detach();
-            const double t_verified = now_seconds();
-            path.assign(1, 0);
-            int32_t bonus = -1;
-            for (int cur = 0; bonus < 0;) {
-                const int32_t want = be.argmax(logits.data() + size_t(cur) * V, V);
-                int child = -1;
-                for (int c = cur + 1; c < T && child < 0; ++c)
-                    if (nodes[size_t(c)].parent == cur && nodes[size_t(c)].token == want) child = c;
-                if (child < 0) bonus = want;
-                else path.push_back(cur = child);
-            }
-            const int n = int(path.size()) - 1;
-            compact_kv(s, start, path);
-            ckpt.restore(start, path.data(), n + 1);
-            for (int i = 0; i <= n; ++i)  // the path's taps, in order (path[i] >= i: in place)
-                if (path[size_t(i)] != i)
-                    std::copy_n(taps.data() + size_t(path[size_t(i)]) * N * E, size_t(N) * E, taps.data() + size_t(i) * N * E);
-            const double t_rolled = now_seconds();
-            draft_append_context(d, ctx, taps.data(), n + 1);
-            record_spec_step(st, T - 1, n, q, step_t0, t_drafted, t_verified, t_rolled);
-            policy.after_spec(n, now_seconds() - step_t0);
-            for (int i = 1; i <= n; ++i) tokens[size_t(i)] = nodes[size_t(path[size_t(i)])].token;
-            tokens[size_t(n + 1)] = bonus;
-            going = emit(tokens.data() + 1, n + 1);
-            anchor = bonus;
-            continue;
-        }
-        draft_chain(d, hidden.data() + size_t(row0) * E, q, anchor, tokens.data() + 1, conf.data(),
-                    sampled ? &chain_sampling : nullptr);
-        for (int i = 1; i <= q; ++i) {  // test hook: proposals from a known continuation
-            const int g = st.n_generated - 1 + i;  // generated index of draft i (the anchor is g - i)
-            if (g < p.n_oracle_tokens) tokens[size_t(i)] = p.oracle_tokens[g];
-        }
-        if (p.dspark_confidence_threshold > 0.f && d.hp.confidence_dim > 0)
-            for (int i = 0; i < q; ++i)
-                if (conf[size_t(i)] < p.dspark_confidence_threshold) {
-                    q = i;
-                    break;
-                }
-        const double t_drafted = now_seconds();
-
-        // 2. Verify [anchor, d_1..d_q].
-        tokens[0] = anchor;
-        const int T = q + 1;
-        ckpt.attach();
-        forward_step(s, tokens.data(), T, logits.data(), 0, &capture);
-        ckpt.detach();
-        const double t_verified = now_seconds();
-
-        // 3. Accept.
-        int n = 0;
-        int32_t bonus = -1;
-        if (!sampled) {
-            while (n < q && tokens[size_t(n + 1)] == be.argmax(logits.data() + size_t(n) * V, V)) ++n;
-            bonus = be.argmax(logits.data() + size_t(n) * V, V);
-        } else {
-            for (; n < q; ++n) {
-                const int32_t dt = tokens[size_t(n + 1)];
-                const float *qi = q_probs.data() + size_t(n) * V;
-                target_probs(logits.data() + size_t(n) * V, V, p, ids, p_row.data());
-                if (rng.uniform() * qi[dt] < p_row[size_t(dt)]) continue;  // u < p/q
-                double mass = 0.0;
-                for (int v = 0; v < V; ++v) mass += (p_row[size_t(v)] = std::max(p_row[size_t(v)] - qi[v], 0.f));
-                if (mass <= 0.0) target_probs(logits.data() + size_t(n) * V, V, p, ids, p_row.data());
-                bonus = draw(p_row.data(), V, rng);
-                break;
-            }
-            if (bonus < 0) bonus = choose(logits.data() + size_t(q) * V);
-        }
-
-        // 4. Commit n+1 positions; roll the rest back.
-        if (n + 1 < T) ckpt.restore(start, chain_rows.data(), n + 1);
-        const double t_rolled = now_seconds();
-        draft_append_context(d, ctx, taps.data(), n + 1);
-
-        record_spec_step(st, q, n, q, step_t0, t_drafted, t_verified, t_rolled);
-        policy.after_spec(n, now_seconds() - step_t0);
-
-        tokens[size_t(n + 1)] = bonus;
-        going = emit(tokens.data() + 1, n + 1);
-        anchor = bonus;
-    }
+    luce_generate_stats &st = run.st;
     st.decode_seconds = now_seconds() - t1;
     st.tau = st.spec_steps ? double(st.n_accepted + st.spec_steps) / st.spec_steps : 0.0;
     st.acceptance = st.n_drafted ? double(st.n_accepted) / st.n_drafted : 0.0;
     if (stats) *stats = st;
-    if (status == LUCE_ERR_CANCELLED) set_last_error("generation stopped by the token callback");
-    return status;
+    if (run.status == LUCE_ERR_CANCELLED) set_last_error("generation stopped by the token callback");
+    return run.status;
 }
 
 }  // namespace luce
