@@ -17,6 +17,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize
 
+from fixtures.int8_acts import ACT_BLOCK, quantized_activations
 from luce.binding import check, ffi, lib
 from luce.errors import LuceError
 
@@ -154,19 +155,11 @@ def assert_bits_equal(qtype: T, ours: np.ndarray, ref: np.ndarray, raw: np.ndarr
 
 
 def kernel_activations(qtype: T, x: np.ndarray) -> np.ndarray:
-    """x as the quantized-weight kernels see it (float64), per the contract in
-    native/src/quants_kernels.h: each block of B values (B = 32 for Q8_0, 256 for K/IQ types)
-    becomes d*q with d = amax/127, q = rint(x * (127/amax)), all in fp32. Float weights use x."""
+    """x as the quantized-weight kernels see it (float64): fixtures/int8_acts.py's oracle of the
+    contract in native/src/quants_kernels.h. Float weights use x."""
     if qtype not in QUANTIZED:
         return x.astype(np.float64)
-    blk = 32 if qtype == T.Q8_0 else 256
-    xb = x.astype(np.float32).reshape(x.shape[0], -1, blk)
-    amax = np.abs(xb).max(axis=2, keepdims=True)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint(xb * inv)
-    d = (amax / np.float32(127)).astype(np.float32)
-    return (d.astype(np.float64) * q).reshape(x.shape)
+    return quantized_activations(x, ACT_BLOCK[qtype.name])
 
 
 def fp32_sum_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:

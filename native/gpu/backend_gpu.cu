@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels.h"
@@ -18,6 +19,23 @@ constexpr double GIB = MIB * 1024.0;
 // Kept free beyond the weights at load: session buffers, KV cache of a modest context, the
 // runtime's own workspace. A session that does not fit still fails cleanly when it allocates.
 constexpr int64_t LOAD_RESERVE_BYTES = int64_t(512) << 20;
+
+// Brackets the rest of an op's body for LUCE_GPU_PROFILE (a no-op otherwise).
+#define LUCE_OP(key) gpu::ProfileScope luce_op_scope_(profile_.get(), stream_, key)
+
+const char *type_name(int32_t type) {
+    switch (type) {
+        case GGML_F32: return "F32";
+        case GGML_F16: return "F16";
+        case GGML_BF16: return "BF16";
+        case GGML_Q8_0: return "Q8_0";
+        case GGML_Q4_K: return "Q4_K";
+        case GGML_Q5_K: return "Q5_K";
+        case GGML_Q6_K: return "Q6_K";
+        case GGML_IQ4_XS: return "IQ4_XS";
+        default: return "?";
+    }
+}
 
 }  // namespace
 
@@ -40,11 +58,19 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     name_ = std::string("cuda:") + prop.name;
 #endif
     LUCE_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    const char *kernels = std::getenv("LUCE_GPU_KERNELS");
+    exact_kernels_ = kernels && std::strcmp(kernels, "exact") == 0;
+    if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
+        profile_ = std::make_unique<gpu::OpProfile>(prof);
     argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
 }
 
 GpuBackend::~GpuBackend() {
     if (stream_) (void)cudaStreamSynchronize(stream_);
+    if (profile_) {
+        profile_->write(name_.c_str());
+        profile_.reset();
+    }
     for (auto &[base, bytes] : allocations_) (void)cudaFree(reinterpret_cast<void *>(base));
     if (stream_) (void)cudaStreamDestroy(stream_);
 }
@@ -90,17 +116,23 @@ bool GpuBackend::owns(const void *p) const {
 // Pageable host source: the copy has been staged when the call returns, so src may be reused.
 void GpuBackend::upload(void *dst, const void *src, size_t n) {
     if (n == 0) return;
+    LUCE_OP("upload");
     LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
 }
 
 void GpuBackend::download(void *dst, const void *src, size_t n) {
     if (n == 0) return;
-    LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
+    {
+        LUCE_OP("download");
+        LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
+    }
     LUCE_GPU_CHECK(cudaStreamSynchronize(stream_));
+    if (profile_) profile_->collect();
 }
 
 void GpuBackend::copy(void *dst, const void *src, size_t n) {
     if (n == 0) return;
+    LUCE_OP("copy");
     LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_));
 }
 
@@ -110,48 +142,85 @@ static void refuse_tree_mode(const int32_t *parent) {
     if (parent) fail(LUCE_ERR_UNSUPPORTED, "the GPU backend has no tree-mode DeltaNet yet");
 }
 
+// Quantized weights take int8 activations (the CPU fast path's contract, matmul_int8.cu) unless
+// LUCE_GPU_KERNELS=exact asked for the fp32-activation kernels, the GPU twin of
+// LUCE_CPU_KERNELS=exact. The activation scratch grows to the largest T x n_in seen. It must
+// never grow while a CUDA graph is being captured (a capture may not allocate): a step is run
+// eagerly before it is captured, which sizes the scratch for that step.
 void GpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) {
-    gpu::matmul(stream_, warp_, w, x, T, y, ldy);
+    if (T < 1 || w.n_out < 1) return;
+    std::string key;
+    if (profile_) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "matmul %s %lldx%lld T=%d", type_name(w.type), (long long)w.n_out,
+                      (long long)w.n_in, T);
+        key = buf;
+    }
+    LUCE_OP(std::move(key));
+    if (exact_kernels_ || gpu::act_block_of(w.type) == 0) return gpu::matmul(stream_, warp_, w, x, T, y, ldy);
+    const size_t need = size_t(gpu::act_scratch_bytes(w.n_in, T));
+    if (need > act_scratch_bytes_) {
+        release(act_scratch_);
+        act_scratch_ = nullptr;
+        act_scratch_bytes_ = 0;
+        act_scratch_ = alloc(need);
+        act_scratch_bytes_ = need;
+    }
+    gpu::matmul_int8(stream_, warp_, w, x, T, y, ldy, gpu::act_scratch_at(act_scratch_, w.n_in, T));
 }
 
 void GpuBackend::get_rows(const Weight &w, const int32_t *ids, int T, float *out) {
+    LUCE_OP("get_rows");
     gpu::get_rows(stream_, w, ids, T, out);
 }
 
 void GpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
                          float eps, float *y, int64_t y_stride) {
+    LUCE_OP("rmsnorm");
     gpu::rmsnorm(stream_, x, x_stride, w, n_rows, dim, eps, y, y_stride);
 }
 
 void GpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim, float eps) {
+    LUCE_OP("rmsnorm_gated");
     gpu::rmsnorm_gated(stream_, o, w, z, n_rows, dim, eps);
 }
 
 void GpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) {
+    LUCE_OP("mul_sigmoid");
     gpu::mul_sigmoid(stream_, o, g, g_stride, n_rows, dim);
 }
 
-void GpuBackend::swiglu(float *gate, const float *up, int64_t n) { gpu::swiglu(stream_, gate, up, n); }
+void GpuBackend::swiglu(float *gate, const float *up, int64_t n) {
+    LUCE_OP("swiglu");
+    gpu::swiglu(stream_, gate, up, n);
+}
 
-void GpuBackend::add(float *x, const float *y, int64_t n) { gpu::add(stream_, x, y, n); }
+void GpuBackend::add(float *x, const float *y, int64_t n) {
+    LUCE_OP("add");
+    gpu::add(stream_, x, y, n);
+}
 
 void GpuBackend::rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
                            float theta) {
+    LUCE_OP("rope_neox");
     gpu::rope_neox(stream_, x, pos, T, n_head, head_dim, n_rot, theta);
 }
 
 void GpuBackend::kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
                           int n_head_kv, int head_dim) {
+    LUCE_OP("kv_store");
     gpu::kv_store(stream_, kv, k, v, pos, T, n_head_kv, head_dim);
 }
 
 void GpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask,
                            int T, int n_head, int n_head_kv, int head_dim, float *out) {
+    LUCE_OP("attention");
     gpu::attention(stream_, warp_, q, kv, pos, mask, T, n_head, n_head_kv, head_dim, out);
 }
 
 void GpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc, float *out,
                            const int32_t *parent) {
+    LUCE_OP("conv_silu");
     refuse_tree_mode(parent);
     gpu::conv_silu(stream_, x, state, w, T, C, Kc, out);
 }
@@ -159,6 +228,7 @@ void GpuBackend::conv_silu(const float *x, float *state, const float *w, int T, 
 void GpuBackend::gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
                                  const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
                                  float *out, float *state_history, const int32_t *parent) {
+    LUCE_OP("gated_delta_net");
     refuse_tree_mode(parent);
     gpu::gated_delta_net(stream_, warp_, conv, b, a, ssm_a, dt_bias, dims, T, state, out, state_history);
 }
@@ -183,22 +253,29 @@ int32_t GpuBackend::argmax(const float *x, int64_t n) {
 
 void GpuBackend::rope_table(float *x, const int32_t *pos, int T, int n_head, int head_dim, const float *inv_freq,
                             float mscale) {
+    LUCE_OP("rope_table");
     gpu::rope_table(stream_, x, pos, T, n_head, head_dim, inv_freq, mscale);
 }
 
 void GpuBackend::dyn_conv(const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B, int E,
                           int K, int group, float *out) {
+    LUCE_OP("dyn_conv");
     gpu::dyn_conv(stream_, base, dyn, dyn_stride, in, B, E, K, group, out);
 }
 
-void GpuBackend::softcap(float *x, int64_t n, float mult, float cap) { gpu::softcap(stream_, x, n, mult, cap); }
+void GpuBackend::softcap(float *x, int64_t n, float mult, float cap) {
+    LUCE_OP("softcap");
+    gpu::softcap(stream_, x, n, mult, cap);
+}
 
 void GpuBackend::argmax_rows(const float *x, int n_rows, int64_t n, int32_t *out) {
+    LUCE_OP("argmax_rows");
     gpu::argmax_rows(stream_, x, n_rows, n, out);
 }
 
 // The scratch grows to the largest request seen (a drafter asks for the same shape every step).
 void GpuBackend::topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals) {
+    LUCE_OP("topk_rows");
     const size_t need = size_t(gpu::topk_scratch_bytes(n_rows, n, k));
     if (need > topk_scratch_bytes_) {
         release(topk_scratch_);
@@ -212,15 +289,18 @@ void GpuBackend::topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t
 
 void GpuBackend::selector_pairs(const float *hproj, const float *pred, const float *succ, int n_rows, int k, int R,
                                 float *out) {
+    LUCE_OP("selector_pairs");
     gpu::selector_pairs(stream_, hproj, pred, succ, n_rows, k, R, out);
 }
 
 void GpuBackend::confidence(const float *h, const float *e, const float *w, float b, int E, int R, float *out) {
+    LUCE_OP("confidence");
     gpu::confidence(stream_, h, e, w, b, E, R, out);
 }
 
 void GpuBackend::copy_rows(void *dst, int64_t dst_stride, const void *src, int64_t src_stride, int64_t width,
                            int n_rows) {
+    LUCE_OP("copy_rows");
     gpu::copy_rows(stream_, dst, dst_stride, src, src_stride, width, n_rows);
 }
 
@@ -264,7 +344,7 @@ extern "C" luce_status luce_gpu_matmul(int32_t device_index, int32_t type, const
                                        int64_t n_rows, int64_t n_cols, const float *x, int64_t n_tok, float *y,
                                        char *err, size_t err_len) {
     try {
-        if (n_tok < 1 || n_tok > 64 || n_rows < 1 || n_cols < 1 || luce::gpu::block_bytes(type) == 0 ||
+        if (n_tok < 1 || n_tok > 4096 || n_rows < 1 || n_cols < 1 || luce::gpu::block_bytes(type) == 0 ||
             n_cols % luce::gpu::block_elems(type) != 0 ||
             size_t(n_cols / luce::gpu::block_elems(type) * luce::gpu::block_bytes(type) * n_rows) != nbytes)
             luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_matmul: bad shape or size");

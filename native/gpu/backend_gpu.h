@@ -9,10 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "backend.h"
 #include "gpu_compat.h"
+#include "op_profile.h"
 
 namespace luce {
 
@@ -76,6 +78,10 @@ private:
     cudaStream_t stream_ = nullptr;
     int32_t *argmax_result_ = nullptr;       // device scratch for argmax
     std::map<uintptr_t, size_t> allocations_;
+    std::unique_ptr<gpu::OpProfile> profile_;  // LUCE_GPU_PROFILE=FILE (op_profile.h)
+    bool exact_kernels_ = false;             // LUCE_GPU_KERNELS=exact: fp32 activations for every type
+    void *act_scratch_ = nullptr;            // int8 activations of the quantized matmuls, grown on demand
+    size_t act_scratch_bytes_ = 0;
     void *topk_scratch_ = nullptr;           // drafter top-k candidates, grown on demand
     size_t topk_scratch_bytes_ = 0;  // base -> bytes; freed in the destructor
 };

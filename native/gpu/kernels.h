@@ -12,8 +12,20 @@
 
 namespace luce::gpu {
 
-// matmul.cu
+// matmul.cu: fp32-activation kernels (float weights; every type under LUCE_GPU_KERNELS=exact).
 void matmul(cudaStream_t stream, int warp, const Weight &w, const float *x, int T, float *y, int64_t ldy);
+
+// matmul_int8.cu: quantized weights x int8 activations (the CPU fast path's contract). The
+// activations are quantized into an ActScratch of act_scratch_bytes(n_in, T) device bytes first.
+struct ActScratch {
+    int8_t *q = nullptr;     // [T][n_in]
+    float *d = nullptr;      // [T][n_in / act_block]
+    int16_t *s16 = nullptr;  // [T][n_in / 16]: sum of q over each 16 values
+};
+int64_t act_scratch_bytes(int64_t n_in, int T);
+ActScratch act_scratch_at(void *base, int64_t n_in, int T);
+void matmul_int8(cudaStream_t stream, int warp, const Weight &w, const float *x, int T, float *y, int64_t ldy,
+                 const ActScratch &a);
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);
 
 // norms.cu

@@ -21,6 +21,13 @@ __host__ __device__ constexpr int block_elems(int type) {
                                      type == GGML_IQ4_XS) ? 256 : 1;
 }
 
+// Activation block of the int8 path for weights of `type` (quants.cpp's act_block): 0 for float
+// weights, which keep fp32 activations.
+__host__ __device__ constexpr int act_block_of(int type) {
+    return type == GGML_Q8_0 ? 32 : (type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K ||
+                                     type == GGML_IQ4_XS) ? 256 : 0;
+}
+
 // IEEE binary16 -> binary32, exact for every input (the CPU's f16_to_f32, without a loop).
 __device__ __forceinline__ float f16_at(const uint8_t *p) {
     const uint32_t h = uint32_t(p[0]) | (uint32_t(p[1]) << 8);
