@@ -20,8 +20,12 @@ constexpr double GIB = MIB * 1024.0;
 // runtime's own workspace. A session that does not fit still fails cleanly when it allocates.
 constexpr int64_t LOAD_RESERVE_BYTES = int64_t(512) << 20;
 
-// Brackets the rest of an op's body for LUCE_GPU_PROFILE (a no-op otherwise).
-#define LUCE_OP(key) gpu::ProfileScope luce_op_scope_(profile_.get(), stream_, key)
+// Starts every op but the matmul: any op may write the memory the quantized activations were
+// made from, so they are forgotten; then brackets the rest of the op for LUCE_GPU_PROFILE.
+#define LUCE_OP(key)   \
+    forget_acts();     \
+    LUCE_TIMED(key)
+#define LUCE_TIMED(key) gpu::ProfileScope luce_op_scope_(profile_.get(), stream_, key)
 
 const char *type_name(int32_t type) {
     switch (type) {
@@ -82,6 +86,7 @@ size_t GpuBackend::free_bytes() const {
 }
 
 void *GpuBackend::alloc(size_t n_bytes) {
+    forget_acts();  // the zeroing below may land where a freed activation buffer was
     const size_t bytes = std::max<size_t>(n_bytes, 64);
     void *p = nullptr;
     if (cudaMalloc(&p, bytes) != cudaSuccess) {
@@ -156,17 +161,30 @@ void GpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_
                       (long long)w.n_in, T);
         key = buf;
     }
-    LUCE_OP(std::move(key));
-    if (exact_kernels_ || gpu::act_block_of(w.type) == 0) return gpu::matmul(stream_, warp_, w, x, T, y, ldy);
-    const size_t need = size_t(gpu::act_scratch_bytes(w.n_in, T));
-    if (need > act_scratch_bytes_) {
-        release(act_scratch_);
-        act_scratch_ = nullptr;
-        act_scratch_bytes_ = 0;
-        act_scratch_ = alloc(need);
-        act_scratch_bytes_ = need;
+    LUCE_TIMED(std::move(key));
+    const int block = gpu::act_block_of(w.type);
+    if (exact_kernels_ || block == 0) {
+        gpu::matmul(stream_, warp_, w, x, T, y, ldy);
+    } else {
+        // Matmuls that share their input (q/k/v, gate/up, the DeltaNet projections) quantize it
+        // once: the scratch still holds x's quantization if only matmuls ran since, none of
+        // which wrote into x (checked below).
+        const bool have = acts_.x == x && acts_.T == T && acts_.n_in == w.n_in && acts_.block == block;
+        const size_t need = size_t(gpu::act_scratch_bytes(w.n_in, T));
+        if (!have && need > act_scratch_bytes_) {
+            release(act_scratch_);
+            act_scratch_ = alloc(need);
+            act_scratch_bytes_ = need;
+        }
+        const gpu::ActScratch a = gpu::act_scratch_at(act_scratch_, w.n_in, T);
+        if (!have) gpu::quantize_acts(stream_, warp_, x, int(w.n_in), T, block, a);
+        gpu::matmul_int8(stream_, warp_, w, T, y, ldy, a);
+        acts_ = {x, T, w.n_in, block};
     }
-    gpu::matmul_int8(stream_, warp_, w, x, T, y, ldy, gpu::act_scratch_at(act_scratch_, w.n_in, T));
+    if (acts_.x) {  // y [T rows of n_out, ldy apart] overlapping the quantized source voids it
+        const float *src_end = acts_.x + int64_t(acts_.T) * acts_.n_in, *y_end = y + int64_t(T - 1) * ldy + w.n_out;
+        if (y < src_end && acts_.x < y_end) forget_acts();
+    }
 }
 
 void GpuBackend::get_rows(const Weight &w, const int32_t *ids, int T, float *out) {

@@ -82,6 +82,13 @@ private:
     bool exact_kernels_ = false;             // LUCE_GPU_KERNELS=exact: fp32 activations for every type
     void *act_scratch_ = nullptr;            // int8 activations of the quantized matmuls, grown on demand
     size_t act_scratch_bytes_ = 0;
+    struct QuantizedFrom {                   // what act_scratch_ holds now (x == nullptr: nothing)
+        const float *x = nullptr;
+        int T = 0;
+        int64_t n_in = 0;
+        int block = 0;
+    } acts_;
+    void forget_acts() { acts_ = {}; }
     void *topk_scratch_ = nullptr;           // drafter top-k candidates, grown on demand
     size_t topk_scratch_bytes_ = 0;  // base -> bytes; freed in the destructor
 };

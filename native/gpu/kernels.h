@@ -16,7 +16,8 @@ namespace luce::gpu {
 void matmul(cudaStream_t stream, int warp, const Weight &w, const float *x, int T, float *y, int64_t ldy);
 
 // matmul_int8.cu: quantized weights x int8 activations (the CPU fast path's contract). The
-// activations are quantized into an ActScratch of act_scratch_bytes(n_in, T) device bytes first.
+// activations are quantized (quantize_acts, blocks of act_block_of(w.type)) into an ActScratch of
+// act_scratch_bytes(n_in, T) device bytes first; one quantization may serve several matmuls.
 struct ActScratch {
     int8_t *q = nullptr;     // [T][n_in]
     float *d = nullptr;      // [T][n_in / act_block]
@@ -24,8 +25,8 @@ struct ActScratch {
 };
 int64_t act_scratch_bytes(int64_t n_in, int T);
 ActScratch act_scratch_at(void *base, int64_t n_in, int T);
-void matmul_int8(cudaStream_t stream, int warp, const Weight &w, const float *x, int T, float *y, int64_t ldy,
-                 const ActScratch &a);
+void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int T, int block, const ActScratch &a);
+void matmul_int8(cudaStream_t stream, int warp, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a);
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);
 
 // norms.cu

@@ -74,6 +74,12 @@ __device__ __forceinline__ void load32_a2(const uint8_t *p, uint32_t (&w)[8]) {
     for (int i = 0; i < 8; ++i) w[i] = u16_at(p + 4 * i) | (u16_at(p + 4 * i + 2) << 16);
 }
 
+// 32 bytes at a 16-byte-aligned address as eight words, in two 16-byte loads.
+__device__ __forceinline__ void load_words16(const uint8_t *p, uint32_t (&w)[8]) {
+    const uint4 a = reinterpret_cast<const uint4 *>(p)[0], b = reinterpret_cast<const uint4 *>(p)[1];
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+
 // ---- one unit of weights: eight packed int8 words and its scales --------------------------------
 
 struct Unit {
@@ -97,10 +103,9 @@ __device__ __forceinline__ void load_qunit(const uint8_t *row, int u, Unit &un) 
         k_scale_min(b + 4, j, un.sc0, un.sc1);
         un.d = f16_at(b);
         un.dmin = f16_at(b + 2);
-        uint32_t qs[8];
-        load_words(b + (TYPE == GGML_Q4_K ? 16 : 48) + 32 * c, qs);
-        uint32_t qh[8];
-        if constexpr (TYPE == GGML_Q5_K) load_words(b + 16, qh);
+        uint32_t qs[8], qh[8];  // 16-byte aligned (144- and 176-byte blocks): two 16-byte loads each
+        load_words16(b + (TYPE == GGML_Q4_K ? 16 : 48) + 32 * c, qs);
+        if constexpr (TYPE == GGML_Q5_K) load_words16(b + 16, qh);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             uint32_t v = (hi ? qs[i] >> 4 : qs[i]) & 0x0F0F0F0Fu;
@@ -127,13 +132,15 @@ __device__ __forceinline__ void load_qunit(const uint8_t *row, int u, Unit &un) 
     } else if constexpr (TYPE == GGML_IQ4_XS) {
         // f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. Sub-block ib: element l < 16 = low
         // nibble of qs[16ib + l], element l + 16 = its high nibble; scale d * (ls - 32).
-        const uint8_t *b = row + 136 * (u / 8);
+        const uint8_t *b = row + 136 * (u / 8);  // 8-byte aligned: 8-byte loads
         const int ib = u % 8;
-        const int scales_h = int(u16_at(b + 2));
-        un.sc0 = (((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32;
-        un.d = f16_at(b);
-        uint32_t qs[4];  // 8-byte aligned (136-byte blocks)
-        load_words(b + 8 + 16 * ib, qs);
+        const uint2 head = *reinterpret_cast<const uint2 *>(b);  // d | scales_h, scales_l[4]
+        const uint32_t scales_h = head.x >> 16;
+        un.sc0 = (((head.y >> (4 * ib)) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32;
+        un.d = f16_bits(head.x & 0xFFFF);
+        const uint2 *q2 = reinterpret_cast<const uint2 *>(b + 8 + 16 * ib);
+        const uint2 lo = q2[0], hi = q2[1];
+        const uint32_t qs[4] = {lo.x, lo.y, hi.x, hi.y};
         const Codebook cb = iq4nl_codebook();
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -212,6 +219,8 @@ __global__ void matmul_int8_kernel(const uint8_t *w, int64_t row_bytes, int n_in
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+    // Decode (NT = 1) unrolls two units so each lane has two units' loads in flight.
+#pragma unroll(NT == 1 ? 2 : 1)
     for (int u = lane; u < n_units; u += warpSize) {
         Unit un;
         load_qunit<TYPE>(row, u, un);
@@ -286,14 +295,17 @@ ActScratch act_scratch_at(void *base, int64_t n_in, int T) {
     return a;
 }
 
-void matmul_int8(cudaStream_t stream, int warp, const Weight &w, const float *x, int T, float *y, int64_t ldy,
-                 const ActScratch &a) {
+void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int T, int block, const ActScratch &a) {
+    if (block <= 0 || n_in % block != 0) fail(LUCE_ERR_INTERNAL, "quantize_acts: block %d, n_in %d", block, n_in);
+    quantize_acts_kernel<<<dim3(unsigned(n_in / block), unsigned(T)), warp, 0, stream>>>(x, n_in, block, a.q, a.d,
+                                                                                         a.s16);
+    LUCE_GPU_LAUNCHED();
+}
+
+void matmul_int8(cudaStream_t stream, int warp, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a) {
     const int block = act_block_of(w.type);
     if (block == 0 || w.n_in % block != 0) fail(LUCE_ERR_INTERNAL, "matmul_int8: type %d, n_in %lld", w.type,
                                                 (long long)w.n_in);
-    const dim3 qgrid(unsigned(w.n_in / block), unsigned(T));
-    quantize_acts_kernel<<<qgrid, warp, 0, stream>>>(x, int(w.n_in), block, a.q, a.d, a.s16);
-    LUCE_GPU_LAUNCHED();
     Int8Launch launch{stream, warp, w, a, T, y, ldy};
     if (!dispatch_type(w.type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU matmul for ggml type %d", w.type);
 }

@@ -29,8 +29,7 @@ __host__ __device__ constexpr int act_block_of(int type) {
 }
 
 // IEEE binary16 -> binary32, exact for every input (the CPU's f16_to_f32, without a loop).
-__device__ __forceinline__ float f16_at(const uint8_t *p) {
-    const uint32_t h = uint32_t(p[0]) | (uint32_t(p[1]) << 8);
+__device__ __forceinline__ float f16_bits(uint32_t h) {
     const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
     if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
         const float v = float(mant) * 5.9604644775390625e-8f;
@@ -40,6 +39,8 @@ __device__ __forceinline__ float f16_at(const uint8_t *p) {
                                       : (sign | ((exp + 112) << 23) | (mant << 13));
     return __uint_as_float(bits);
 }
+
+__device__ __forceinline__ float f16_at(const uint8_t *p) { return f16_bits(uint32_t(p[0]) | (uint32_t(p[1]) << 8)); }
 
 __device__ __forceinline__ float bf16_at(const uint8_t *p) {
     return __uint_as_float((uint32_t(p[0]) | (uint32_t(p[1]) << 8)) << 16);
