@@ -1,5 +1,5 @@
 # luce — everyday entry points.
-#   make demo    generate a small drafter checkpoint, convert it, inspect it (models/work/)
+#   make demo    inspect the committed DFlash 2 GGUF, generate with and without it (models/reference/)
 #   make test    fresh-machine safe: creates .venv, installs luce with its test extra, runs pytest
 #   make build   (re)build and install the package and its native runtime into .venv
 #   make bench   CPU benchmark table (see docs/benchmarks.md)
@@ -17,7 +17,7 @@ LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
 .PHONY: venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
-        reference-drafters-carry \
+        reference-drafters-carry reference-ggufs \
         gpu-check hip-check
 
 $(VENV)/.ready: pyproject.toml
@@ -54,20 +54,31 @@ train-deps: build
 test: build train-deps
 	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
 
-# The main job on bundled data (models/reference, docs/models.md): convert the committed DFlash 2
-# checkpoint, inspect it against the committed target, then generate from a held-out HumanEval
-# prompt with and without the drafter (identical text; stats on stderr).
+# The main job on bundled data (models/reference, docs/models.md): check the committed DFlash 2
+# GGUF against the committed target, then generate from a held-out HumanEval prompt with and
+# without the drafter (identical text; stats on stderr).
 REF        := models/reference
-DEMO_DRAFT := models/work/reference-dflash2.gguf
+DEMO_DRAFT := $(REF)/dflash2-q8_0.gguf
 DEMO_PROMPT = $$($(PY) -c "import json; print(json.loads(open('$(REF)/prompts/code.jsonl').readline())['prompt'])")
 
 demo: runtime
-	@mkdir -p models/work
-	$(VENV)/bin/luce convert $(REF)/dflash2 -o $(DEMO_DRAFT) --force
 	$(VENV)/bin/luce inspect $(DEMO_DRAFT) --target $(REF)/target-q8_0.gguf
 	$(VENV)/bin/luce generate -m $(REF)/target-q8_0.gguf -p "$(DEMO_PROMPT)" -n 96 --device cpu
 	$(VENV)/bin/luce generate -m $(REF)/target-q8_0.gguf --draft $(DEMO_DRAFT) -p "$(DEMO_PROMPT)" \
 	  -n 96 --device cpu --no-adaptive
+
+# The committed drafter GGUFs: `luce convert --outtype q8_0` of each committed checkpoint, written
+# beside it as models/reference/<kind>-q8_0.gguf. Conversion is deterministic (same bytes every
+# run), and tests/test_reference_models.py converts each checkpoint again with these same
+# options and compares with the committed GGUF. So after retraining the drafters: commit the
+# new checkpoints, run `make reference-ggufs`, commit the three GGUFs; the tests pass unchanged.
+REF_DRAFTERS := dflash dflash2 dspark
+
+reference-ggufs: runtime
+	@for kind in $(REF_DRAFTERS); do \
+	  $(VENV)/bin/luce convert $(REF)/$$kind -o $(REF)/$$kind-q8_0.gguf --outtype q8_0 --force || exit 1; \
+	done
+	@ls -l $(foreach k,$(REF_DRAFTERS),$(REF)/$(k)-q8_0.gguf)
 
 # CPU benchmark against llama.cpp on a synthetic qwen35 file of a stated shape (docs/benchmarks.md).
 BENCH_SHAPE ?= 0.8b
