@@ -212,6 +212,30 @@ def _matmul_fn(dut: str):
     return call
 
 
+@contextlib.contextmanager
+def gpu_matmul(kind: str):
+    """Runs the block with LUCE_GPU_MATMUL=kind ("dp4a": the dp4a int8 kernel instead of the
+    tensor-core one; read when a GPU backend starts)."""
+    saved = os.environ.get("LUCE_GPU_MATMUL")
+    os.environ["LUCE_GPU_MATMUL"] = kind
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("LUCE_GPU_MATMUL", None)
+        else:
+            os.environ["LUCE_GPU_MATMUL"] = saved
+
+
+def _worst(y, ref, scale: float, T: int) -> tuple[float, list[int]]:
+    """(max |y - ref| / scale, [T, token, row] where it occurs)."""
+    import numpy as np
+
+    diff = np.abs(y - ref)
+    at = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    return float(diff[at]) / scale, [T, int(at[0]), int(at[1])]
+
+
 # Fast kernels are held to the int8-activation oracle of tests/fixtures/int8_acts.py.
 INVARIANCE_TOKENS = 48
 INVARIANCE_WIDTHS = (2, 4, 8, 16, 32, 48)
@@ -258,7 +282,10 @@ def check_matmul_ops(dut: str, invariance: bool = True) -> list[dict]:
     for qtype in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS):
         raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut)
         block = ACT_BLOCK.get(qtype.name, 0)
-        err = {"exact": 0.0, "fast": 0.0}
+        # "fast" is the default int8 kernel (tensor cores on CUDA sm_80+), "dp4a" its fallback
+        # (LUCE_GPU_MATMUL=dp4a); worst = [width, token, row] of the largest error.
+        err = {"exact": 0.0, "fast": 0.0, "dp4a": 0.0}
+        worst = {"fast": None, "dp4a": None}
         for T in MATMUL_WIDTHS:
             x = rng.standard_normal((T, n_cols)).astype(np.float32)
             scale = float((np.abs(x).astype(np.float64) @ np.abs(w).T).max())
@@ -266,17 +293,21 @@ def check_matmul_ops(dut: str, invariance: bool = True) -> list[dict]:
                 y = run(int(qtype), raw, n_rows, n_cols, x)
             err["exact"] = max(err["exact"], float(np.abs(y - x.astype(np.float64) @ w.T).max()) / scale)
             xs = quantized_activations(x, block) if block else x.astype(np.float64)
-            with kernels("fast"):
-                y = run(int(qtype), raw, n_rows, n_cols, x)
-            err["fast"] = max(err["fast"], float(np.abs(y - xs @ w.T).max()) / scale)
+            for kind in ("fast", "dp4a") if block and dut == "gpu" else ("fast",):
+                with kernels("fast"), gpu_matmul(kind):
+                    y = run(int(qtype), raw, n_rows, n_cols, x)
+                e, at = _worst(y, xs @ w.T, scale, T)
+                if worst[kind] is None or e > err[kind]:
+                    err[kind], worst[kind] = e, at
         x = rng.standard_normal((INVARIANCE_TOKENS if invariance else 0, n_cols)).astype(np.float32)
         with kernels("fast"):
             singles = [run(int(qtype), raw, n_rows, n_cols, x[t:t + 1])[0] for t in range(len(x))]
             varying = [W for W in INVARIANCE_WIDTHS if W <= len(x)
                        and not np.array_equal(run(int(qtype), raw, n_rows, n_cols, x[:W]), np.stack(singles[:W]))]
-        ok = err["exact"] <= MATMUL_TOL and err["fast"] <= MATMUL_TOL and not varying
+        ok = err["exact"] <= MATMUL_TOL and err["fast"] <= MATMUL_TOL and err["dp4a"] <= MATMUL_TOL and not varying
         rows.append({"type": qtype.name, "rows": n_rows, "cols": n_cols, "rel_err": err["exact"],
-                     "rel_err_fast": err["fast"], "invariance_broken_at": varying,
+                     "rel_err_fast": err["fast"], "worst_fast": worst["fast"], "rel_err_dp4a": err["dp4a"],
+                     "worst_dp4a": worst["dp4a"], "invariance_broken_at": varying,
                      "ok": ok or (dut == "cpu" and (qtype in (Q.F32, Q.F16, Q.BF16) or
                                                      (err["fast"] <= MATMUL_TOL and err["exact"] <= MATMUL_TOL)))})
     return rows
@@ -719,10 +750,11 @@ def write_report(out: Path, report: dict) -> None:
              f"fast (int8-activation) kernels (max |gpu-cpu| / max |cpu|); GPU prefill vs GPU decode "
              f"{SELF_TOL:g} (exact) / the model's tolerance (fast); margin factor {MARGIN_FACTOR:g}", "",
              f"| weight type | rows x cols | exact: rel err vs gguf.quants x fp32 | fast: rel err vs int8-activation "
-             f"oracle | widths where row != 1-token row | ok |",
-             "| --- | --- | --- | --- | --- | --- |",
-             *[(f"| {m['type']} | error: {m['error']} | | | | FAIL |" if "error" in m else
-                f"| {m['type']} | {m['rows']} x {m['cols']} | {m['rel_err']:.2e} | {m['rel_err_fast']:.2e} | "
+             f"oracle [width, token, row of worst] | dp4a fallback: same | widths where row != 1-token row | ok |",
+             "| --- | --- | --- | --- | --- | --- | --- |",
+             *[(f"| {m['type']} | error: {m['error']} | | | | | FAIL |" if "error" in m else
+                f"| {m['type']} | {m['rows']} x {m['cols']} | {m['rel_err']:.2e} | {m['rel_err_fast']:.2e} "
+                f"{m['worst_fast']} | {m['rel_err_dp4a']:.2e} {m['worst_dp4a'] or ''} | "
                 f"{m['invariance_broken_at'] or 'none'} | {'ok' if m['ok'] else 'FAIL'} |")
                for m in report.get("matmul", [])],
              f"(matmul tolerance {MATMUL_TOL:g} of max |x| @ |W|^T; widths {', '.join(map(str, MATMUL_WIDTHS))}; "

@@ -64,6 +64,9 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     LUCE_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const char *kernels = std::getenv("LUCE_GPU_KERNELS");
     exact_kernels_ = kernels && std::strcmp(kernels, "exact") == 0;
+    // LUCE_GPU_MATMUL=dp4a keeps the dp4a int8 kernel: the fallback if the tensor-core one misbehaves.
+    const char *mm = std::getenv("LUCE_GPU_MATMUL");
+    mma_matmul_ = gpu::mma_matmul_supported(prop.major) && !(mm && std::strcmp(mm, "dp4a") == 0);
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
         profile_ = std::make_unique<gpu::OpProfile>(prof);
     argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
@@ -147,7 +150,9 @@ static void refuse_tree_mode(const int32_t *parent) {
     if (parent) fail(LUCE_ERR_UNSUPPORTED, "the GPU backend has no tree-mode DeltaNet yet");
 }
 
-// Quantized weights take int8 activations (the CPU fast path's contract, matmul_int8.cu) unless
+// Quantized weights take int8 activations (the CPU fast path's contract: matmul_mma.cu on CUDA
+// sm_80+, matmul_int8.cu's dp4a kernel on HIP, older devices or LUCE_GPU_MATMUL=dp4a; one of the
+// two for every width, which keeps verify rows bit-identical to decode) unless
 // LUCE_GPU_KERNELS=exact asked for the fp32-activation kernels, the GPU twin of
 // LUCE_CPU_KERNELS=exact. The activation scratch grows to the largest T x n_in seen. It must
 // never grow while a CUDA graph is being captured (a capture may not allocate): a step is run
@@ -178,7 +183,8 @@ void GpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_
         }
         const gpu::ActScratch a = gpu::act_scratch_at(act_scratch_, w.n_in, T);
         if (!have) gpu::quantize_acts(stream_, warp_, x, int(w.n_in), T, block, a);
-        gpu::matmul_int8(stream_, warp_, w, T, y, ldy, a);
+        if (mma_matmul_) gpu::matmul_mma(stream_, w, T, y, ldy, a);
+        else gpu::matmul_int8(stream_, warp_, w, T, y, ldy, a);
         acts_ = {x, T, w.n_in, block};
     }
     if (acts_.x) {  // y [T rows of n_out, ldy apart] overlapping the quantized source voids it
