@@ -241,7 +241,7 @@ INVARIANCE_TOKENS = 48
 INVARIANCE_WIDTHS = (2, 4, 8, 16, 32, 48)
 
 
-def _matmul_case(qtype, rng, dut: str):
+def _matmul_case(qtype, rng, dut: str, n_rows: int = 99):
     """(raw blocks, n_rows, n_cols, float64 dequantized weights) of one weight type."""
     import gguf.quants
     import numpy as np
@@ -251,7 +251,6 @@ def _matmul_case(qtype, rng, dut: str):
     import synthetic_qwen35 as synth
 
     block_elems, _ = GGML_QUANT_SIZES[qtype]
-    n_rows = 99  # ragged: not a multiple of the rows per thread block
     n_cols = 300 if block_elems == 1 and dut == "gpu" else 512  # a partial 32-element unit at the end
     if qtype in (Q.F32, Q.F16, Q.BF16, Q.Q8_0):
         values = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
@@ -279,8 +278,11 @@ def check_matmul_ops(dut: str, invariance: bool = True) -> list[dict]:
     run = _matmul_fn(dut)
     rng = np.random.default_rng(11)
     rows = []
-    for qtype in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS):
-        raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut)
+    # 99 rows: ragged (not a multiple of any kernel's rows per block); 12300: also ragged, and
+    # past the tensor-core kernel's switch to 4 warps per row tile (n_out >= 12288).
+    cases = [(q, 99) for q in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)] + [(Q.IQ4_XS, 12300)]
+    for qtype, n_rows in cases:
+        raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut, n_rows)
         block = ACT_BLOCK.get(qtype.name, 0)
         # "fast" is the default int8 kernel (tensor cores on CUDA sm_80+), "dp4a" its fallback
         # (LUCE_GPU_MATMUL=dp4a); worst = [width, token, row] of the largest error.

@@ -15,8 +15,8 @@
 // the token's column in the tile enters that order, so the result of token t does not depend on
 // which other tokens share the step.
 //
-// Work split: a block of MMA_WARPS warps owns MMA_ROWS (16) rows x up to 32 tokens. Per unit pair,
-// lane l stages unit (2p + l / 16) of row (l % 16) (load_qunit: one lane per row, the two halves
+// Work split: a block of MMA_WARPS warps (4 or 8, by the weight's shape) owns MMA_ROWS (16) rows
+// x up to 32 tokens. Per unit pair, lane l stages unit (2p + l / 16) of row (l % 16) (load_qunit: one lane per row, the two halves
 // of the warp read the adjacent 16-byte halves of a 32-byte run for IQ4_XS) into shared memory,
 // from where each lane picks its mma fragment words (PTX ISA, "Matrix Fragments for mma.m16n8k32").
 #include "int8_units.cuh"
@@ -32,13 +32,12 @@ namespace {
 using namespace int8_units;
 
 constexpr int MMA_ROWS = 16;    // the mma's M
-constexpr int MMA_WARPS = 4;    // warps splitting one row tile's units
 constexpr int MMA_NTILE = 8;    // the mma's N: tokens per n-tile
 constexpr int MMA_MAX_NTILES = 4;  // tokens per pass: 32
 
 // One row's staged unit: 12 words, so the fragment reads (row g, word tq) of a warp hit 32
 // different banks (g * 12 + tq covers 0..31 for g < 8, tq < 4).
-struct StagedRow {
+struct alignas(16) StagedRow {
     uint32_t q[8];
     UnitScales s;
 };
@@ -82,7 +81,7 @@ __device__ __forceinline__ StagedRow stage_unit(const uint8_t *row, bool row_ok,
     return st;
 }
 
-template <int TYPE, int NTILES>
+template <int TYPE, int NTILES, int MMA_WARPS>
 __global__ void __launch_bounds__(MMA_WARPS * 32)
     matmul_mma_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int64_t n_out, const int8_t *xq, const float *xd,
                       const int16_t *xs, int act_block, int T, float *y, int64_t ldy) {
@@ -172,15 +171,24 @@ struct MmaLaunch {
     float *y;
     int64_t ldy;
 
-    template <int TYPE, int NTILES>
-    void launch() const {
+    template <int TYPE, int NTILES, int MMA_WARPS>
+    void launch_with() const {
         constexpr int toks = NTILES * MMA_NTILE;
         const dim3 grid(unsigned((w.n_out + MMA_ROWS - 1) / MMA_ROWS), unsigned((T + toks - 1) / toks));
         const int64_t row_bytes = w.n_in / block_elems(TYPE) * block_bytes(TYPE);
-        matmul_mma_kernel<TYPE, NTILES><<<grid, MMA_WARPS * 32, 0, stream>>>(
+        matmul_mma_kernel<TYPE, NTILES, MMA_WARPS><<<grid, MMA_WARPS * 32, 0, stream>>>(
             static_cast<const uint8_t *>(w.data), row_bytes, int(w.n_in), w.n_out, a.q, a.d, a.s16,
             act_block_of(TYPE), T, y, ldy);
         LUCE_GPU_LAUNCHED();
+    }
+
+    // The warps per row tile set the summation order, so they depend on the weight's shape only,
+    // never on T. Fewer row tiles than ~8 per SM leave decode latency-bound: split their units
+    // over more warps. (A guess from occupancy arithmetic, to be tuned on the device.)
+    template <int TYPE, int NTILES>
+    void launch() const {
+        if (w.n_out >= 12288) launch_with<TYPE, NTILES, 4>();
+        else launch_with<TYPE, NTILES, 8>();
     }
 
     template <int TYPE>
