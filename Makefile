@@ -103,7 +103,7 @@ reference-export: train-deps
 	$(PY) -m models.gguf_to_hf $(REF)/target-q8_0.gguf -o models/work/target
 
 # The drafters-only GPU run carries the corpus and the exported target in one xz archive
-# (~26 MiB, against ~78 MiB plain): with the ~31 MiB of tracked models the plain files would
+# (24.6 MiB, against 78 MiB plain): with the ~31 MiB of tracked models the plain files would
 # overflow the device tool's 64 MiB working-tree limit.
 DRAFTERS_CARRY := models/work/drafters-carry.tar.xz
 reference-drafters-carry:
