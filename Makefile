@@ -17,7 +17,7 @@ LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
 .PHONY: venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
-        reference-drafters-carry reference-ggufs \
+        reference-export reference-drafters-carry reference-ggufs \
         gpu-check hip-check
 
 $(VENV)/.ready: pyproject.toml
@@ -108,14 +108,20 @@ reference-corpus: train-deps
 reference-smoke: train-deps
 	$(PY) -m models.pipeline --preset smoke --corpus models/work/corpus-smoke --out models/work/smoke-out
 
-# The drafters-only GPU run carries the corpus and the committed target's exact bf16 checkpoint
-# in one xz archive (~22 MiB, against ~54 MiB plain): with the ~31 MiB of tracked models the
-# plain files would overflow the device tool's 64 MiB working-tree limit.
+# The committed target as a transformers checkpoint (float32, dequantized from target-q8_0.gguf:
+# its bf16 training checkpoint is not in the repo), what the drafter pipeline trains against.
+reference-export: train-deps
+	$(PY) -m models.gguf_to_hf $(REF)/target-q8_0.gguf -o models/work/target
+
+# The drafters-only GPU run carries the corpus and the exported target in one xz archive
+# (24.6 MiB, against 78 MiB plain): with the ~31 MiB of tracked models the plain files would
+# overflow the device tool's 64 MiB working-tree limit.
 DRAFTERS_CARRY := models/work/drafters-carry.tar.xz
 reference-drafters-carry:
-	@test -f models/work/target/model.safetensors || { echo "error: copy the committed target's bf16 checkpoint to models/work/target first (models/README.md)"; exit 1; }
+	@test -f models/work/target/model.safetensors || $(MAKE) reference-export
 	@test -f models/work/corpus/train.jsonl || $(MAKE) reference-corpus
 	tar cf - -C models/work corpus target | xz -6 -T2 > $(DRAFTERS_CARRY).part && mv $(DRAFTERS_CARRY).part $(DRAFTERS_CARRY)
+	@ls -l $(DRAFTERS_CARRY) | awk '{printf "%s: %.1f MiB (tracked tree + carry must stay < 64 MiB)\n", $$NF, $$5 / 1048576}'
 
 # One call on the GPU machine (no network; see docs/gpu.md for the two wheels it may need).
 gpu-check:

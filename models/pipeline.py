@@ -5,6 +5,10 @@
     python -m models.pipeline --preset drafters --target-dir models/work/target --out "$OUT"
         # drafters only (~6.5 min on one H200): steps 2-3 are skipped, the given target checkpoint
         # (config.json, model.safetensors, tokenizer files) is reused; only drafters are packed
+    python -m models.pipeline --preset drafters-long --target-dir models/work/target \
+        --init-from models/reference --out "$OUT"
+        # ~8 min on one H200: the committed drafters trained further (--init-from DIR: each kind
+        # starts from DIR/<kind> instead of a fresh init / the DFlash warm start)
 
 Steps (WORK = models/work/<preset>):
   1. corpus      models/work/corpus/{train,valid}.jsonl (built here if absent; the GPU machine
@@ -136,7 +140,34 @@ DRAFTERS = replace(
     regen_valid_share=0.25,
 )
 
-PRESETS = {"real": REAL, "smoke": SMOKE, "drafters": DRAFTERS}
+# The committed drafters trained further (--init-from models/reference, --target-dir = the export of
+# target-q8_0.gguf by models/gguf_to_hf.py). Their run (drafters_report.json) ended with the loss
+# still falling, first-draft accuracy 0.52 / 0.63 / 0.57, tau 1.87 / 2.51 / 2.11; DFlash 2 is the
+# best kind and gets most of the time. Its measured H200 timings: 38 / 53 / 45 ms per step (batch
+# 32 x 48 anchors), budgets overran by <= 4 % (133 s for 130), regeneration 25.1 s for 12288 x 192
+# tokens (3 batches of 4096, launch-bound: time ~ batches), everything else inside the pipeline
+# (tokenizing, held-out continuations, tau scoring, packing) 18 s, start-up + unpacking ~25 s.
+# Here: 20480 continuations (5 batches, ~42 s; 1.7x the distinct sequences, so DFlash 2's ~4000
+# steps x 32 see each ~6 times rather than overfitting 12288), DFlash 90 s (~2400 steps),
+# DFlash 2 210 s (~4000 steps, 2.6x its first run), DSpark 90 s (~2000 steps): training 390 s
+# (+4 % = 406 s) + 42 + 18 + 25 ~ 490 s, leaving ~110 s of the 600 s command limit. Continued
+# weights need only a short warm-up (fresh Adam moments), and a lower peak than a fresh start
+# so the restart does not undo the first cosine's annealing; the cosine is as before.
+DRAFTERS_LONG = replace(
+    DRAFTERS,
+    drafter_train={
+        "dflash": td.DrafterTrain(batch=32, anchors=48, lr=6e-4, budget_s=90, max_steps=20000,
+                                  warmup=20, gamma=7.0),
+        "dflash2": td.DrafterTrain(batch=32, anchors=48, lr=5e-4, budget_s=210, max_steps=20000,
+                                   warmup=20, gamma=7.0),
+        "dspark": td.DrafterTrain(batch=32, anchors=48, lr=4e-4, budget_s=90, max_steps=20000,
+                                  warmup=20, gamma=4.0),
+    },
+    regen_prompts=20480,
+)
+
+PRESETS = {"real": REAL, "smoke": SMOKE, "drafters": DRAFTERS, "drafters-long": DRAFTERS_LONG}
+INIT_WARMUP = 20   # steps of warm-up at most when continuing trained weights (--init-from)
 
 
 # ----------------------------------------------------------------------------- steps
@@ -173,26 +204,36 @@ def regenerated(target, train_stream, valid_stream, p: Preset, device) -> torch.
     return td.greedy_continue(target, prompts, p.regen_gen_len, p.regen_batch)
 
 
-def train_all_drafters(target, data, evals, p: Preset, work: Path, device) -> dict:
+def drafter_blocks(p: Preset) -> dict:
+    return {"dflash": p.drafter.block_size, "dflash2": p.dflash2_block, "dspark": p.dspark_block}
+
+
+def train_all_drafters(target, data, evals, p: Preset, work: Path, device,
+                       init: dict | None = None) -> dict:
     reports, parent = {}, None
-    blocks = {"dflash": p.drafter.block_size, "dflash2": p.dflash2_block, "dspark": p.dspark_block}
+    blocks = drafter_blocks(p)
     for kind in dr.KINDS:
         try:
             reports[kind], model = train_one_drafter(kind, blocks[kind], parent, target, data,
-                                                     evals, p, work, device)
+                                                     evals, p, work, device,
+                                                     (init or {}).get(kind))
         except Exception as e:  # one shot on the GPU: keep the other kinds and the target
             log.exception("%s failed", kind)
             reports[kind] = {"error": f"{type(e).__name__}: {e}"}
             continue
-        if kind == "dflash":
+        if kind == "dflash" and not init:
             parent = model
     return reports
 
 
-def train_one_drafter(kind, block, parent, target, data, evals, p: Preset, work: Path, device):
+def train_one_drafter(kind, block, parent, target, data, evals, p: Preset, work: Path, device,
+                      init: dict | None = None):
     shape = dr.with_kind(p.drafter, kind, block)
     torch.manual_seed(1)
-    model = dr.Drafter(shape, p.target.hidden)
+    if init is not None:
+        model = dr.load(Path(init["dir"]), p.target.hidden)
+    else:
+        model = dr.Drafter(shape, p.target.hidden)
     if parent is not None:
         dr.warm_start(model, parent)
     model.to(device)
@@ -202,6 +243,7 @@ def train_one_drafter(kind, block, parent, target, data, evals, p: Preset, work:
     rep["params"] = sum(x.numel() for x in model.parameters())
     rep["shape"] = dr.shape_dict(shape)
     rep["warm_started_from"] = "dflash" if parent is not None else None
+    rep["init_from"] = init
     rep["wall_seconds"] = round(time.perf_counter() - t, 1)
     log.info("%s: %s", kind, json.dumps({"last10": rep["last10"], **rep["acceptance_code"]}))
     dr.save(model.cpu(), work / kind)
@@ -238,7 +280,10 @@ def model_card(name: str, report: dict, command: str) -> str:
                 + (f" ({report['regen_valid_share']:.0%} of the windows from the valid split instead)"
                    if report.get("regen_valid_share") else "") + "\n"
                 f"- training: {d['steps']} steps"
-                + (", warm-started from dflash" if d["warm_started_from"] else "") + "\n"
+                + (", warm-started from dflash" if d["warm_started_from"] else "")
+                + (f", continued from {d['init_from']['date']} checkpoints, "
+                   f"{d['init_from']['prior_steps']} prior steps" if d.get("init_from") else "")
+                + "\n"
                 f"- loss (last 10 steps): {json.dumps(d['last10'])}\n"
                 f"- tau on held-out HumanEval prompts (greedy, PyTorch simulation): {a['tau']} "
                 f"(acceptance rate {a['acceptance_rate']})\n")
@@ -271,11 +316,19 @@ def pack(work: Path, out: Path, names: list[str]) -> list[str]:
 
 def run(p: Preset, preset: str, corpus_dir: Path, work: Path, out: Path | None, device: str,
         target_seconds: float | None, drafter_seconds: float | None, command: str,
-        target_dir: Path | None = None) -> dict:
+        target_dir: Path | None = None, init_from: Path | None = None,
+        regen_prompts: int | None = None) -> dict:
     if target_seconds is not None:
         p = replace(p, target_train=replace(p.target_train, budget_s=target_seconds))
     if drafter_seconds is not None:
         p = replace(p, drafter_train={k: replace(v, budget_s=drafter_seconds * (1.4 if k == "dflash" else 1.0))
+                                      for k, v in p.drafter_train.items()})
+    if regen_prompts is not None:
+        p = replace(p, regen_prompts=regen_prompts, regen_batch=min(p.regen_batch, regen_prompts))
+    init = None
+    if init_from is not None:
+        init = check_init_from(init_from, p)   # refused before any minute of GPU time is spent
+        p = replace(p, drafter_train={k: replace(v, warmup=min(v.warmup, INIT_WARMUP))
                                       for k, v in p.drafter_train.items()})
     t_start = time.perf_counter()
     work.mkdir(parents=True, exist_ok=True)
@@ -305,7 +358,8 @@ def run(p: Preset, preset: str, corpus_dir: Path, work: Path, out: Path | None, 
     report["regen_seconds"] = round(time.perf_counter() - t, 1)
     log.info("regenerated %s, eval %s in %.1fs", tuple(data.shape), tuple(evals.shape),
              report["regen_seconds"])
-    report["drafters"] = train_all_drafters(target, data, evals, p, work, device)
+    report["init_from"] = str(init_from) if init_from is not None else None
+    report["drafters"] = train_all_drafters(target, data, evals, p, work, device, init)
 
     drafters = [k for k in dr.KINDS if "error" not in report["drafters"][k]]
     names = drafters if "reused" in report["target"] else ["target", *drafters]
@@ -363,6 +417,35 @@ def check_target_dir(folder: Path, p: Preset) -> None:
                          + ", ".join(f"{k} {got} (want {v})" for k, (got, v) in wrong.items()))
 
 
+def check_init_from(folder: Path, p: Preset) -> dict:
+    """kind -> {dir, date, prior_steps} of the release-layout drafters under `folder`; every kind
+    must be there with exactly the shape the preset would build, else one line and exit."""
+    init = {}
+    for kind, block in drafter_blocks(p).items():
+        d = folder / kind
+        if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
+            raise SystemExit(f"error: --init-from {folder}: no {kind}/config.json + model.safetensors")
+        got = dr.shape_dict(dr.shape_from_config(json.loads((d / "config.json").read_text())))
+        # through config_dict: fields a kind does not use (DFlash's selector rank ...) are not saved
+        want = dr.shape_dict(dr.shape_from_config(dr.config_dict(dr.with_kind(p.drafter, kind, block))))
+        wrong = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+        if wrong:
+            raise SystemExit(f"error: --init-from {d} does not fit the preset: "
+                             + ", ".join(f"{k} {g} (want {v})" for k, (g, v) in wrong.items()))
+        init[kind] = {"dir": str(d), **_card_history(d / "MODEL_CARD.md")}
+    return init
+
+
+def _card_history(card: Path) -> dict:
+    """Date and total steps so far, from a model card this pipeline wrote (None if absent)."""
+    import re
+    text = card.read_text() if card.is_file() else ""
+    date = re.search(r"^- date: (.+)$", text, re.M)
+    steps = re.search(r"^- training: (\d+) steps(?:.*?, (\d+) prior steps)?", text, re.M)
+    prior = int(steps.group(1)) + int(steps.group(2) or 0) if steps else None
+    return {"date": date.group(1) if date else None, "prior_steps": prior}
+
+
 def _device_name(device: str) -> str:
     if torch.device(device).type == "cuda":
         return torch.cuda.get_device_name(torch.device(device))
@@ -385,14 +468,19 @@ def main(argv=None) -> None:
     ap.add_argument("--target-dir", type=Path, default=None,
                     help="reuse this target checkpoint dir (config.json, model.safetensors, "
                          "tokenizer files): no tokenizer or target training, only drafters packed")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start each drafter kind from DIR/<kind> (release layout, e.g. "
+                         "models/reference) instead of a fresh init / the DFlash warm start")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--target-seconds", type=float, default=None,
                     help="target training budget (real preset: 150)")
     ap.add_argument("--drafter-seconds", type=float, default=None,
                     help="DFlash 2 / DSpark budget each; DFlash gets 1.4x (real preset: 50)")
+    ap.add_argument("--regen-prompts", type=int, default=None,
+                    help="regenerated training sequences (a CPU dry run of a GPU preset: e.g. 8)")
     args = ap.parse_args(argv)
-    if args.preset == "drafters" and args.target_dir is None:  # its budget leaves no time for one
-        ap.error("--preset drafters trains drafters only: give the target with --target-dir DIR")
+    if args.preset.startswith("drafters") and args.target_dir is None:  # its budget leaves no time for one
+        ap.error(f"--preset {args.preset} trains drafters only: give the target with --target-dir DIR")
     torch.set_float32_matmul_precision("high")  # TF32 for the fp32 matmuls outside autocast
     work = args.work or Path("models/work") / args.preset
     work.mkdir(parents=True, exist_ok=True)
@@ -400,7 +488,8 @@ def main(argv=None) -> None:
                         handlers=[logging.StreamHandler(), logging.FileHandler(work / "pipeline.log", "w")])
     command = "python -m models.pipeline " + " ".join(argv if argv is not None else sys.argv[1:])
     report = run(PRESETS[args.preset], args.preset, args.corpus, work, args.out, args.device,
-                 args.target_seconds, args.drafter_seconds, command, args.target_dir)
+                 args.target_seconds, args.drafter_seconds, command, args.target_dir, args.init_from,
+                 args.regen_prompts)
     failed = [k for k, v in report["drafters"].items() if "error" in v]
     if failed:
         sys.exit(f"error: drafters failed: {', '.join(failed)} (the rest is packed; see pipeline.log)")

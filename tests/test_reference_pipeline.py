@@ -125,6 +125,45 @@ def test_drafters_only_mode_refuses_a_target_of_another_shape(smoke):
     assert "--preset drafters trains drafters only" in proc.stderr.strip().splitlines()[-1]
 
 
+def test_init_from_continues_the_given_drafters(smoke):
+    """--init-from DIR: every kind starts from DIR/<kind> (no DFlash warm start), so its first
+    training loss is the loss the prior checkpoint ended near, not a fresh init's; the report and
+    the model cards say where it continued from and after how many steps."""
+    prior = smoke / "work"
+    work, out = smoke / "work-init", smoke / "out-init"
+    cmd = [sys.executable, "-m", "models.pipeline", "--preset", "smoke", "--device", "cpu",
+           "--corpus", str(smoke / "corpus"), "--work", str(work), "--out", str(out),
+           "--target-dir", str(prior / "target"), "--init-from", str(prior)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before = json.loads((smoke / "out" / "report.json").read_text())
+    report = json.loads((out / "report.json").read_text())
+    assert report["init_from"] == str(prior)
+    for kind in ("dflash", "dflash2", "dspark"):
+        d, old = report["drafters"][kind], before["drafters"][kind]
+        assert d["warm_started_from"] is None
+        assert d["init_from"] == {"dir": str(prior / kind), "date": before["date"],
+                                  "prior_steps": old["steps"]}
+        card = (work / kind / "MODEL_CARD.md").read_text()
+        assert f"continued from {before['date']} checkpoints, {old['steps']} prior steps" in card
+        assert (work / kind / "config.json").read_text() == (prior / kind / "config.json").read_text()
+    # a fresh DFlash starts at ~ln(vocab); the continued one where the prior run ended
+    assert report["drafters"]["dflash"]["first"]["loss"] < before["drafters"]["dflash"]["first"]["loss"] - 0.1
+
+
+def test_init_from_refuses_drafters_of_another_shape(smoke):
+    """The drafters-long preset's shapes (hidden 256, block 16 ...) do not fit the smoke
+    drafters: one line before anything is trained."""
+    cmd = [sys.executable, "-m", "models.pipeline", "--preset", "drafters-long", "--device", "cpu",
+           "--corpus", str(smoke / "corpus"), "--work", str(smoke / "work-refused-init"),
+           "--target-dir", str(smoke / "work" / "target"), "--init-from", str(smoke / "work")]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --init-from") and "does not fit the preset" in last
+    assert "hidden 64 (want 256)" in last
+
+
 def check_tokenizer(target_dir: Path):
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
