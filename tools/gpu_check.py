@@ -743,6 +743,11 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
 # ---------------------------------------------------------------------------------------------
 # report
 
+def _dp4a_cell(m: dict) -> str:
+    """The dp4a fallback's error, or n/a where it was not run (float types, the CPU dry run)."""
+    return f"{m['rel_err_dp4a']:.2e} {m['worst_dp4a']}" if m.get("worst_dp4a") else "n/a"
+
+
 def write_report(out: Path, report: dict) -> None:
     (out / "gpu_report.json").write_text(json.dumps(report, indent=2, default=str))
     lines = [f"# luce GPU check — {report['date']}", "",
@@ -756,7 +761,7 @@ def write_report(out: Path, report: dict) -> None:
              "| --- | --- | --- | --- | --- | --- | --- |",
              *[(f"| {m['type']} | error: {m['error']} | | | | | FAIL |" if "error" in m else
                 f"| {m['type']} | {m['rows']} x {m['cols']} | {m['rel_err']:.2e} | {m['rel_err_fast']:.2e} "
-                f"{m['worst_fast']} | {m['rel_err_dp4a']:.2e} {m['worst_dp4a'] or ''} | "
+                f"{m['worst_fast']} | {_dp4a_cell(m)} | "
                 f"{m['invariance_broken_at'] or 'none'} | {'ok' if m['ok'] else 'FAIL'} |")
                for m in report.get("matmul", [])],
              f"(matmul tolerance {MATMUL_TOL:g} of max |x| @ |W|^T; widths {', '.join(map(str, MATMUL_WIDTHS))}; "
