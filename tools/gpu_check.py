@@ -14,7 +14,9 @@
            reported, not asserted).
 3. bench   a synthetic 27B qwen35 file in the upstream mix (models/synthetic_qwen35.py, generated
            here, ~15 GB): plain decode tok/s against the floor (bytes read per token / measured
-           device copy bandwidth), prefill tok/s at 512 and 2048, verify-width step times.
+           device copy bandwidth), prefill tok/s at 512 and 2048, verify-width step times; then,
+           reloaded with LUCE_GPU_PROFILE=1, device time per Backend op for decode and verify-16
+           (GPU only; the gap to the wall time per step is host overhead).
 4. drafters each reference drafter (models/reference, converted here) GPU vs CPU: hidden rows of one
            block, the greedy chain, and greedy generation on real prompts: speculative == plain on
            the GPU, speculative GPU == CPU, DDTree (or the backend's refusal); then a whole DFlash 2
@@ -57,6 +59,8 @@ MARGIN_FACTOR = 4.0
 VERIFY_WIDTHS = (1, 2, 4, 8, 16, 32)
 PREFILL_LENGTHS = (512, 2048)
 DECODE_TOKENS = 64
+PROFILE_STEPS = 8         # steps per profiled shape (decode, verify-16)
+PROFILE_WIDTHS = (1, 16)
 
 
 def log(msg: str) -> None:
@@ -428,6 +432,71 @@ def bench(shape: str, dut: str, threads: int, deadline: float) -> dict:
         res["device_memory_used_mib"] = device_memory_used_mib()
     finally:
         eng.close()
+    try:
+        res["profile"] = profile_ops(path, dut, threads, deadline)
+    except Exception as e:
+        res["profile"] = {"error": f"{type(e).__name__}: {e}"}
+    return res
+
+
+def _profile_table(lib) -> dict:
+    """The GPU profiler's process-wide totals: op -> (calls, device ms)."""
+    import ctypes
+
+    lib.luce_gpu_profile_table.restype = ctypes.c_int64
+    n = lib.luce_gpu_profile_table(None, ctypes.c_size_t(0))
+    buf = ctypes.create_string_buffer(int(n) + 1)
+    lib.luce_gpu_profile_table(buf, ctypes.c_size_t(len(buf)))
+    rows = {}
+    for line in buf.value.decode().splitlines():
+        name, calls, ms = line.split()
+        rows[name] = (int(calls), float(ms))
+    return rows
+
+
+def profile_ops(path: Path, dut: str, threads: int, deadline: float) -> dict:
+    """Device time per Backend op (LUCE_GPU_PROFILE=1, events around every op) for PROFILE_STEPS
+    steps of each width in PROFILE_WIDTHS after a 512-token prefill; per step, with the wall time
+    of the step (eval incl. logits download) so the gap shows host overhead and idle device."""
+    import ctypes
+
+    import numpy as np
+
+    from luce import Engine
+    from luce.binding import _HERE, check, ffi, lib
+
+    if dut != "gpu":
+        return {"skipped": "the per-op profile is a GPU backend feature"}
+    if time.perf_counter() > deadline:
+        return {"skipped": "time budget"}
+    gpu = ctypes.CDLL(str(_HERE / "libluce_gpu.so"))
+    os.environ["LUCE_GPU_PROFILE"] = "1"
+    try:
+        eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
+    finally:
+        del os.environ["LUCE_GPU_PROFILE"]
+    res: dict = {}
+    try:
+        L, session, V = lib(), eng._session, eng.info.n_vocab
+        ids = np.random.default_rng(5).integers(0, V, 1024).astype(np.int32)
+        logits = np.empty((max(PROFILE_WIDTHS), V), dtype=np.float32)
+        check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", ids[:512]), 512,
+                                  ffi.from_buffer("float[]", logits), 1))
+        pos = 512
+        for w in PROFILE_WIDTHS:
+            gpu.luce_gpu_profile_reset()
+            t0 = time.perf_counter()
+            for _ in range(PROFILE_STEPS):
+                tok = np.ascontiguousarray(ids[pos:pos + w])
+                check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", tok), w,
+                                          ffi.from_buffer("float[]", logits), w))
+                pos += w
+            wall = 1e3 * (time.perf_counter() - t0) / PROFILE_STEPS
+            ops = {k: {"calls": c / PROFILE_STEPS, "ms": ms / PROFILE_STEPS}
+                   for k, (c, ms) in _profile_table(gpu).items()}
+            res[str(w)] = {"wall_ms": wall, "device_ms": sum(o["ms"] for o in ops.values()), "ops": ops}
+    finally:
+        eng.close()
     return res
 
 
@@ -603,6 +672,28 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
 # ---------------------------------------------------------------------------------------------
 # report
 
+def profile_lines(prof: dict) -> list[str]:
+    if not prof:
+        return []
+    if "error" in prof or "skipped" in prof:
+        return ["", f"- per-op profile: {prof.get('error') or prof.get('skipped')}"]
+    widths = list(prof)
+    lines = ["", "### Device time per Backend op (LUCE_GPU_PROFILE=1, per step; calls/step in brackets)", "",
+             "| op | " + " | ".join(f"T={w} ms" for w in widths) + " |",
+             "| --- | " + " | ".join("---" for _ in widths) + " |"]
+    names = sorted({n for w in widths for n in prof[w]["ops"]},
+                   key=lambda n: -max(prof[w]["ops"].get(n, {"ms": 0})["ms"] for w in widths))
+    for n in names:
+        cells = []
+        for w in widths:
+            o = prof[w]["ops"].get(n)
+            cells.append(f"{o['ms']:.3f} ({o['calls']:.0f})" if o else "")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append("| **sum of ops** | " + " | ".join(f"{prof[w]['device_ms']:.3f}" for w in widths) + " |")
+    lines.append("| **wall per step** | " + " | ".join(f"{prof[w]['wall_ms']:.3f}" for w in widths) + " |")
+    return lines
+
+
 def write_report(out: Path, report: dict) -> None:
     (out / "gpu_report.json").write_text(json.dumps(report, indent=2, default=str))
     lines = [f"# luce GPU check — {report['date']}", "",
@@ -667,6 +758,7 @@ def write_report(out: Path, report: dict) -> None:
                 lines.append(f"| {w} | " + (f"{row['ms']:.2f} | {row.get('x_width1', float('nan')):.2f} |"
                                             if isinstance(row, dict) else f"{row} | |"))
         lines.append(f"\n- device memory in use after the bench: {b.get('device_memory_used_mib')} MiB")
+        lines += profile_lines(b.get("profile") or {})
     db = report.get("drafter_bench")
     if db:
         lines += ["", f"## Bench: DFlash 2 step, synthetic {db.get('shape')} pair, block {db.get('block')}", ""]

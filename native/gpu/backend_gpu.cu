@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "profile.h"
 #include "quant_blocks.cuh"
 
 namespace luce {
@@ -246,7 +247,7 @@ extern "C" luce_status luce_gpu_open(int32_t device_index, int64_t bytes_needed,
             report(msg);
             return LUCE_ERR_DEVICE;
         }
-        *out = be;
+        *out = luce::gpu_profile_enabled() ? luce::gpu_profile_wrap(be) : be;
         return LUCE_OK;
     } catch (const luce::Error &e) {
         report(e.what());

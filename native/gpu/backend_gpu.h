@@ -66,6 +66,8 @@ public:
 
     // Free device memory now, for the load-time check.
     size_t free_bytes() const;
+    // The one stream every op is enqueued on (the profiler records its events there).
+    cudaStream_t stream() const { return stream_; }
 
 private:
     bool owns(const void *p) const;  // p lies inside one of our allocations
