@@ -42,10 +42,10 @@ void capture_layer(Session &s, const HiddenCapture *cap, int layer, int T) {
     }
 }
 
-}  // namespace
-
-void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,
-                  const HiddenCapture *capture) {
+// The step itself; returns the logits rows [logit_row0, T) in backend memory (null when none
+// were asked for), so the caller chooses between downloading them and reducing them in place.
+const float *forward_rows(Session &s, const int32_t *tokens, int T, bool want_logits, int logit_row0,
+                          const HiddenCapture *capture) {
     Model &m = *s.model;
     const Hparams &hp = m.hp;
     Backend &be = *m.backend;
@@ -72,12 +72,29 @@ void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int l
     }
     s.n_past += T;
 
-    if (!logits || logit_row0 >= T) return;
+    if (!want_logits || logit_row0 >= T) return nullptr;
     const int n_rows = T - logit_row0;
     const float *x_rows = b.x + int64_t(logit_row0) * E;
     be.rmsnorm(x_rows, E, m.output_norm.data(), n_rows, int(E), hp.rms_eps, b.cur, E);
     be.matmul(m.output, b.cur, n_rows, b.logits, hp.n_vocab);
-    be.download(logits, b.logits, size_t(n_rows) * size_t(hp.n_vocab) * sizeof(float));
+    return b.logits;
+}
+
+}  // namespace
+
+void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,
+                  const HiddenCapture *capture) {
+    const float *rows = forward_rows(s, tokens, T, logits != nullptr, logit_row0, capture);
+    if (!rows) return;
+    const int64_t V = s.model->hp.n_vocab;
+    s.model->backend->download(logits, rows, size_t(T - logit_row0) * size_t(V) * sizeof(float));
+}
+
+// Greedy decode only needs the index: the argmax runs where the logits are, so a GPU step
+// downloads 4 bytes instead of the vocabulary row.
+int32_t forward_step_greedy(Session &s, int32_t token) {
+    const float *row = forward_rows(s, &token, 1, true, 0, nullptr);
+    return s.model->backend->argmax(row, s.model->hp.n_vocab);
 }
 
 }  // namespace luce
