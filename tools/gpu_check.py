@@ -187,6 +187,83 @@ def _matmul_fn(dut: str):
     return call
 
 
+ATTN_TOL = 1e-4  # max |gpu - ref| / max |ref|, fp32 kernel vs float64 numpy
+# (T, n_head, n_head_kv, head_dim, n_ctx, pos0, masked), pos[t] = pos0 + t: decode deep in a long cache (many
+# splits), decode at position 0 (one key, all but one split empty), a verify block, a tree mask.
+ATTN_CASES = (
+    (1, 24, 4, 256, 4096, 3000, False),
+    (1, 24, 4, 256, 4096, 0, False),
+    (1, 8, 2, 128, 700, 699, False),
+    (16, 24, 4, 256, 4096, 1000, False),
+    (5, 8, 2, 64, 512, 300, True),
+)
+
+
+def _attention_ref(q, k, v, pos, mask):
+    """float64 softmax attention over the visible keys (causal j <= pos[t], or mask[t][j] != 0)."""
+    import numpy as np
+
+    T, H, D = q.shape
+    Hkv, n_ctx, _ = k.shape
+    group = H // Hkv
+    out = np.zeros((T, H, D))
+    for t in range(T):
+        vis = mask[t].astype(bool) if mask is not None else np.arange(n_ctx) <= pos[t]
+        if not vis.any():
+            continue
+        for h in range(H):
+            kk, vv = k[h // group][vis].astype(np.float64), v[h // group][vis].astype(np.float64)
+            s = kk @ q[t, h].astype(np.float64) / np.sqrt(D)
+            p = np.exp(s - s.max())
+            out[t, h] = (p / p.sum()) @ vv
+    return out
+
+
+def check_attention(dut: str) -> list[dict]:
+    """Split-KV and one-pass GPU attention vs float64 numpy on random inputs (libluce_gpu's
+    luce_gpu_attention hook; GPU only)."""
+    import ctypes
+
+    import numpy as np
+
+    if dut != "gpu":
+        return [{"case": "all", "skipped": "luce_gpu_attention is a GPU test hook", "ok": True}]
+    from luce.binding import _HERE
+
+    lib = ctypes.CDLL(str(_HERE / "libluce_gpu.so"))
+    fn = lib.luce_gpu_attention
+    fn.restype = ctypes.c_int
+    rng = np.random.default_rng(11)
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p) if a is not None else None  # noqa: E731
+    rows = []
+    for T, H, Hkv, D, n_ctx, pos0, masked in ATTN_CASES:
+        pos = np.arange(pos0, pos0 + T, dtype=np.int32)
+        q = rng.standard_normal((T, H, D), dtype=np.float32)
+        k = rng.standard_normal((Hkv, n_ctx, D), dtype=np.float32)
+        v = rng.standard_normal((Hkv, n_ctx, D), dtype=np.float32)
+        mask = None
+        if masked:  # random ancestor sets; the last row sees nothing (zeros expected)
+            mask = (rng.random((T, n_ctx)) < 0.3).astype(np.uint8)
+            mask[-1] = 0
+        ref = _attention_ref(q, k, v, pos, mask)
+        for split in (1, 0):
+            out = np.zeros((T, H, D), dtype=np.float32)
+            err = ctypes.create_string_buffer(512)
+            st = fn(ctypes.c_int32(0), ptr(q), ptr(k), ptr(v), ptr(pos), ptr(mask), T, H, Hkv, D, n_ctx,
+                    ctypes.c_int32(split), ptr(out), err, ctypes.c_size_t(len(err)))
+            case = f"T={T} H={H}/{Hkv} D={D} ctx={n_ctx} pos0={pos0}{' mask' if masked else ''} " \
+                   f"{'split' if split else 'one-pass'}"
+            if st != 0:
+                rows.append({"case": case, "error": err.value.decode(), "ok": False})
+                continue
+            diff = np.abs(out - ref)
+            rel = float(diff.max() / max(np.abs(ref).max(), 1e-30))
+            bad = np.argwhere(diff > ATTN_TOL * max(np.abs(ref).max(), 1e-30))
+            rows.append({"case": case, "max_abs": float(diff.max()), "rel_err": rel,
+                         "first_bad": bad[0].tolist() if len(bad) else None, "ok": rel <= ATTN_TOL})
+    return rows
+
+
 def check_matmul_ops(dut: str) -> list[dict]:
     """Every weight type by itself against gguf.quants' dequantization (an oracle nobody here
     wrote): the GPU matmul at the widths decode, verify and prefill use, with a ragged row count
@@ -707,6 +784,13 @@ def write_report(out: Path, report: dict) -> None:
                 f"| {m['type']} | {m['rows']} x {m['cols']} | {m['rel_err']:.2e} (tol {MATMUL_TOL:g}) | "
                 f"{'ok' if m['ok'] else 'FAIL'} |") for m in report.get("matmul", [])],
              "",
+             f"| attention case | max abs | rel err vs float64 (tol {ATTN_TOL:g}) | first bad [t, h, d] | ok |",
+             "| --- | --- | --- | --- | --- |",
+             *[(f"| {a['case']} | {a.get('error') or a.get('skipped')} | | | "
+                f"{'FAIL' if 'error' in a else '-'} |") if ("error" in a or "skipped" in a) else
+               (f"| {a['case']} | {a['max_abs']:.2e} | {a['rel_err']:.2e} | {a['first_bad']} | "
+                f"{'ok' if a['ok'] else 'FAIL'} |") for a in report.get("attention", [])],
+             "",
              "| model | rel diff vs CPU | tol | prefill vs decode (GPU) | greedy: margin-checked identical | near-tie identical | ok |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in report["checks"]:
@@ -797,6 +881,11 @@ def run(args, out: Path, build_info: dict | None) -> int:
         report["matmul"] = check_matmul_ops(args.dut)
     except Exception as e:
         report["matmul"] = [{"type": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
+    log("attention kernels vs float64")
+    try:
+        report["attention"] = check_attention(args.dut)
+    except Exception as e:
+        report["attention"] = [{"case": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
     for label, path, tol in models:
         log(f"check {label}")
         try:
@@ -820,7 +909,8 @@ def run(args, out: Path, build_info: dict | None) -> int:
                 report["drafter_bench"] = bench_drafter(args.bench_shape, args.dut, threads, drafter_deadline)
             except Exception as e:
                 report["drafter_bench"] = {"error": f"{type(e).__name__}: {e}"}
-    report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("drafters", []))
+    report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("attention", [])
+                        + report.get("drafters", []))
                     and not notes
                     and report.get("memcheck", {"ok": True})["ok"]) and "error" not in report.get("bench", {})
     report["seconds"] = time.perf_counter() - t_start

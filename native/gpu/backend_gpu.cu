@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels.h"
@@ -19,6 +20,9 @@ constexpr double GIB = MIB * 1024.0;
 // Kept free beyond the weights at load: session buffers, KV cache of a modest context, the
 // runtime's own workspace. A session that does not fit still fails cleanly when it allocates.
 constexpr int64_t LOAD_RESERVE_BYTES = int64_t(512) << 20;
+// Pinned staging ring for per-step uploads; larger uploads (weights at load) go direct.
+constexpr size_t STAGING_BYTES = size_t(1) << 20;
+constexpr size_t STAGED_MAX = 64 << 10;
 
 }  // namespace
 
@@ -42,12 +46,19 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
 #endif
     LUCE_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
+    const char *split = std::getenv("LUCE_GPU_ATTN_SPLIT");
+    attn_split_ = !(split && std::strcmp(split, "0") == 0);
+    // No pinned memory (locked-memory limits): uploads stay pageable, which is only slower.
+    void *pinned = nullptr;
+    if (cudaHostAlloc(&pinned, STAGING_BYTES, cudaHostAllocDefault) == cudaSuccess) staging_ = static_cast<char *>(pinned);
+    else (void)cudaGetLastError();
 }
 
 GpuBackend::~GpuBackend() {
     if (stream_) (void)cudaStreamSynchronize(stream_);
     for (auto &[base, bytes] : allocations_) (void)cudaFree(reinterpret_cast<void *>(base));
     if (stream_) (void)cudaStreamDestroy(stream_);
+    if (staging_) (void)cudaFreeHost(staging_);
 }
 
 size_t GpuBackend::free_bytes() const {
@@ -89,9 +100,23 @@ bool GpuBackend::owns(const void *p) const {
 }
 
 // Pageable host source: the copy has been staged when the call returns, so src may be reused.
+// Small uploads are copied into the pinned ring first (the caller may reuse src at once either
+// way); a slot is reused only after the stream has drained past it, checked once per lap.
 void GpuBackend::upload(void *dst, const void *src, size_t n) {
     if (n == 0) return;
-    LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
+    if (!staging_ || n > STAGED_MAX) {
+        LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
+        return;
+    }
+    const size_t slot = (n + 63) & ~size_t(63);
+    if (staging_used_ + slot > STAGING_BYTES) {
+        LUCE_GPU_CHECK(cudaStreamSynchronize(stream_));
+        staging_used_ = 0;
+    }
+    char *p = staging_ + staging_used_;
+    staging_used_ += slot;
+    std::memcpy(p, src, n);
+    LUCE_GPU_CHECK(cudaMemcpyAsync(dst, p, n, cudaMemcpyHostToDevice, stream_));
 }
 
 void GpuBackend::download(void *dst, const void *src, size_t n) {
@@ -148,7 +173,16 @@ void GpuBackend::kv_store(KvLayer &kv, const float *k, const float *v, const int
 
 void GpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask,
                            int T, int n_head, int n_head_kv, int head_dim, float *out) {
-    gpu::attention(stream_, warp_, q, kv, pos, mask, T, n_head, n_head_kv, head_dim, out);
+    const size_t need = attn_split_ ? size_t(gpu::attention_scratch_bytes(T, n_head, head_dim, kv.n_ctx)) : 0;
+    if (need > attn_scratch_bytes_) {
+        release(attn_scratch_);
+        attn_scratch_ = nullptr;
+        attn_scratch_bytes_ = 0;
+        attn_scratch_ = alloc(need);
+        attn_scratch_bytes_ = need;
+    }
+    gpu::attention(stream_, warp_, q, kv, pos, mask, T, n_head, n_head_kv, head_dim, out,
+                   need ? attn_scratch_ : nullptr, int64_t(attn_scratch_bytes_));
 }
 
 void GpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc, float *out,
@@ -282,6 +316,47 @@ extern "C" luce_status luce_gpu_matmul(int32_t device_index, int32_t type, const
         wt.data = w;
         be.matmul(wt, xd, int(n_tok), yd, n_rows);
         be.download(y, yd, sizeof(float) * size_t(n_tok * n_rows));
+        return LUCE_OK;
+    } catch (const luce::Error &e) {
+        if (err && err_len) std::snprintf(err, err_len, "%s", e.what());
+        return e.status;
+    }
+}
+
+// Test hook for tools/gpu_check.py: one attention call on the device, host buffers in and out:
+// q [T][H][D], k and v caches [Hkv][n_ctx][D] f32, pos [T], mask [T][n_ctx] or null, out [T][H][D].
+// split != 0 takes the split-KV path where the shape has one, 0 the one-pass kernel, so both can be
+// checked against an independent reference (float64 numpy) on random inputs.
+extern "C" luce_status luce_gpu_attention(int32_t device_index, const float *q, const float *k, const float *v,
+                                          const int32_t *pos, const uint8_t *mask, int32_t T, int32_t n_head,
+                                          int32_t n_head_kv, int32_t head_dim, int32_t n_ctx, int32_t split,
+                                          float *out, char *err, size_t err_len) {
+    try {
+        if (T < 1 || T > 4096 || n_head < 1 || n_head_kv < 1 || n_head % n_head_kv != 0 || head_dim < 1 ||
+            head_dim > 1024 || n_ctx < 1 || !q || !k || !v || !pos || !out)
+            luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_attention: bad shape");
+        for (int t = 0; t < T; ++t)
+            if (pos[t] < 0 || pos[t] >= n_ctx) luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_attention: bad pos");
+        luce::GpuBackend be(device_index);
+        const size_t qn = size_t(T) * n_head * head_dim, kvn = size_t(n_head_kv) * n_ctx * head_dim;
+        auto *qd = static_cast<float *>(be.alloc(qn * sizeof(float)));
+        auto *od = static_cast<float *>(be.alloc(qn * sizeof(float)));
+        luce::KvLayer kv;
+        kv.k = be.alloc(kvn * sizeof(float));
+        kv.v = be.alloc(kvn * sizeof(float));
+        kv.n_ctx = n_ctx;
+        auto *pd = static_cast<int32_t *>(be.alloc(size_t(T) * sizeof(int32_t)));
+        uint8_t *md = mask ? static_cast<uint8_t *>(be.alloc(size_t(T) * n_ctx)) : nullptr;
+        be.upload(qd, q, qn * sizeof(float));
+        be.upload(kv.k, k, kvn * sizeof(float));
+        be.upload(kv.v, v, kvn * sizeof(float));
+        be.upload(pd, pos, size_t(T) * sizeof(int32_t));
+        if (md) be.upload(md, mask, size_t(T) * n_ctx);
+        const int64_t scratch_bytes = split ? luce::gpu::attention_scratch_bytes(T, n_head, head_dim, n_ctx) : 0;
+        void *scratch = scratch_bytes ? be.alloc(size_t(scratch_bytes)) : nullptr;
+        luce::gpu::attention(be.stream(), be.warp_size(), qd, kv, pd, md, T, n_head, n_head_kv, head_dim, od, scratch,
+                             scratch_bytes);
+        be.download(out, od, qn * sizeof(float));
         return LUCE_OK;
     } catch (const luce::Error &e) {
         if (err && err_len) std::snprintf(err, err_len, "%s", e.what());

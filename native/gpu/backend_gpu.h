@@ -68,6 +68,7 @@ public:
     size_t free_bytes() const;
     // The one stream every op is enqueued on (the profiler records its events there).
     cudaStream_t stream() const { return stream_; }
+    int warp_size() const { return warp_; }
 
 private:
     bool owns(const void *p) const;  // p lies inside one of our allocations
@@ -78,6 +79,14 @@ private:
     cudaStream_t stream_ = nullptr;
     int32_t *argmax_result_ = nullptr;       // device scratch for argmax
     std::map<uintptr_t, size_t> allocations_;
+    // Pinned ring the small per-step uploads (positions, token ids, masks) are staged through, so
+    // the copy is a true async DMA instead of a pageable copy; wraps with one stream sync per lap.
+    char *staging_ = nullptr;
+    size_t staging_used_ = 0;
+    // Split-KV attention partials, grown on demand (LUCE_GPU_ATTN_SPLIT=0: one-pass kernel only).
+    bool attn_split_ = true;
+    void *attn_scratch_ = nullptr;
+    size_t attn_scratch_bytes_ = 0;
     void *topk_scratch_ = nullptr;           // drafter top-k candidates, grown on demand
     size_t topk_scratch_bytes_ = 0;  // base -> bytes; freed in the destructor
 };
@@ -94,3 +103,10 @@ luce_gpu_open(int32_t device_index, int64_t bytes_needed, luce::Backend **out, c
 extern "C" __attribute__((visibility("default"))) luce_status
 luce_gpu_matmul(int32_t device_index, int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
                 int64_t n_cols, const float *x, int64_t n_tok, float *y, char *err, size_t err_len);
+
+// Test hook (tools/gpu_check.py): one attention call on GPU `device_index`, host buffers in and out;
+// split selects the split-KV path (where the shape has one) or the one-pass kernel.
+extern "C" __attribute__((visibility("default"))) luce_status
+luce_gpu_attention(int32_t device_index, const float *q, const float *k, const float *v, const int32_t *pos,
+                   const uint8_t *mask, int32_t T, int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t n_ctx,
+                   int32_t split, float *out, char *err, size_t err_len);

@@ -30,8 +30,12 @@ void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_h
                int n_rot, float theta);
 void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
               int n_head_kv, int head_dim);
+// Split-KV scratch the attention of this shape uses (0: it runs in one pass). Without enough
+// scratch (null / smaller) attention runs the one-pass kernel.
+int64_t attention_scratch_bytes(int T, int n_head, int head_dim, int n_ctx);
 void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv, const int32_t *pos,
-               const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out);
+               const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out, void *scratch,
+               int64_t scratch_bytes);
 
 // deltanet.cu
 void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w, int T, int C, int Kc,
