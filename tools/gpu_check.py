@@ -6,7 +6,8 @@
 1. build   `pip install --target $LUCE_CHECK_WORK/site .` (no network: --no-index), LUCE_GPU=cuda for
            sm_90 (--archs / LUCE_GPU_ARCHS override). Python packages missing there (gguf, cffi)
            are installed from wheels in ./.whl (docs/gpu.md says how to fetch them).
-2. check   GPU vs CPU logits on small fixture models, per weight type, within a stated tolerance
+2. check   attention (split-KV, one-pass) and DeltaNet (register, device-memory) kernels vs float64
+           numpy on random inputs through libluce_gpu's test hooks; GPU vs CPU logits on small fixture models, per weight type, within a stated tolerance
            (relative to the largest |logit|); GPU prefill vs GPU one-token decode (the batch
            invariance speculative decoding relies on); greedy generation token-identical to the
            CPU on margin-checked prompts (prompts whose top-1/top-2 margin along the whole
@@ -15,8 +16,9 @@
 3. bench   a synthetic 27B qwen35 file in the upstream mix (models/synthetic_qwen35.py, generated
            here, ~15 GB): plain decode tok/s against the floor (bytes read per token / measured
            device copy bandwidth), prefill tok/s at 512 and 2048, verify-width step times; then,
-           reloaded with LUCE_GPU_PROFILE=1, device time per Backend op for decode and verify-16
-           (GPU only; the gap to the wall time per step is host overhead).
+           reloaded with LUCE_GPU_PROFILE=1, device time per Backend op for decode and verify-16,
+           with the default kernels and with the previous ones (LUCE_GPU_ATTN_SPLIT=0,
+           LUCE_GPU_DELTANET_REG=0) (GPU only; the gap to the wall time per step is host overhead).
 4. drafters each reference drafter (models/reference, converted here) GPU vs CPU: hidden rows of one
            block, the greedy chain, and greedy generation on real prompts: speculative == plain on
            the GPU, speculative GPU == CPU, DDTree (or the backend's refusal); then a whole DFlash 2
@@ -261,6 +263,93 @@ def check_attention(dut: str) -> list[dict]:
             bad = np.argwhere(diff > ATTN_TOL * max(np.abs(ref).max(), 1e-30))
             rows.append({"case": case, "max_abs": float(diff.max()), "rel_err": rel,
                          "first_bad": bad[0].tolist() if len(bad) else None, "ok": rel <= ATTN_TOL})
+    return rows
+
+
+DELTA_TOL = 1e-4  # max |gpu - ref| / max |ref| over outputs, final state and history
+# (HK, HV, DK, DV, T): the 27B's layer (DK 128: two threads per state column), DK 64, the tiny
+# fixtures' DK 32, and DK 48 (no register kernel: the device-memory kernel either way).
+DELTA_CASES = ((16, 48, 128, 128, 1), (16, 48, 128, 128, 16), (4, 8, 64, 64, 5), (4, 8, 32, 32, 3),
+               (2, 4, 48, 48, 4))
+
+
+def _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state):
+    """float64 Gated DeltaNet over T tokens (spec/qwen35.md §1.4 steps 3-7; v head j reads k head
+    j % HK): returns out [T][HV][DV], the final state and the per-token states."""
+    import numpy as np
+
+    T = conv.shape[0]
+    S = state.astype(np.float64).copy()
+    out = np.zeros((T, hv, dv))
+    hist = np.zeros((T, hv, dk, dv))
+    sp = lambda x: x if x > 20 else np.log1p(np.exp(x))  # noqa: E731
+    for t in range(T):
+        row = conv[t].astype(np.float64)
+        for j in range(hv):
+            kh = j % hk
+            q = row[kh * dk:(kh + 1) * dk]
+            k = row[hk * dk + kh * dk:hk * dk + (kh + 1) * dk]
+            v = row[2 * hk * dk + j * dv:2 * hk * dk + (j + 1) * dv]
+            q = q / max(np.linalg.norm(q), eps) / np.sqrt(dk)
+            k = k / max(np.linalg.norm(k), eps)
+            beta = 1 / (1 + np.exp(-float(b[t, j])))
+            decay = np.exp(float(ssm_a[j]) * sp(float(a[t, j]) + float(dt_bias[j])))
+            S[j] *= decay
+            delta = beta * (v - k @ S[j])
+            S[j] += np.outer(k, delta)
+            out[t, j] = q @ S[j]
+            hist[t, j] = S[j]
+    return out, S, hist
+
+
+def check_deltanet(dut: str) -> list[dict]:
+    """Register-resident and device-memory GPU DeltaNet vs float64 numpy on random inputs
+    (libluce_gpu's luce_gpu_deltanet hook; GPU only)."""
+    import ctypes
+
+    import numpy as np
+
+    if dut != "gpu":
+        return [{"case": "all", "skipped": "luce_gpu_deltanet is a GPU test hook", "ok": True}]
+    from luce.binding import _HERE
+
+    fn = ctypes.CDLL(str(_HERE / "libluce_gpu.so")).luce_gpu_deltanet
+    fn.restype = ctypes.c_int
+    rng = np.random.default_rng(13)
+    ptr = lambda x: x.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    rows = []
+    eps = 1e-6
+    for hk, hv, dk, dv, T in DELTA_CASES:
+        conv = rng.standard_normal((T, 2 * hk * dk + hv * dv), dtype=np.float32)
+        b = rng.standard_normal((T, hv), dtype=np.float32)
+        a = rng.standard_normal((T, hv), dtype=np.float32)
+        ssm_a = -np.exp(rng.standard_normal(hv).astype(np.float32))
+        dt_bias = rng.standard_normal(hv).astype(np.float32)
+        state0 = (0.1 * rng.standard_normal((hv, dk, dv))).astype(np.float32)
+        ref_out, ref_state, ref_hist = _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state0)
+        for registers in (1, 0):
+            state = state0.copy()
+            out = np.zeros((T, hv, dv), dtype=np.float32)
+            hist = np.zeros((T, hv, dk, dv), dtype=np.float32)
+            err = ctypes.create_string_buffer(512)
+            st = fn(ctypes.c_int32(0), ptr(conv), ptr(b), ptr(a), ptr(ssm_a), ptr(dt_bias), hk, hv, dk, dv,
+                    ctypes.c_float(eps), T, ptr(state), ptr(out), ptr(hist), ctypes.c_int32(registers), err,
+                    ctypes.c_size_t(len(err)))
+            case = f"HK={hk} HV={hv} DK={dk} DV={dv} T={T} {'registers' if registers else 'device memory'}"
+            if st != 0:
+                rows.append({"case": case, "error": err.value.decode(), "ok": False})
+                continue
+            worst = {"max_abs": 0.0, "rel_err": 0.0, "first_bad": None}
+            for name, got, ref in (("out", out, ref_out), ("state", state, ref_state), ("history", hist, ref_hist)):
+                diff = np.abs(got - ref)
+                scale = max(float(np.abs(ref).max()), 1e-30)
+                rel = float(diff.max()) / scale
+                if rel > worst["rel_err"]:
+                    worst.update(max_abs=float(diff.max()), rel_err=rel)
+                bad = np.argwhere(diff > DELTA_TOL * scale)
+                if len(bad) and worst["first_bad"] is None:
+                    worst["first_bad"] = f"{name}{bad[0].tolist()}"
+            rows.append({"case": case, **worst, "ok": worst["rel_err"] <= DELTA_TOL})
     return rows
 
 
@@ -509,10 +598,12 @@ def bench(shape: str, dut: str, threads: int, deadline: float) -> dict:
         res["device_memory_used_mib"] = device_memory_used_mib()
     finally:
         eng.close()
-    try:
-        res["profile"] = profile_ops(path, dut, threads, deadline)
-    except Exception as e:
-        res["profile"] = {"error": f"{type(e).__name__}: {e}"}
+    res["profile"] = {}
+    for label, env in PROFILE_VARIANTS:
+        try:
+            res["profile"][label] = profile_ops(path, dut, threads, deadline, env)
+        except Exception as e:
+            res["profile"][label] = {"error": f"{type(e).__name__}: {e}"}
     return res
 
 
@@ -531,7 +622,12 @@ def _profile_table(lib) -> dict:
     return rows
 
 
-def profile_ops(path: Path, dut: str, threads: int, deadline: float) -> dict:
+# Profiled variants: the default kernels, then the previous ones (before/after numbers per op).
+PROFILE_VARIANTS = (("default", {}),
+                    ("previous kernels", {"LUCE_GPU_ATTN_SPLIT": "0", "LUCE_GPU_DELTANET_REG": "0"}))
+
+
+def profile_ops(path: Path, dut: str, threads: int, deadline: float, env: dict | None = None) -> dict:
     """Device time per Backend op (LUCE_GPU_PROFILE=1, events around every op) for PROFILE_STEPS
     steps of each width in PROFILE_WIDTHS after a 512-token prefill; per step, with the wall time
     of the step (eval incl. logits download) so the gap shows host overhead and idle device."""
@@ -547,11 +643,17 @@ def profile_ops(path: Path, dut: str, threads: int, deadline: float) -> dict:
     if time.perf_counter() > deadline:
         return {"skipped": "time budget"}
     gpu = ctypes.CDLL(str(_HERE / "libluce_gpu.so"))
-    os.environ["LUCE_GPU_PROFILE"] = "1"
+    env = {"LUCE_GPU_PROFILE": "1", **(env or {})}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
     finally:
-        del os.environ["LUCE_GPU_PROFILE"]
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     res: dict = {}
     try:
         L, session, V = lib(), eng._session, eng.info.n_vocab
@@ -749,13 +851,14 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
 # ---------------------------------------------------------------------------------------------
 # report
 
-def profile_lines(prof: dict) -> list[str]:
+def profile_lines(label: str, prof: dict) -> list[str]:
     if not prof:
         return []
     if "error" in prof or "skipped" in prof:
-        return ["", f"- per-op profile: {prof.get('error') or prof.get('skipped')}"]
+        return ["", f"- per-op profile ({label}): {prof.get('error') or prof.get('skipped')}"]
     widths = list(prof)
-    lines = ["", "### Device time per Backend op (LUCE_GPU_PROFILE=1, per step; calls/step in brackets)", "",
+    lines = ["", f"### Device time per Backend op, {label} (LUCE_GPU_PROFILE=1, ms per step after a 512-token "
+             "prefill; calls/step in brackets)", "",
              "| op | " + " | ".join(f"T={w} ms" for w in widths) + " |",
              "| --- | " + " | ".join("---" for _ in widths) + " |"]
     names = sorted({n for w in widths for n in prof[w]["ops"]},
@@ -790,6 +893,13 @@ def write_report(out: Path, report: dict) -> None:
                 f"{'FAIL' if 'error' in a else '-'} |") if ("error" in a or "skipped" in a) else
                (f"| {a['case']} | {a['max_abs']:.2e} | {a['rel_err']:.2e} | {a['first_bad']} | "
                 f"{'ok' if a['ok'] else 'FAIL'} |") for a in report.get("attention", [])],
+             "",
+             f"| DeltaNet case | max abs | rel err vs float64 (tol {DELTA_TOL:g}) | first bad | ok |",
+             "| --- | --- | --- | --- | --- |",
+             *[(f"| {a['case']} | {a.get('error') or a.get('skipped')} | | | "
+                f"{'FAIL' if 'error' in a else '-'} |") if ("error" in a or "skipped" in a) else
+               (f"| {a['case']} | {a['max_abs']:.2e} | {a['rel_err']:.2e} | {a['first_bad']} | "
+                f"{'ok' if a['ok'] else 'FAIL'} |") for a in report.get("deltanet", [])],
              "",
              "| model | rel diff vs CPU | tol | prefill vs decode (GPU) | greedy: margin-checked identical | near-tie identical | ok |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -842,7 +952,8 @@ def write_report(out: Path, report: dict) -> None:
                 lines.append(f"| {w} | " + (f"{row['ms']:.2f} | {row.get('x_width1', float('nan')):.2f} |"
                                             if isinstance(row, dict) else f"{row} | |"))
         lines.append(f"\n- device memory in use after the bench: {b.get('device_memory_used_mib')} MiB")
-        lines += profile_lines(b.get("profile") or {})
+        for label, prof in (b.get("profile") or {}).items():
+            lines += profile_lines(label, prof)
     db = report.get("drafter_bench")
     if db:
         lines += ["", f"## Bench: DFlash 2 step, synthetic {db.get('shape')} pair, block {db.get('block')}", ""]
@@ -886,6 +997,11 @@ def run(args, out: Path, build_info: dict | None) -> int:
         report["attention"] = check_attention(args.dut)
     except Exception as e:
         report["attention"] = [{"case": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
+    log("DeltaNet kernels vs float64")
+    try:
+        report["deltanet"] = check_deltanet(args.dut)
+    except Exception as e:
+        report["deltanet"] = [{"case": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
     for label, path, tol in models:
         log(f"check {label}")
         try:
@@ -910,6 +1026,7 @@ def run(args, out: Path, build_info: dict | None) -> int:
             except Exception as e:
                 report["drafter_bench"] = {"error": f"{type(e).__name__}: {e}"}
     report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("attention", [])
+                        + report.get("deltanet", [])
                         + report.get("drafters", []))
                     and not notes
                     and report.get("memcheck", {"ok": True})["ok"]) and "error" not in report.get("bench", {})

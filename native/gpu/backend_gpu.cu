@@ -48,6 +48,8 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
     const char *split = std::getenv("LUCE_GPU_ATTN_SPLIT");
     attn_split_ = !(split && std::strcmp(split, "0") == 0);
+    const char *reg = std::getenv("LUCE_GPU_DELTANET_REG");
+    delta_registers_ = !(reg && std::strcmp(reg, "0") == 0);
     // No pinned memory (locked-memory limits): uploads stay pageable, which is only slower.
     void *pinned = nullptr;
     if (cudaHostAlloc(&pinned, STAGING_BYTES, cudaHostAllocDefault) == cudaSuccess) staging_ = static_cast<char *>(pinned);
@@ -195,7 +197,8 @@ void GpuBackend::gated_delta_net(const float *conv, const float *b, const float 
                                  const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
                                  float *out, float *state_history, const int32_t *parent) {
     refuse_tree_mode(parent);
-    gpu::gated_delta_net(stream_, warp_, conv, b, a, ssm_a, dt_bias, dims, T, state, out, state_history);
+    gpu::gated_delta_net(stream_, warp_, conv, b, a, ssm_a, dt_bias, dims, T, state, out, state_history,
+                         delta_registers_);
 }
 
 // The generate loop hands argmax the host copy of the logits it downloaded for sampling; device
@@ -357,6 +360,41 @@ extern "C" luce_status luce_gpu_attention(int32_t device_index, const float *q, 
         luce::gpu::attention(be.stream(), be.warp_size(), qd, kv, pd, md, T, n_head, n_head_kv, head_dim, od, scratch,
                              scratch_bytes);
         be.download(out, od, qn * sizeof(float));
+        return LUCE_OK;
+    } catch (const luce::Error &e) {
+        if (err && err_len) std::snprintf(err, err_len, "%s", e.what());
+        return e.status;
+    }
+}
+
+// Test hook for tools/gpu_check.py: one gated_delta_net call on the device over T tokens, host
+// buffers in and out (state [HV][DK][DV] is read and advanced; history [T][HV][DK][DV] may be
+// null). registers != 0 takes the register-resident kernel where DK has one, 0 the device-memory
+// kernel, so both are checked against float64 numpy.
+extern "C" luce_status luce_gpu_deltanet(int32_t device_index, const float *conv, const float *b, const float *a,
+                                         const float *ssm_a, const float *dt_bias, int32_t hk, int32_t hv, int32_t dk,
+                                         int32_t dv, float eps, int32_t T, float *state, float *out, float *history,
+                                         int32_t registers, char *err, size_t err_len) {
+    try {
+        if (T < 1 || T > 4096 || hk < 1 || hv < 1 || hv % hk != 0 || dk < 1 || dk > 1024 || dv < 1 || dv > 4096 ||
+            !conv || !b || !a || !ssm_a || !dt_bias || !state || !out)
+            luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_deltanet: bad shape");
+        luce::GpuBackend be(device_index);
+        const size_t cd = size_t(2 * hk * dk + hv * dv), ss = size_t(hv) * dk * dv;
+        auto dev = [&](const float *src, size_t n) {
+            auto *p = static_cast<float *>(be.alloc(n * sizeof(float)));
+            if (src) be.upload(p, src, n * sizeof(float));
+            return p;
+        };
+        float *cd_d = dev(conv, size_t(T) * cd), *b_d = dev(b, size_t(T) * hv), *a_d = dev(a, size_t(T) * hv);
+        float *sa_d = dev(ssm_a, size_t(hv)), *dt_d = dev(dt_bias, size_t(hv)), *st_d = dev(state, ss);
+        float *out_d = dev(nullptr, size_t(T) * hv * dv), *hist_d = history ? dev(nullptr, size_t(T) * ss) : nullptr;
+        const luce::DeltaNetDims dims{hk, hv, dk, dv, eps};
+        luce::gpu::gated_delta_net(be.stream(), be.warp_size(), cd_d, b_d, a_d, sa_d, dt_d, dims, T, st_d, out_d, hist_d,
+                                   registers != 0);
+        be.download(out, out_d, size_t(T) * hv * dv * sizeof(float));
+        be.download(state, st_d, ss * sizeof(float));
+        if (history) be.download(history, hist_d, size_t(T) * ss * sizeof(float));
         return LUCE_OK;
     } catch (const luce::Error &e) {
         if (err && err_len) std::snprintf(err, err_len, "%s", e.what());

@@ -85,6 +85,7 @@ private:
     size_t staging_used_ = 0;
     // Split-KV attention partials, grown on demand (LUCE_GPU_ATTN_SPLIT=0: one-pass kernel only).
     bool attn_split_ = true;
+    bool delta_registers_ = true;  // LUCE_GPU_DELTANET_REG=0: DeltaNet state stays in device memory
     void *attn_scratch_ = nullptr;
     size_t attn_scratch_bytes_ = 0;
     void *topk_scratch_ = nullptr;           // drafter top-k candidates, grown on demand
@@ -110,3 +111,10 @@ extern "C" __attribute__((visibility("default"))) luce_status
 luce_gpu_attention(int32_t device_index, const float *q, const float *k, const float *v, const int32_t *pos,
                    const uint8_t *mask, int32_t T, int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t n_ctx,
                    int32_t split, float *out, char *err, size_t err_len);
+
+// Test hook (tools/gpu_check.py): one gated_delta_net over T tokens on GPU `device_index`, host
+// buffers; registers selects the register-resident kernel (DK 32/64/128) or the device-memory one.
+extern "C" __attribute__((visibility("default"))) luce_status
+luce_gpu_deltanet(int32_t device_index, const float *conv, const float *b, const float *a, const float *ssm_a,
+                  const float *dt_bias, int32_t hk, int32_t hv, int32_t dk, int32_t dv, float eps, int32_t T,
+                  float *state, float *out, float *history, int32_t registers, char *err, size_t err_len);

@@ -42,7 +42,7 @@ void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w
                float *out);
 void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dims, int T,
-                     float *state, float *out, float *state_history);
+                     float *state, float *out, float *state_history, bool registers);
 
 // argmax.cu: writes the index into *result (device memory).
 void argmax(cudaStream_t stream, const float *x, int64_t n, int32_t *result);
