@@ -407,6 +407,87 @@ def greedy(engine, ids, n: int):
     return [out[i] for i in range(stats.n_generated)], stats
 
 
+GRAPH_STEPS = 24  # one-token steps compared between graph replay and eager launches
+
+
+class _env:
+    """Sets environment variables for the block (the GPU backend reads its switches when a model
+    is loaded), restoring them after."""
+
+    def __init__(self, **env):
+        self.env = env
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def check_graphs(path: Path, dut: str, threads: int) -> dict:
+    """Step graphs (LUCE_GPU_GRAPHS=1) against eager launches on one fixture model: the logits of
+    a prefill and GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the
+    tokens of a greedy generation (the device-argmax path)."""
+    import numpy as np
+
+    from luce import Engine
+    from luce.binding import check, ffi, lib
+
+    def run(graphs: str):
+        with _env(LUCE_GPU_GRAPHS=graphs):
+            eng = Engine(path, device=dut, threads=threads)
+        try:
+            L, session, V = lib(), eng._session, eng.info.n_vocab
+            ids = np.random.default_rng(17).integers(0, V, 12).astype(np.int32)
+            rows = np.zeros((GRAPH_STEPS + 1, V), dtype=np.float32)
+            check(L.luce_session_reset(session))
+            check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", ids), len(ids),
+                                      ffi.from_buffer("float[]", rows[0]), 1))
+            for i in range(GRAPH_STEPS):
+                tok = np.array([int(np.argmax(rows[i]))], dtype=np.int32)
+                check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", tok), 1,
+                                          ffi.from_buffer("float[]", rows[i + 1]), 1))
+            tokens, _ = greedy(eng, ids, GRAPH_STEPS)
+            return rows, tokens
+        finally:
+            eng.close()
+
+    eager_rows, eager_tokens = run("0")
+    graph_rows, graph_tokens = run("1")
+    diff = np.argwhere(eager_rows != graph_rows)
+    res = {"model": path.name, "steps": GRAPH_STEPS, "identical_logits": not len(diff),
+           "max_abs": float(np.abs(eager_rows - graph_rows).max()),
+           "first_diff": diff[0].tolist() if len(diff) else None,
+           "identical_tokens": eager_tokens == graph_tokens}
+    res["ok"] = res["identical_logits"] and res["identical_tokens"]
+    return res
+
+
+def bench_graph_decode(path: Path, dut: str, threads: int, deadline: float) -> dict | str:
+    """Plain greedy decode of the bench model with step graphs on (LUCE_GPU_GRAPHS=1)."""
+    import numpy as np
+
+    from luce import Engine
+
+    if time.perf_counter() > deadline:
+        return "skipped: time budget"
+    with _env(LUCE_GPU_GRAPHS="1"):
+        eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
+    try:
+        ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 16).astype(np.int32)
+        greedy(eng, ids, 4)
+        _, st = greedy(eng, ids, DECODE_TOKENS)
+        ms = 1e3 * st.decode_seconds / max(1, st.n_generated - 1)
+        return {"ms_per_token": ms, "tok_s": 1e3 / ms, "tokens": st.n_generated}
+    finally:
+        eng.close()
+
+
 def check_model(label: str, path: Path, tol: float, dut: str, threads: int) -> dict:
     import numpy as np
 
@@ -598,6 +679,10 @@ def bench(shape: str, dut: str, threads: int, deadline: float) -> dict:
         res["device_memory_used_mib"] = device_memory_used_mib()
     finally:
         eng.close()
+    try:
+        res["decode_graphs"] = bench_graph_decode(path, dut, threads, deadline)
+    except Exception as e:
+        res["decode_graphs"] = f"error: {type(e).__name__}: {e}"
     res["profile"] = {}
     for label, env in PROFILE_VARIANTS:
         try:
@@ -643,17 +728,8 @@ def profile_ops(path: Path, dut: str, threads: int, deadline: float, env: dict |
     if time.perf_counter() > deadline:
         return {"skipped": "time budget"}
     gpu = ctypes.CDLL(str(_HERE / "libluce_gpu.so"))
-    env = {"LUCE_GPU_PROFILE": "1", **(env or {})}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with _env(LUCE_GPU_PROFILE="1", **(env or {})):
         eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     res: dict = {}
     try:
         L, session, V = lib(), eng._session, eng.info.n_vocab
@@ -911,6 +987,13 @@ def write_report(out: Path, report: dict) -> None:
                      f"{c['checked_identical']}/{c['prompts_checked']} | "
                      f"{c['near_tie_identical']}/{c['prompts'] - c['prompts_checked']} | "
                      f"{'ok' if c['ok'] else 'FAIL'} |")
+    g = report.get("graphs")
+    if g:
+        lines.append(f"\n- step graphs (LUCE_GPU_GRAPHS=1) vs eager, {g.get('model')}: " + (
+            f"error: {g['error']}" if "error" in g else
+            f"logits of prefill + {g['steps']} one-token steps bitwise identical: {g['identical_logits']} "
+            f"(max abs diff {g['max_abs']:.2e}, first diff {g['first_diff']}); greedy tokens identical: "
+            f"{g['identical_tokens']} -> {'ok' if g['ok'] else 'FAIL'}"))
     if "memcheck" in report:
         lines.append(f"\n- compute-sanitizer memcheck (synthetic tiny iq4_xs + matmul hook): {report['memcheck']['status']}")
     for n in report.get("notes", []):
@@ -944,6 +1027,10 @@ def write_report(out: Path, report: dict) -> None:
         if d:
             lines.append(f"- decode: {d['tok_s']:.1f} tok/s, {d['ms_per_token']:.2f} ms/token"
                          + (f", {100 * d['fraction_of_floor']:.0f}% of the floor" if "fraction_of_floor" in d else ""))
+        dg = b.get("decode_graphs")
+        if dg:
+            lines.append("- decode with step graphs (LUCE_GPU_GRAPHS=1): " + (
+                f"{dg['tok_s']:.1f} tok/s, {dg['ms_per_token']:.2f} ms/token" if isinstance(dg, dict) else dg))
         for n, p in (b.get("prefill") or {}).items():
             lines.append(f"- prefill {n}: " + (f"{p['tok_s']:.0f} tok/s ({p['seconds']:.2f} s)" if isinstance(p, dict) else p))
         if b.get("verify"):
@@ -1008,6 +1095,11 @@ def run(args, out: Path, build_info: dict | None) -> int:
             report["checks"].append(check_model(label, path, tol, args.dut, threads))
         except Exception as e:
             report["checks"].append({"model": label, "error": f"{type(e).__name__}: {e}", "ok": False})
+    log("step graphs vs eager")
+    try:
+        report["graphs"] = check_graphs(models[0][1], args.dut, threads)
+    except Exception as e:
+        report["graphs"] = {"error": f"{type(e).__name__}: {e}", "ok": False}
     if args.dut == "gpu" and not args.no_memcheck:
         log("memcheck")
         report["memcheck"] = memcheck(models[0][1])
@@ -1026,7 +1118,7 @@ def run(args, out: Path, build_info: dict | None) -> int:
             except Exception as e:
                 report["drafter_bench"] = {"error": f"{type(e).__name__}: {e}"}
     report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("attention", [])
-                        + report.get("deltanet", [])
+                        + report.get("deltanet", []) + [report.get("graphs", {"ok": True})]
                         + report.get("drafters", []))
                     and not notes
                     and report.get("memcheck", {"ok": True})["ok"]) and "error" not in report.get("bench", {})

@@ -48,6 +48,8 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
     const char *split = std::getenv("LUCE_GPU_ATTN_SPLIT");
     attn_split_ = !(split && std::strcmp(split, "0") == 0);
+    const char *graphs = std::getenv("LUCE_GPU_GRAPHS");
+    graphs_ = graphs && std::strcmp(graphs, "1") == 0;
     const char *reg = std::getenv("LUCE_GPU_DELTANET_REG");
     delta_registers_ = !(reg && std::strcmp(reg, "0") == 0);
     // No pinned memory (locked-memory limits): uploads stay pageable, which is only slower.
@@ -58,6 +60,7 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
 
 GpuBackend::~GpuBackend() {
     if (stream_) (void)cudaStreamSynchronize(stream_);
+    graph_clear();
     for (auto &[base, bytes] : allocations_) (void)cudaFree(reinterpret_cast<void *>(base));
     if (stream_) (void)cudaStreamDestroy(stream_);
     if (staging_) (void)cudaFreeHost(staging_);
@@ -215,6 +218,64 @@ int32_t GpuBackend::argmax(const float *x, int64_t n) {
     int32_t r = 0;
     download(&r, argmax_result_, sizeof r);
     return r;
+}
+
+// ---- Step graphs ---------------------------------------------------------------------------------
+// A failure anywhere in recording turns graphs off for this backend (one eager path remains), so a
+// runtime that cannot capture something degrades to eager launches instead of failing the step.
+
+bool GpuBackend::graph_replay(uint64_t key) {
+    if (!graphs_ || capturing_) return false;
+    auto it = graph_execs_.find(key);
+    if (it == graph_execs_.end()) return false;
+    LUCE_GPU_CHECK(cudaGraphLaunch(it->second, stream_));
+    return true;
+}
+
+bool GpuBackend::graph_begin(uint64_t key) {
+    if (!graphs_ || capturing_ || graph_execs_.count(key)) return false;
+    if (graph_seen_[key]++ == 0) return false;  // first time: eager, scratch grows to this shape
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        (void)cudaGetLastError();
+        graphs_ = false;
+        return false;
+    }
+    capturing_ = true;
+    return true;
+}
+
+bool GpuBackend::graph_end(uint64_t key) {
+    if (!capturing_) return false;
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (e == cudaSuccess && graph) e = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+    if (graph) (void)cudaGraphDestroy(graph);
+    if (e != cudaSuccess || !exec) {
+        (void)cudaGetLastError();
+        graphs_ = false;
+        return false;
+    }
+    graph_execs_[key] = exec;
+    LUCE_GPU_CHECK(cudaGraphLaunch(exec, stream_));
+    return true;
+}
+
+void GpuBackend::graph_abort() {
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    (void)cudaStreamEndCapture(stream_, &graph);
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    graphs_ = false;
+}
+
+void GpuBackend::graph_clear() {
+    for (auto &[key, exec] : graph_execs_) (void)cudaGraphExecDestroy(exec);
+    graph_execs_.clear();
+    graph_seen_.clear();
 }
 
 // ---- Drafter ops (backend.h's last block; kernels in drafter.cu) -----------------------------------

@@ -63,6 +63,11 @@ public:
     void copy_rows(void *dst, int64_t dst_stride, const void *src, int64_t src_stride, int64_t width,
                    int n_rows) override;
     bool tree_mode() const override { return false; }  // conv_silu / gated_delta_net refuse parent != null
+    bool graph_replay(uint64_t key) override;
+    bool graph_begin(uint64_t key) override;
+    bool graph_end(uint64_t key) override;
+    void graph_abort() override;
+    void graph_clear() override;
 
     // Free device memory now, for the load-time check.
     size_t free_bytes() const;
@@ -84,6 +89,12 @@ private:
     char *staging_ = nullptr;
     size_t staging_used_ = 0;
     // Split-KV attention partials, grown on demand (LUCE_GPU_ATTN_SPLIT=0: one-pass kernel only).
+    // Step graphs (LUCE_GPU_GRAPHS=1 for now): key -> instantiated graph; a key is recorded on its
+    // second occurrence, after one eager run has grown every scratch buffer the step needs.
+    bool graphs_ = false;
+    bool capturing_ = false;
+    std::map<uint64_t, cudaGraphExec_t> graph_execs_;
+    std::map<uint64_t, int> graph_seen_;
     bool attn_split_ = true;
     bool delta_registers_ = true;  // LUCE_GPU_DELTANET_REG=0: DeltaNet state stays in device memory
     void *attn_scratch_ = nullptr;

@@ -76,6 +76,7 @@ struct Session {
     std::vector<void *> allocations;
 
     bool kv_f16 = false;
+    uint64_t graph_id = 0;  // distinguishes this session's step graphs from another's (forward.cpp)
 
     Session(Model *m, int n_ctx, bool kv_f16);
     ~Session();
