@@ -749,6 +749,8 @@ def profile_ops(path: Path, dut: str, threads: int, deadline: float, env: dict |
             wall = 1e3 * (time.perf_counter() - t0) / PROFILE_STEPS
             ops = {k: {"calls": c / PROFILE_STEPS, "ms": ms / PROFILE_STEPS}
                    for k, (c, ms) in _profile_table(gpu).items()}
+            if not ops:  # the hooks read another copy of libluce_gpu than the one libluce loaded
+                return {"error": "the profile table is empty (LUCE_GPU_PROFILE not seen by this libluce_gpu?)"}
             res[str(w)] = {"wall_ms": wall, "device_ms": sum(o["ms"] for o in ops.values()), "ops": ops}
     finally:
         eng.close()
