@@ -6,7 +6,8 @@
 1. build   `pip install --target $LUCE_CHECK_WORK/site .` (no network: --no-index), LUCE_GPU=cuda for
            sm_90 (--archs / LUCE_GPU_ARCHS override). Python packages missing there (gguf, cffi)
            are installed from wheels in ./.whl (docs/gpu.md says how to fetch them).
-2. check   GPU vs CPU logits on small fixture models, per weight type, within a stated tolerance
+2. check   attention (split-KV, one-pass) and DeltaNet (register, device-memory) kernels vs float64
+           numpy on random inputs through libluce_gpu's test hooks; GPU vs CPU logits on small fixture models, per weight type, within a stated tolerance
            (relative to the largest |logit|); GPU prefill vs GPU one-token decode (the batch
            invariance speculative decoding relies on); greedy generation token-identical to the
            CPU on margin-checked prompts (prompts whose top-1/top-2 margin along the whole
@@ -14,7 +15,9 @@
            reported, not asserted).
 3. bench   a synthetic 27B qwen35 file in the upstream mix (models/synthetic_qwen35.py, generated
            here, ~15 GB): plain decode tok/s against the floor (bytes read per token / measured
-           device copy bandwidth), prefill tok/s at 512 and 2048, verify-width step times.
+           device copy bandwidth), prefill tok/s at 512 and 2048, verify-width step times, decode
+           with step graphs; then, reloaded with LUCE_GPU_PROFILE=FILE, device time per Backend op
+           for decode and verify-16 (gpu_profile.txt; GPU only).
 4. drafters each reference drafter (models/reference, converted here) GPU vs CPU: hidden rows of one
            block, the greedy chain, and greedy generation on real prompts: speculative == plain on
            the GPU, speculative GPU == CPU, DDTree (or the backend's refusal); then a whole DFlash 2
@@ -212,6 +215,170 @@ def _matmul_fn(dut: str):
     return call
 
 
+ATTN_TOL = 1e-4  # max |gpu - ref| / max |ref|, fp32 kernel vs float64 numpy
+# (T, n_head, n_head_kv, head_dim, n_ctx, pos0, masked), pos[t] = pos0 + t: decode deep in a long cache (many
+# splits), decode at position 0 (one key, all but one split empty), a verify block, a tree mask.
+ATTN_CASES = (
+    (1, 24, 4, 256, 4096, 3000, False),
+    (1, 24, 4, 256, 4096, 0, False),
+    (1, 8, 2, 128, 700, 699, False),
+    (16, 24, 4, 256, 4096, 1000, False),
+    (5, 8, 2, 64, 512, 300, True),
+)
+
+
+def _attention_ref(q, k, v, pos, mask):
+    """float64 softmax attention over the visible keys (causal j <= pos[t], or mask[t][j] != 0)."""
+    import numpy as np
+
+    T, H, D = q.shape
+    Hkv, n_ctx, _ = k.shape
+    group = H // Hkv
+    out = np.zeros((T, H, D))
+    for t in range(T):
+        vis = mask[t].astype(bool) if mask is not None else np.arange(n_ctx) <= pos[t]
+        if not vis.any():
+            continue
+        for h in range(H):
+            kk, vv = k[h // group][vis].astype(np.float64), v[h // group][vis].astype(np.float64)
+            s = kk @ q[t, h].astype(np.float64) / np.sqrt(D)
+            p = np.exp(s - s.max())
+            out[t, h] = (p / p.sum()) @ vv
+    return out
+
+
+def check_attention(dut: str) -> list[dict]:
+    """Split-KV and one-pass GPU attention vs float64 numpy on random inputs (libluce_gpu's
+    luce_gpu_attention hook; GPU only)."""
+    import ctypes
+
+    import numpy as np
+
+    if dut != "gpu":
+        return [{"case": "all", "skipped": "luce_gpu_attention is a GPU test hook", "ok": True}]
+    from luce.binding import _HERE
+
+    lib = ctypes.CDLL(str(_HERE / "libluce_gpu.so"))
+    fn = lib.luce_gpu_attention
+    fn.restype = ctypes.c_int
+    rng = np.random.default_rng(11)
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p) if a is not None else None  # noqa: E731
+    rows = []
+    for T, H, Hkv, D, n_ctx, pos0, masked in ATTN_CASES:
+        pos = np.arange(pos0, pos0 + T, dtype=np.int32)
+        q = rng.standard_normal((T, H, D), dtype=np.float32)
+        k = rng.standard_normal((Hkv, n_ctx, D), dtype=np.float32)
+        v = rng.standard_normal((Hkv, n_ctx, D), dtype=np.float32)
+        mask = None
+        if masked:  # random ancestor sets; the last row sees nothing (zeros expected)
+            mask = (rng.random((T, n_ctx)) < 0.3).astype(np.uint8)
+            mask[-1] = 0
+        ref = _attention_ref(q, k, v, pos, mask)
+        for split in (1, 0):
+            out = np.zeros((T, H, D), dtype=np.float32)
+            err = ctypes.create_string_buffer(512)
+            st = fn(ctypes.c_int32(0), ptr(q), ptr(k), ptr(v), ptr(pos), ptr(mask), T, H, Hkv, D, n_ctx,
+                    ctypes.c_int32(split), ptr(out), err, ctypes.c_size_t(len(err)))
+            case = f"T={T} H={H}/{Hkv} D={D} ctx={n_ctx} pos0={pos0}{' mask' if masked else ''} " \
+                   f"{'split' if split else 'one-pass'}"
+            if st != 0:
+                rows.append({"case": case, "error": err.value.decode(), "ok": False})
+                continue
+            diff = np.abs(out - ref)
+            rel = float(diff.max() / max(np.abs(ref).max(), 1e-30))
+            bad = np.argwhere(diff > ATTN_TOL * max(np.abs(ref).max(), 1e-30))
+            rows.append({"case": case, "max_abs": float(diff.max()), "rel_err": rel,
+                         "first_bad": bad[0].tolist() if len(bad) else None, "ok": rel <= ATTN_TOL})
+    return rows
+
+
+DELTA_TOL = 1e-4  # max |gpu - ref| / max |ref| over outputs, final state and history
+# (HK, HV, DK, DV, T): the 27B's layer (DK 128: two threads per state column), DK 64, the tiny
+# fixtures' DK 32, and DK 48 (no register kernel: the device-memory kernel either way).
+DELTA_CASES = ((16, 48, 128, 128, 1), (16, 48, 128, 128, 16), (4, 8, 64, 64, 5), (4, 8, 32, 32, 3),
+               (2, 4, 48, 48, 4))
+
+
+def _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state):
+    """float64 Gated DeltaNet over T tokens (spec/qwen35.md §1.4 steps 3-7; v head j reads k head
+    j % HK): returns out [T][HV][DV], the final state and the per-token states."""
+    import numpy as np
+
+    T = conv.shape[0]
+    S = state.astype(np.float64).copy()
+    out = np.zeros((T, hv, dv))
+    hist = np.zeros((T, hv, dk, dv))
+    sp = lambda x: x if x > 20 else np.log1p(np.exp(x))  # noqa: E731
+    for t in range(T):
+        row = conv[t].astype(np.float64)
+        for j in range(hv):
+            kh = j % hk
+            q = row[kh * dk:(kh + 1) * dk]
+            k = row[hk * dk + kh * dk:hk * dk + (kh + 1) * dk]
+            v = row[2 * hk * dk + j * dv:2 * hk * dk + (j + 1) * dv]
+            q = q / max(np.linalg.norm(q), eps) / np.sqrt(dk)
+            k = k / max(np.linalg.norm(k), eps)
+            beta = 1 / (1 + np.exp(-float(b[t, j])))
+            decay = np.exp(float(ssm_a[j]) * sp(float(a[t, j]) + float(dt_bias[j])))
+            S[j] *= decay
+            delta = beta * (v - k @ S[j])
+            S[j] += np.outer(k, delta)
+            out[t, j] = q @ S[j]
+            hist[t, j] = S[j]
+    return out, S, hist
+
+
+def check_deltanet(dut: str) -> list[dict]:
+    """Register-resident and device-memory GPU DeltaNet vs float64 numpy on random inputs
+    (libluce_gpu's luce_gpu_deltanet hook; GPU only)."""
+    import ctypes
+
+    import numpy as np
+
+    if dut != "gpu":
+        return [{"case": "all", "skipped": "luce_gpu_deltanet is a GPU test hook", "ok": True}]
+    from luce.binding import _HERE
+
+    fn = ctypes.CDLL(str(_HERE / "libluce_gpu.so")).luce_gpu_deltanet
+    fn.restype = ctypes.c_int
+    rng = np.random.default_rng(13)
+    ptr = lambda x: x.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    rows = []
+    eps = 1e-6
+    for hk, hv, dk, dv, T in DELTA_CASES:
+        conv = rng.standard_normal((T, 2 * hk * dk + hv * dv), dtype=np.float32)
+        b = rng.standard_normal((T, hv), dtype=np.float32)
+        a = rng.standard_normal((T, hv), dtype=np.float32)
+        ssm_a = -np.exp(rng.standard_normal(hv).astype(np.float32))
+        dt_bias = rng.standard_normal(hv).astype(np.float32)
+        state0 = (0.1 * rng.standard_normal((hv, dk, dv))).astype(np.float32)
+        ref_out, ref_state, ref_hist = _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state0)
+        for registers in (1, 0):
+            state = state0.copy()
+            out = np.zeros((T, hv, dv), dtype=np.float32)
+            hist = np.zeros((T, hv, dk, dv), dtype=np.float32)
+            err = ctypes.create_string_buffer(512)
+            st = fn(ctypes.c_int32(0), ptr(conv), ptr(b), ptr(a), ptr(ssm_a), ptr(dt_bias), hk, hv, dk, dv,
+                    ctypes.c_float(eps), T, ptr(state), ptr(out), ptr(hist), ctypes.c_int32(registers), err,
+                    ctypes.c_size_t(len(err)))
+            case = f"HK={hk} HV={hv} DK={dk} DV={dv} T={T} {'registers' if registers else 'device memory'}"
+            if st != 0:
+                rows.append({"case": case, "error": err.value.decode(), "ok": False})
+                continue
+            worst = {"max_abs": 0.0, "rel_err": 0.0, "first_bad": None}
+            for name, got, ref in (("out", out, ref_out), ("state", state, ref_state), ("history", hist, ref_hist)):
+                diff = np.abs(got - ref)
+                scale = max(float(np.abs(ref).max()), 1e-30)
+                rel = float(diff.max()) / scale
+                if rel > worst["rel_err"]:
+                    worst.update(max_abs=float(diff.max()), rel_err=rel)
+                bad = np.argwhere(diff > DELTA_TOL * scale)
+                if len(bad) and worst["first_bad"] is None:
+                    worst["first_bad"] = f"{name}{bad[0].tolist()}"
+            rows.append({"case": case, **worst, "ok": worst["rel_err"] <= DELTA_TOL})
+    return rows
+
+
 @contextlib.contextmanager
 def gpu_matmul(kind: str):
     """Runs the block with LUCE_GPU_MATMUL=kind ("dp4a": the dp4a int8 kernel instead of the
@@ -332,6 +499,87 @@ def greedy(engine, ids, n: int):
     check(lib().luce_generate(engine._session, ffi.NULL, ffi.from_buffer("int32_t[]", ids), len(ids), params,
                               ffi.NULL, ffi.NULL, out, n, stats))
     return [out[i] for i in range(stats.n_generated)], stats
+
+
+GRAPH_STEPS = 24  # one-token steps compared between graph replay and eager launches
+
+
+class _env:
+    """Sets environment variables for the block (the GPU backend reads its switches when a model
+    is loaded), restoring them after."""
+
+    def __init__(self, **env):
+        self.env = env
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def check_graphs(path: Path, dut: str, threads: int) -> dict:
+    """Step graphs (LUCE_GPU_GRAPHS=1) against eager launches on one fixture model: the logits of
+    a prefill and GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the
+    tokens of a greedy generation (the device-argmax path)."""
+    import numpy as np
+
+    from luce import Engine
+    from luce.binding import check, ffi, lib
+
+    def run(graphs: str):
+        with _env(LUCE_GPU_GRAPHS=graphs):
+            eng = Engine(path, device=dut, threads=threads)
+        try:
+            L, session, V = lib(), eng._session, eng.info.n_vocab
+            ids = np.random.default_rng(17).integers(0, V, 12).astype(np.int32)
+            rows = np.zeros((GRAPH_STEPS + 1, V), dtype=np.float32)
+            check(L.luce_session_reset(session))
+            check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", ids), len(ids),
+                                      ffi.from_buffer("float[]", rows[0]), 1))
+            for i in range(GRAPH_STEPS):
+                tok = np.array([int(np.argmax(rows[i]))], dtype=np.int32)
+                check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", tok), 1,
+                                          ffi.from_buffer("float[]", rows[i + 1]), 1))
+            tokens, _ = greedy(eng, ids, GRAPH_STEPS)
+            return rows, tokens
+        finally:
+            eng.close()
+
+    eager_rows, eager_tokens = run("0")
+    graph_rows, graph_tokens = run("1")
+    diff = np.argwhere(eager_rows != graph_rows)
+    res = {"model": path.name, "steps": GRAPH_STEPS, "identical_logits": not len(diff),
+           "max_abs": float(np.abs(eager_rows - graph_rows).max()),
+           "first_diff": diff[0].tolist() if len(diff) else None,
+           "identical_tokens": eager_tokens == graph_tokens}
+    res["ok"] = res["identical_logits"] and res["identical_tokens"]
+    return res
+
+
+def bench_graph_decode(path: Path, dut: str, threads: int, deadline: float) -> dict | str:
+    """Plain greedy decode of the bench model with step graphs on (LUCE_GPU_GRAPHS=1)."""
+    import numpy as np
+
+    from luce import Engine
+
+    if time.perf_counter() > deadline:
+        return "skipped: time budget"
+    with _env(LUCE_GPU_GRAPHS="1"):
+        eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
+    try:
+        ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 16).astype(np.int32)
+        greedy(eng, ids, 4)
+        _, st = greedy(eng, ids, DECODE_TOKENS)
+        ms = 1e3 * st.decode_seconds / max(1, st.n_generated - 1)
+        return {"ms_per_token": ms, "tok_s": 1e3 / ms, "tokens": st.n_generated}
+    finally:
+        eng.close()
 
 
 def check_model(label: str, path: Path, tol: float, dut: str, threads: int, mode: str = "fast") -> dict:
@@ -535,6 +783,10 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
         res["device_memory_used_mib"] = device_memory_used_mib()
     finally:
         eng.close()
+    try:
+        res["decode_graphs"] = bench_graph_decode(path, dut, threads, deadline)
+    except Exception as e:
+        res["decode_graphs"] = f"error: {type(e).__name__}: {e}"
     if profile_path is not None and dut == "gpu" and time.perf_counter() < deadline:
         res["profile"] = profile_steps(path, threads, ids, profile_path)
     return res
@@ -769,6 +1021,20 @@ def write_report(out: Path, report: dict) -> None:
              f"(matmul tolerance {MATMUL_TOL:g} of max |x| @ |W|^T; widths {', '.join(map(str, MATMUL_WIDTHS))}; "
              f"invariance over {INVARIANCE_TOKENS} tokens)",
              "",
+             f"| attention case | max abs | rel err vs float64 (tol {ATTN_TOL:g}) | first bad [t, h, d] | ok |",
+             "| --- | --- | --- | --- | --- |",
+             *[(f"| {a['case']} | {a.get('error') or a.get('skipped')} | | | "
+                f"{'FAIL' if 'error' in a else '-'} |") if ("error" in a or "skipped" in a) else
+               (f"| {a['case']} | {a['max_abs']:.2e} | {a['rel_err']:.2e} | {a['first_bad']} | "
+                f"{'ok' if a['ok'] else 'FAIL'} |") for a in report.get("attention", [])],
+             "",
+             f"| DeltaNet case | max abs | rel err vs float64 (tol {DELTA_TOL:g}) | first bad | ok |",
+             "| --- | --- | --- | --- | --- |",
+             *[(f"| {a['case']} | {a.get('error') or a.get('skipped')} | | | "
+                f"{'FAIL' if 'error' in a else '-'} |") if ("error" in a or "skipped" in a) else
+               (f"| {a['case']} | {a['max_abs']:.2e} | {a['rel_err']:.2e} | {a['first_bad']} | "
+                f"{'ok' if a['ok'] else 'FAIL'} |") for a in report.get("deltanet", [])],
+             "",
              "| model | rel diff vs CPU | tol | prefill vs decode (GPU) | greedy: margin-checked identical | near-tie identical | ok |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in report["checks"]:
@@ -779,6 +1045,13 @@ def write_report(out: Path, report: dict) -> None:
                      f"{c['checked_identical']}/{c['prompts_checked']} | "
                      f"{c['near_tie_identical']}/{c['prompts'] - c['prompts_checked']} | "
                      f"{'ok' if c['ok'] else 'FAIL'} |")
+    g = report.get("graphs")
+    if g:
+        lines.append(f"\n- step graphs (LUCE_GPU_GRAPHS=1) vs eager, {g.get('model')}: " + (
+            f"error: {g['error']}" if "error" in g else
+            f"logits of prefill + {g['steps']} one-token steps bitwise identical: {g['identical_logits']} "
+            f"(max abs diff {g['max_abs']:.2e}, first diff {g['first_diff']}); greedy tokens identical: "
+            f"{g['identical_tokens']} -> {'ok' if g['ok'] else 'FAIL'}"))
     if "memcheck" in report:
         lines.append(f"\n- compute-sanitizer memcheck (synthetic tiny iq4_xs + matmul hook): {report['memcheck']['status']}")
     for n in report.get("notes", []):
@@ -812,6 +1085,10 @@ def write_report(out: Path, report: dict) -> None:
         if d:
             lines.append(f"- decode: {d['tok_s']:.1f} tok/s, {d['ms_per_token']:.2f} ms/token"
                          + (f", {100 * d['fraction_of_floor']:.0f}% of the floor" if "fraction_of_floor" in d else ""))
+        dg = b.get("decode_graphs")
+        if dg:
+            lines.append("- decode with step graphs (LUCE_GPU_GRAPHS=1): " + (
+                f"{dg['tok_s']:.1f} tok/s, {dg['ms_per_token']:.2f} ms/token" if isinstance(dg, dict) else dg))
         for n, p in (b.get("prefill") or {}).items():
             lines.append(f"- prefill {n}: " + (f"{p['tok_s']:.0f} tok/s ({p['seconds']:.2f} s)" if isinstance(p, dict) else p))
         if b.get("verify"):
@@ -862,6 +1139,16 @@ def run(args, out: Path, build_info: dict | None) -> int:
         report["matmul"] = check_matmul_ops(args.dut)
     except Exception as e:
         report["matmul"] = [{"type": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
+    log("attention kernels vs float64")
+    try:
+        report["attention"] = check_attention(args.dut)
+    except Exception as e:
+        report["attention"] = [{"case": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
+    log("DeltaNet kernels vs float64")
+    try:
+        report["deltanet"] = check_deltanet(args.dut)
+    except Exception as e:
+        report["deltanet"] = [{"case": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
     for label, path, quantized in models:
         # Quantized models run both kernel families; float weights have only one.
         for mode, mode_tol in ((("exact", QUANT_TOL), ("fast", FAST_TOL)) if quantized else (("fast", FLOAT_TOL),)):
@@ -871,6 +1158,11 @@ def run(args, out: Path, build_info: dict | None) -> int:
             except Exception as e:
                 report["checks"].append({"model": f"{label} [{mode}]", "error": f"{type(e).__name__}: {e}",
                                          "ok": False})
+    log("step graphs vs eager")
+    try:
+        report["graphs"] = check_graphs(models[0][1], args.dut, threads)
+    except Exception as e:
+        report["graphs"] = {"error": f"{type(e).__name__}: {e}", "ok": False}
     if args.dut == "gpu" and not args.no_memcheck:
         log("memcheck")
         report["memcheck"] = memcheck(models[0][1])
@@ -888,7 +1180,9 @@ def run(args, out: Path, build_info: dict | None) -> int:
                 report["drafter_bench"] = bench_drafter(args.bench_shape, args.dut, threads, drafter_deadline)
             except Exception as e:
                 report["drafter_bench"] = {"error": f"{type(e).__name__}: {e}"}
-    report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("drafters", []))
+    report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("attention", [])
+                        + report.get("deltanet", []) + [report.get("graphs", {"ok": True})]
+                        + report.get("drafters", []))
                     and not notes
                     and report.get("memcheck", {"ok": True})["ok"]) and "error" not in report.get("bench", {})
     report["seconds"] = time.perf_counter() - t_start

@@ -19,6 +19,9 @@ constexpr double GIB = MIB * 1024.0;
 // Kept free beyond the weights at load: session buffers, KV cache of a modest context, the
 // runtime's own workspace. A session that does not fit still fails cleanly when it allocates.
 constexpr int64_t LOAD_RESERVE_BYTES = int64_t(512) << 20;
+// Pinned staging ring for per-step uploads; larger uploads (weights at load) go direct.
+constexpr size_t STAGING_BYTES = size_t(1) << 20;
+constexpr size_t STAGED_MAX = 64 << 10;
 
 // Starts every op but the matmul: any op may write the memory the quantized activations were
 // made from, so they are forgotten; then brackets the rest of the op for LUCE_GPU_PROFILE.
@@ -70,6 +73,16 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
         profile_ = std::make_unique<gpu::OpProfile>(prof);
     argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
+    const char *split = std::getenv("LUCE_GPU_ATTN_SPLIT");
+    attn_split_ = !(split && std::strcmp(split, "0") == 0);
+    const char *graphs = std::getenv("LUCE_GPU_GRAPHS");
+    graphs_ = graphs && std::strcmp(graphs, "1") == 0;
+    const char *reg = std::getenv("LUCE_GPU_DELTANET_REG");
+    delta_registers_ = !(reg && std::strcmp(reg, "0") == 0);
+    // No pinned memory (locked-memory limits): uploads stay pageable, which is only slower.
+    void *pinned = nullptr;
+    if (cudaHostAlloc(&pinned, STAGING_BYTES, cudaHostAllocDefault) == cudaSuccess) staging_ = static_cast<char *>(pinned);
+    else (void)cudaGetLastError();
 }
 
 GpuBackend::~GpuBackend() {
@@ -78,8 +91,10 @@ GpuBackend::~GpuBackend() {
         profile_->write(name_.c_str());
         profile_.reset();
     }
+    graph_clear();
     for (auto &[base, bytes] : allocations_) (void)cudaFree(reinterpret_cast<void *>(base));
     if (stream_) (void)cudaStreamDestroy(stream_);
+    if (staging_) (void)cudaFreeHost(staging_);
 }
 
 size_t GpuBackend::free_bytes() const {
@@ -122,10 +137,24 @@ bool GpuBackend::owns(const void *p) const {
 }
 
 // Pageable host source: the copy has been staged when the call returns, so src may be reused.
+// Small uploads are copied into the pinned ring first (the caller may reuse src at once either
+// way); a slot is reused only after the stream has drained past it, checked once per lap.
 void GpuBackend::upload(void *dst, const void *src, size_t n) {
     if (n == 0) return;
     LUCE_OP("upload");
-    LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
+    if (!staging_ || n > STAGED_MAX) {
+        LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
+        return;
+    }
+    const size_t slot = (n + 63) & ~size_t(63);
+    if (staging_used_ + slot > STAGING_BYTES) {
+        LUCE_GPU_CHECK(cudaStreamSynchronize(stream_));
+        staging_used_ = 0;
+    }
+    char *p = staging_ + staging_used_;
+    staging_used_ += slot;
+    std::memcpy(p, src, n);
+    LUCE_GPU_CHECK(cudaMemcpyAsync(dst, p, n, cudaMemcpyHostToDevice, stream_));
 }
 
 void GpuBackend::download(void *dst, const void *src, size_t n) {
@@ -239,7 +268,16 @@ void GpuBackend::kv_store(KvLayer &kv, const float *k, const float *v, const int
 void GpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask,
                            int T, int n_head, int n_head_kv, int head_dim, float *out) {
     LUCE_OP("attention");
-    gpu::attention(stream_, warp_, q, kv, pos, mask, T, n_head, n_head_kv, head_dim, out);
+    const size_t need = attn_split_ ? size_t(gpu::attention_scratch_bytes(T, n_head, head_dim, kv.n_ctx)) : 0;
+    if (need > attn_scratch_bytes_) {
+        release(attn_scratch_);
+        attn_scratch_ = nullptr;
+        attn_scratch_bytes_ = 0;
+        attn_scratch_ = alloc(need);
+        attn_scratch_bytes_ = need;
+    }
+    gpu::attention(stream_, warp_, q, kv, pos, mask, T, n_head, n_head_kv, head_dim, out,
+                   need ? attn_scratch_ : nullptr, int64_t(attn_scratch_bytes_));
 }
 
 void GpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc, float *out,
@@ -254,7 +292,8 @@ void GpuBackend::gated_delta_net(const float *conv, const float *b, const float 
                                  float *out, float *state_history, const int32_t *parent) {
     LUCE_OP("gated_delta_net");
     refuse_tree_mode(parent);
-    gpu::gated_delta_net(stream_, warp_, conv, b, a, ssm_a, dt_bias, dims, T, state, out, state_history);
+    gpu::gated_delta_net(stream_, warp_, conv, b, a, ssm_a, dt_bias, dims, T, state, out, state_history,
+                         delta_registers_);
 }
 
 // The generate loop hands argmax the host copy of the logits it downloaded for sampling; device
@@ -271,6 +310,64 @@ int32_t GpuBackend::argmax(const float *x, int64_t n) {
     int32_t r = 0;
     download(&r, argmax_result_, sizeof r);
     return r;
+}
+
+// ---- Step graphs ---------------------------------------------------------------------------------
+// A failure anywhere in recording turns graphs off for this backend (one eager path remains), so a
+// runtime that cannot capture something degrades to eager launches instead of failing the step.
+
+bool GpuBackend::graph_replay(uint64_t key) {
+    if (!graphs_ || capturing_) return false;
+    auto it = graph_execs_.find(key);
+    if (it == graph_execs_.end()) return false;
+    LUCE_GPU_CHECK(cudaGraphLaunch(it->second, stream_));
+    return true;
+}
+
+bool GpuBackend::graph_begin(uint64_t key) {
+    if (!graphs_ || capturing_ || graph_execs_.count(key)) return false;
+    if (graph_seen_[key]++ == 0) return false;  // first time: eager, scratch grows to this shape
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        (void)cudaGetLastError();
+        graphs_ = false;
+        return false;
+    }
+    capturing_ = true;
+    return true;
+}
+
+bool GpuBackend::graph_end(uint64_t key) {
+    if (!capturing_) return false;
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (e == cudaSuccess && graph) e = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+    if (graph) (void)cudaGraphDestroy(graph);
+    if (e != cudaSuccess || !exec) {
+        (void)cudaGetLastError();
+        graphs_ = false;
+        return false;
+    }
+    graph_execs_[key] = exec;
+    LUCE_GPU_CHECK(cudaGraphLaunch(exec, stream_));
+    return true;
+}
+
+void GpuBackend::graph_abort() {
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    (void)cudaStreamEndCapture(stream_, &graph);
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    graphs_ = false;
+}
+
+void GpuBackend::graph_clear() {
+    for (auto &[key, exec] : graph_execs_) (void)cudaGraphExecDestroy(exec);
+    graph_execs_.clear();
+    graph_seen_.clear();
 }
 
 // ---- Drafter ops (backend.h's last block; kernels in drafter.cu) -----------------------------------
@@ -385,6 +482,82 @@ extern "C" luce_status luce_gpu_matmul(int32_t device_index, int32_t type, const
         wt.data = w;
         be.matmul(wt, xd, int(n_tok), yd, n_rows);
         be.download(y, yd, sizeof(float) * size_t(n_tok * n_rows));
+        return LUCE_OK;
+    } catch (const luce::Error &e) {
+        if (err && err_len) std::snprintf(err, err_len, "%s", e.what());
+        return e.status;
+    }
+}
+
+// Test hook for tools/gpu_check.py: one attention call on the device, host buffers in and out:
+// q [T][H][D], k and v caches [Hkv][n_ctx][D] f32, pos [T], mask [T][n_ctx] or null, out [T][H][D].
+// split != 0 takes the split-KV path where the shape has one, 0 the one-pass kernel, so both can be
+// checked against an independent reference (float64 numpy) on random inputs.
+extern "C" luce_status luce_gpu_attention(int32_t device_index, const float *q, const float *k, const float *v,
+                                          const int32_t *pos, const uint8_t *mask, int32_t T, int32_t n_head,
+                                          int32_t n_head_kv, int32_t head_dim, int32_t n_ctx, int32_t split,
+                                          float *out, char *err, size_t err_len) {
+    try {
+        if (T < 1 || T > 4096 || n_head < 1 || n_head_kv < 1 || n_head % n_head_kv != 0 || head_dim < 1 ||
+            head_dim > 1024 || n_ctx < 1 || !q || !k || !v || !pos || !out)
+            luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_attention: bad shape");
+        for (int t = 0; t < T; ++t)
+            if (pos[t] < 0 || pos[t] >= n_ctx) luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_attention: bad pos");
+        luce::GpuBackend be(device_index);
+        const size_t qn = size_t(T) * n_head * head_dim, kvn = size_t(n_head_kv) * n_ctx * head_dim;
+        auto *qd = static_cast<float *>(be.alloc(qn * sizeof(float)));
+        auto *od = static_cast<float *>(be.alloc(qn * sizeof(float)));
+        luce::KvLayer kv;
+        kv.k = be.alloc(kvn * sizeof(float));
+        kv.v = be.alloc(kvn * sizeof(float));
+        kv.n_ctx = n_ctx;
+        auto *pd = static_cast<int32_t *>(be.alloc(size_t(T) * sizeof(int32_t)));
+        uint8_t *md = mask ? static_cast<uint8_t *>(be.alloc(size_t(T) * n_ctx)) : nullptr;
+        be.upload(qd, q, qn * sizeof(float));
+        be.upload(kv.k, k, kvn * sizeof(float));
+        be.upload(kv.v, v, kvn * sizeof(float));
+        be.upload(pd, pos, size_t(T) * sizeof(int32_t));
+        if (md) be.upload(md, mask, size_t(T) * n_ctx);
+        const int64_t scratch_bytes = split ? luce::gpu::attention_scratch_bytes(T, n_head, head_dim, n_ctx) : 0;
+        void *scratch = scratch_bytes ? be.alloc(size_t(scratch_bytes)) : nullptr;
+        luce::gpu::attention(be.stream(), be.warp_size(), qd, kv, pd, md, T, n_head, n_head_kv, head_dim, od, scratch,
+                             scratch_bytes);
+        be.download(out, od, qn * sizeof(float));
+        return LUCE_OK;
+    } catch (const luce::Error &e) {
+        if (err && err_len) std::snprintf(err, err_len, "%s", e.what());
+        return e.status;
+    }
+}
+
+// Test hook for tools/gpu_check.py: one gated_delta_net call on the device over T tokens, host
+// buffers in and out (state [HV][DK][DV] is read and advanced; history [T][HV][DK][DV] may be
+// null). registers != 0 takes the register-resident kernel where DK has one, 0 the device-memory
+// kernel, so both are checked against float64 numpy.
+extern "C" luce_status luce_gpu_deltanet(int32_t device_index, const float *conv, const float *b, const float *a,
+                                         const float *ssm_a, const float *dt_bias, int32_t hk, int32_t hv, int32_t dk,
+                                         int32_t dv, float eps, int32_t T, float *state, float *out, float *history,
+                                         int32_t registers, char *err, size_t err_len) {
+    try {
+        if (T < 1 || T > 4096 || hk < 1 || hv < 1 || hv % hk != 0 || dk < 1 || dk > 1024 || dv < 1 || dv > 4096 ||
+            !conv || !b || !a || !ssm_a || !dt_bias || !state || !out)
+            luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_deltanet: bad shape");
+        luce::GpuBackend be(device_index);
+        const size_t cd = size_t(2 * hk * dk + hv * dv), ss = size_t(hv) * dk * dv;
+        auto dev = [&](const float *src, size_t n) {
+            auto *p = static_cast<float *>(be.alloc(n * sizeof(float)));
+            if (src) be.upload(p, src, n * sizeof(float));
+            return p;
+        };
+        float *cd_d = dev(conv, size_t(T) * cd), *b_d = dev(b, size_t(T) * hv), *a_d = dev(a, size_t(T) * hv);
+        float *sa_d = dev(ssm_a, size_t(hv)), *dt_d = dev(dt_bias, size_t(hv)), *st_d = dev(state, ss);
+        float *out_d = dev(nullptr, size_t(T) * hv * dv), *hist_d = history ? dev(nullptr, size_t(T) * ss) : nullptr;
+        const luce::DeltaNetDims dims{hk, hv, dk, dv, eps};
+        luce::gpu::gated_delta_net(be.stream(), be.warp_size(), cd_d, b_d, a_d, sa_d, dt_d, dims, T, st_d, out_d, hist_d,
+                                   registers != 0);
+        be.download(out, out_d, size_t(T) * hv * dv * sizeof(float));
+        be.download(state, st_d, ss * sizeof(float));
+        if (history) be.download(history, hist_d, size_t(T) * ss * sizeof(float));
         return LUCE_OK;
     } catch (const luce::Error &e) {
         if (err && err_len) std::snprintf(err, err_len, "%s", e.what());

@@ -65,9 +65,17 @@ public:
     void copy_rows(void *dst, int64_t dst_stride, const void *src, int64_t src_stride, int64_t width,
                    int n_rows) override;
     bool tree_mode() const override { return false; }  // conv_silu / gated_delta_net refuse parent != null
+    bool graph_replay(uint64_t key) override;
+    bool graph_begin(uint64_t key) override;
+    bool graph_end(uint64_t key) override;
+    void graph_abort() override;
+    void graph_clear() override;
 
     // Free device memory now, for the load-time check.
     size_t free_bytes() const;
+    // The one stream every op is enqueued on (the profiler records its events there).
+    cudaStream_t stream() const { return stream_; }
+    int warp_size() const { return warp_; }
 
 private:
     bool owns(const void *p) const;  // p lies inside one of our allocations
@@ -90,6 +98,21 @@ private:
         int block = 0;
     } acts_;
     void forget_acts() { acts_ = {}; }
+    // Pinned ring the small per-step uploads (positions, token ids, masks) are staged through, so
+    // the copy is a true async DMA instead of a pageable copy; wraps with one stream sync per lap.
+    char *staging_ = nullptr;
+    size_t staging_used_ = 0;
+    // Split-KV attention partials, grown on demand (LUCE_GPU_ATTN_SPLIT=0: one-pass kernel only).
+    // Step graphs (LUCE_GPU_GRAPHS=1 for now): key -> instantiated graph; a key is recorded on its
+    // second occurrence, after one eager run has grown every scratch buffer the step needs.
+    bool graphs_ = false;
+    bool capturing_ = false;
+    std::map<uint64_t, cudaGraphExec_t> graph_execs_;
+    std::map<uint64_t, int> graph_seen_;
+    bool attn_split_ = true;
+    bool delta_registers_ = true;  // LUCE_GPU_DELTANET_REG=0: DeltaNet state stays in device memory
+    void *attn_scratch_ = nullptr;
+    size_t attn_scratch_bytes_ = 0;
     void *topk_scratch_ = nullptr;           // drafter top-k candidates, grown on demand
     size_t topk_scratch_bytes_ = 0;  // base -> bytes; freed in the destructor
 };
@@ -106,3 +129,17 @@ luce_gpu_open(int32_t device_index, int64_t bytes_needed, luce::Backend **out, c
 extern "C" __attribute__((visibility("default"))) luce_status
 luce_gpu_matmul(int32_t device_index, int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
                 int64_t n_cols, const float *x, int64_t n_tok, float *y, char *err, size_t err_len);
+
+// Test hook (tools/gpu_check.py): one attention call on GPU `device_index`, host buffers in and out;
+// split selects the split-KV path (where the shape has one) or the one-pass kernel.
+extern "C" __attribute__((visibility("default"))) luce_status
+luce_gpu_attention(int32_t device_index, const float *q, const float *k, const float *v, const int32_t *pos,
+                   const uint8_t *mask, int32_t T, int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t n_ctx,
+                   int32_t split, float *out, char *err, size_t err_len);
+
+// Test hook (tools/gpu_check.py): one gated_delta_net over T tokens on GPU `device_index`, host
+// buffers; registers selects the register-resident kernel (DK 32/64/128) or the device-memory one.
+extern "C" __attribute__((visibility("default"))) luce_status
+luce_gpu_deltanet(int32_t device_index, const float *conv, const float *b, const float *a, const float *ssm_a,
+                  const float *dt_bias, int32_t hk, int32_t hv, int32_t dk, int32_t dv, float eps, int32_t T,
+                  float *state, float *out, float *history, int32_t registers, char *err, size_t err_len);

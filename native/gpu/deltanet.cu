@@ -216,11 +216,11 @@ void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w
 
 void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dm, int T,
-                     float *state, float *out, float *state_history) {
+                     float *state, float *out, float *state_history, bool registers) {
     if (T < 1) return;
     const size_t shared = 2 * sizeof(float) * size_t(dm.dk);
     if (shared > 48 * 1024) fail(LUCE_ERR_UNSUPPORTED, "GPU DeltaNet: state dim %d is too large", dm.dk);
-    if (dm.dk == 16 || dm.dk == 32 || dm.dk == 64 || dm.dk == 128) {
+    if (registers && (dm.dk == 16 || dm.dk == 32 || dm.dk == 64 || dm.dk == 128)) {
         auto launch = dm.dk == 16 ? launch_reg<16> : dm.dk == 32 ? launch_reg<32> : dm.dk == 64 ? launch_reg<64>
                                                                                                  : launch_reg<128>;
         launch(stream, warp, conv, b, a, ssm_a, dt_bias, dm, T, state, out, state_history);

@@ -47,15 +47,19 @@ void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_h
                int n_rot, float theta);
 void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
               int n_head_kv, int head_dim);
+// Split-KV scratch the attention of this shape uses (0: it runs in one pass). Without enough
+// scratch (null / smaller) attention runs the one-pass kernel.
+int64_t attention_scratch_bytes(int T, int n_head, int head_dim, int n_ctx);
 void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv, const int32_t *pos,
-               const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out);
+               const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out, void *scratch,
+               int64_t scratch_bytes);
 
 // deltanet.cu
 void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w, int T, int C, int Kc,
                float *out);
 void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dims, int T,
-                     float *state, float *out, float *state_history);
+                     float *state, float *out, float *state_history, bool registers);
 
 // argmax.cu: writes the index into *result (device memory).
 void argmax(cudaStream_t stream, const float *x, int64_t n, int32_t *result);

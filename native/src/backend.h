@@ -146,6 +146,21 @@ public:
                            int n_rows) = 0;
     // Whether conv_silu / gated_delta_net implement tree mode (parent != null): DDTree needs it.
     virtual bool tree_mode() const = 0;
+
+    // Step graphs (GPU, docs/gpu.md) ------------------------------------------------------------
+    // A backend may record the launches of a forward step once and replay them when a step of the
+    // same key recurs; every value that varies between such steps is in backend memory written
+    // before the replay. The defaults (CPU) record nothing, so the caller runs the step eagerly.
+    // graph_replay: launch the graph recorded for key; false when there is none.
+    virtual bool graph_replay(uint64_t /*key*/) { return false; }
+    // graph_begin: start recording the ops that follow for key; false: run them eagerly instead.
+    virtual bool graph_begin(uint64_t /*key*/) { return false; }
+    // graph_end: stop recording and run the recorded step; false when recording failed and nothing
+    // ran (the caller then runs the step eagerly). graph_abort: stop recording, keep nothing.
+    virtual bool graph_end(uint64_t /*key*/) { return false; }
+    virtual void graph_abort() {}
+    // Forget every recorded graph (the buffers they point into are going away).
+    virtual void graph_clear() {}
 };
 
 }  // namespace luce

@@ -42,23 +42,15 @@ void capture_layer(Session &s, const HiddenCapture *cap, int layer, int T) {
     }
 }
 
-}  // namespace
-
-void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,
-                  const HiddenCapture *capture) {
+// Everything a step enqueues after its uploads: reads token ids and positions from b.tokens /
+// b.pos, so the same launches serve any step of the same shape (what a graph replays).
+void step_launches(Session &s, int T, bool want_logits, int logit_row0, const HiddenCapture *capture) {
     Model &m = *s.model;
     const Hparams &hp = m.hp;
     Backend &be = *m.backend;
     StepBuffers &b = s.buf;
     const int64_t E = hp.n_embd;
-    if (T < 1 || T > MAX_STEP) fail(LUCE_ERR_INTERNAL, "forward step of %d tokens", T);
-
-    int32_t pos[MAX_STEP];
-    for (int t = 0; t < T; ++t) pos[t] = s.tree ? s.tree->pos[t] : s.n_past + t;
-    be.upload(b.pos, pos, sizeof(int32_t) * size_t(T));
-    be.upload(b.tokens, tokens, sizeof(int32_t) * size_t(T));
     be.get_rows(m.token_embd, b.tokens, T, b.x);
-
     for (int il = 0; il < hp.n_layer; ++il) {
         const LayerWeights &L = m.layers[size_t(il)];
         be.rmsnorm(b.x, E, L.attn_norm.data(), T, int(E), hp.rms_eps, b.cur, E);
@@ -70,14 +62,71 @@ void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int l
         be.add(b.x, b.mix, T * E);
         capture_layer(s, capture, il, T);
     }
-    s.n_past += T;
-
-    if (!logits || logit_row0 >= T) return;
+    if (!want_logits || logit_row0 >= T) return;
     const int n_rows = T - logit_row0;
-    const float *x_rows = b.x + int64_t(logit_row0) * E;
-    be.rmsnorm(x_rows, E, m.output_norm.data(), n_rows, int(E), hp.rms_eps, b.cur, E);
+    be.rmsnorm(b.x + int64_t(logit_row0) * E, E, m.output_norm.data(), n_rows, int(E), hp.rms_eps, b.cur, E);
     be.matmul(m.output, b.cur, n_rows, b.logits, hp.n_vocab);
-    be.download(logits, b.logits, size_t(n_rows) * size_t(hp.n_vocab) * sizeof(float));
+}
+
+// Steps a graph may stand for: plain causal decode of one token, no hidden capture, no rollback
+// history attached (those change the pointers or the ops of the step). Key: session, shape.
+bool graph_key(const Session &s, int T, bool want_logits, int logit_row0, const HiddenCapture *capture,
+               uint64_t &key) {
+    if (T != 1 || capture || s.tree) return false;
+    for (const RecurrentState &st : s.recurrent)
+        if (st.ssm_history || st.qkv_history) return false;
+    key = (s.graph_id << 8) | (uint64_t(want_logits) << 7) | uint64_t(logit_row0 & 0x7f);
+    return true;
+}
+
+// The step itself; returns the logits rows [logit_row0, T) in backend memory (null when none
+// were asked for), so the caller chooses between downloading them and reducing them in place.
+const float *forward_rows(Session &s, const int32_t *tokens, int T, bool want_logits, int logit_row0,
+                          const HiddenCapture *capture) {
+    Backend &be = *s.model->backend;
+    StepBuffers &b = s.buf;
+    if (T < 1 || T > MAX_STEP) fail(LUCE_ERR_INTERNAL, "forward step of %d tokens", T);
+
+    int32_t pos[MAX_STEP];
+    for (int t = 0; t < T; ++t) pos[t] = s.tree ? s.tree->pos[t] : s.n_past + t;
+    be.upload(b.pos, pos, sizeof(int32_t) * size_t(T));
+    be.upload(b.tokens, tokens, sizeof(int32_t) * size_t(T));
+
+    uint64_t key = 0;
+    const bool graphable = graph_key(s, T, want_logits, logit_row0, capture, key);
+    if (!graphable || !be.graph_replay(key)) {
+        // Recording runs nothing: when it fails (an op the runtime cannot capture) the backend
+        // turns graphs off and the step runs eagerly, where a real error surfaces as usual.
+        bool ran = false;
+        if (graphable && be.graph_begin(key)) {
+            try {
+                step_launches(s, T, want_logits, logit_row0, capture);
+                ran = be.graph_end(key);
+            } catch (const Error &) {
+                be.graph_abort();
+            }
+        }
+        if (!ran) step_launches(s, T, want_logits, logit_row0, capture);
+    }
+    s.n_past += T;
+    return want_logits && logit_row0 < T ? b.logits : nullptr;
+}
+
+}  // namespace
+
+void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,
+                  const HiddenCapture *capture) {
+    const float *rows = forward_rows(s, tokens, T, logits != nullptr, logit_row0, capture);
+    if (!rows) return;
+    const int64_t V = s.model->hp.n_vocab;
+    s.model->backend->download(logits, rows, size_t(T - logit_row0) * size_t(V) * sizeof(float));
+}
+
+// Greedy decode only needs the index: the argmax runs where the logits are, so a GPU step
+// downloads 4 bytes instead of the vocabulary row.
+int32_t forward_step_greedy(Session &s, int32_t token) {
+    const float *row = forward_rows(s, &token, 1, true, 0, nullptr);
+    return s.model->backend->argmax(row, s.model->hp.n_vocab);
 }
 
 }  // namespace luce

@@ -127,6 +127,10 @@ luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce
             break;
         }
         if (st.n_generated == p.max_tokens) break;
+        if (p.temperature == 0.f) {
+            next = forward_step_greedy(s, next);
+            continue;
+        }
         forward_step(s, &next, 1, logits.data(), 0, nullptr);
         next = choose();
     }

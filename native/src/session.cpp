@@ -2,6 +2,7 @@
 #include "session.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "errors.h"
@@ -20,6 +21,8 @@ T *take(Session &s, int64_t n) {
 }  // namespace
 
 Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), kv_f16(kv_f16_) {
+    static std::atomic<uint64_t> next_graph_id{1};
+    graph_id = next_graph_id++;
     const Hparams &hp = m->hp;
     if (n_ctx < 1 || n_ctx > hp.n_ctx_train)
         fail(LUCE_ERR_INVALID_ARGUMENT, "context size %d is not in 1..%d (the model's context length)",
@@ -64,6 +67,7 @@ Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), 
 }
 
 Session::~Session() {
+    model->backend->graph_clear();  // recorded steps point into the buffers released here
     for (void *p : allocations) model->backend->release(p);
 }
 

@@ -76,6 +76,7 @@ struct Session {
     std::vector<void *> allocations;
 
     bool kv_f16 = false;
+    uint64_t graph_id = 0;  // distinguishes this session's step graphs from another's (forward.cpp)
 
     Session(Model *m, int n_ctx, bool kv_f16);
     ~Session();
@@ -102,6 +103,9 @@ struct Session {
 // [T - logit_row0][V]). capture may be null.
 void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,
                   const HiddenCapture *capture);
+// One greedy decode step of `token`: returns the argmax of its logits (ties -> lowest id),
+// computed by the backend so only the index leaves the device.
+int32_t forward_step_greedy(Session &s, int32_t token);
 
 // Layer mixers (attention.cpp, deltanet.cpp): read s.buf.cur [T][E], write s.buf.mix [T][E].
 void attention_mixer(Session &s, int layer, int T);
