@@ -381,7 +381,7 @@ def check_deltanet(dut: str) -> list[dict]:
 
 @contextlib.contextmanager
 def gpu_matmul(kind: str):
-    """Runs the block with LUCE_GPU_MATMUL=kind ("dp4a": the dp4a int8 kernel instead of the
+    """Runs the block with LUCE_GPU_MATMUL=kind ("mma": the tensor-core int8 kernel instead of the
     tensor-core one; read when a GPU backend starts)."""
     saved = os.environ.get("LUCE_GPU_MATMUL")
     os.environ["LUCE_GPU_MATMUL"] = kind
@@ -453,10 +453,11 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     for qtype, n_rows in cases:
         raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut, n_rows)
         block = ACT_BLOCK.get(qtype.name, 0)
-        # "fast" is the default int8 kernel (tensor cores on CUDA sm_80+), "dp4a" its fallback
-        # (LUCE_GPU_MATMUL=dp4a); worst = [width, token, row] of the largest error.
-        err = {"exact": 0.0, "fast": 0.0, "dp4a": 0.0}
-        worst = {"fast": None, "dp4a": None}
+        # "fast" is the default int8 kernel (dp4a), "mma" the tensor-core one (LUCE_GPU_MATMUL=mma,
+        # CUDA sm_80+; slower at decode widths on an H200, 2026-12-03); worst = [width, token, row]
+        # of the largest error.
+        err = {"exact": 0.0, "fast": 0.0, "mma": 0.0}
+        worst = {"fast": None, "mma": None}
         for T in MATMUL_WIDTHS:
             x = rng.standard_normal((T, n_cols)).astype(np.float32)
             scale = float((np.abs(x).astype(np.float64) @ np.abs(w).T).max())
@@ -464,8 +465,8 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
                 y = run(int(qtype), raw, n_rows, n_cols, x)
             err["exact"] = max(err["exact"], float(np.abs(y - x.astype(np.float64) @ w.T).max()) / scale)
             xs = quantized_activations(x, block) if block else x.astype(np.float64)
-            for kind in ("fast", "dp4a") if block and dut == "gpu" else ("fast",):
-                with kernels("fast"), gpu_matmul(kind):
+            for kind in ("fast", "mma") if block and dut == "gpu" else ("fast",):
+                with kernels("fast"), gpu_matmul("dp4a" if kind == "fast" else kind):
                     y = run(int(qtype), raw, n_rows, n_cols, x)
                 e, at = _worst(y, xs @ w.T, scale, T)
                 if worst[kind] is None or e > err[kind]:
@@ -475,10 +476,10 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
             singles = [run(int(qtype), raw, n_rows, n_cols, x[t:t + 1])[0] for t in range(len(x))]
             varying = [W for W in INVARIANCE_WIDTHS if W <= len(x)
                        and not np.array_equal(run(int(qtype), raw, n_rows, n_cols, x[:W]), np.stack(singles[:W]))]
-        ok = err["exact"] <= MATMUL_TOL and err["fast"] <= MATMUL_TOL and err["dp4a"] <= MATMUL_TOL and not varying
+        ok = err["exact"] <= MATMUL_TOL and err["fast"] <= MATMUL_TOL and err["mma"] <= MATMUL_TOL and not varying
         rows.append({"type": qtype.name, "rows": n_rows, "cols": n_cols, "rel_err": err["exact"],
-                     "rel_err_fast": err["fast"], "worst_fast": worst["fast"], "rel_err_dp4a": err["dp4a"],
-                     "worst_dp4a": worst["dp4a"], "invariance_broken_at": varying,
+                     "rel_err_fast": err["fast"], "worst_fast": worst["fast"], "rel_err_mma": err["mma"],
+                     "worst_mma": worst["mma"], "invariance_broken_at": varying,
                      "ok": ok or (dut == "cpu" and (qtype in (Q.F32, Q.F16, Q.BF16) or
                                                      (err["fast"] <= MATMUL_TOL and err["exact"] <= MATMUL_TOL)))})
     return rows
@@ -997,9 +998,9 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
 # ---------------------------------------------------------------------------------------------
 # report
 
-def _dp4a_cell(m: dict) -> str:
-    """The dp4a fallback's error, or n/a where it was not run (float types, the CPU dry run)."""
-    return f"{m['rel_err_dp4a']:.2e} {m['worst_dp4a']}" if m.get("worst_dp4a") else "n/a"
+def _mma_cell(m: dict) -> str:
+    """The tensor-core kernel's error, or n/a where it was not run (float types, the CPU dry run)."""
+    return f"{m['rel_err_mma']:.2e} {m['worst_mma']}" if m.get("worst_mma") else "n/a"
 
 
 def write_report(out: Path, report: dict) -> None:
@@ -1011,11 +1012,11 @@ def write_report(out: Path, report: dict) -> None:
              f"fast (int8-activation) kernels (max |gpu-cpu| / max |cpu|); GPU prefill vs GPU decode "
              f"{SELF_TOL:g} (exact) / the model's tolerance (fast); margin factor {MARGIN_FACTOR:g}", "",
              f"| weight type | rows x cols | exact: rel err vs gguf.quants x fp32 | fast: rel err vs int8-activation "
-             f"oracle [width, token, row of worst] | dp4a fallback: same | widths where row != 1-token row | ok |",
+             f"oracle [width, token, row of worst] | tensor-core (LUCE_GPU_MATMUL=mma): same | widths where row != 1-token row | ok |",
              "| --- | --- | --- | --- | --- | --- | --- |",
              *[(f"| {m['type']} | error: {m['error']} | | | | | FAIL |" if "error" in m else
                 f"| {m['type']} | {m['rows']} x {m['cols']} | {m['rel_err']:.2e} | {m['rel_err_fast']:.2e} "
-                f"{m['worst_fast']} | {_dp4a_cell(m)} | "
+                f"{m['worst_fast']} | {_mma_cell(m)} | "
                 f"{m['invariance_broken_at'] or 'none'} | {'ok' if m['ok'] else 'FAIL'} |")
                for m in report.get("matmul", [])],
              f"(matmul tolerance {MATMUL_TOL:g} of max |x| @ |W|^T; widths {', '.join(map(str, MATMUL_WIDTHS))}; "

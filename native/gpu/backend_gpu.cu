@@ -67,9 +67,11 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     LUCE_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const char *kernels = std::getenv("LUCE_GPU_KERNELS");
     exact_kernels_ = kernels && std::strcmp(kernels, "exact") == 0;
-    // LUCE_GPU_MATMUL=dp4a keeps the dp4a int8 kernel: the fallback if the tensor-core one misbehaves.
+    // LUCE_GPU_MATMUL=mma picks the tensor-core int8 kernel. Not the default: on an H200
+    // (2026-12-03, 27B IQ4_XS) it took 71 us for a 17408x5120 decode matmul against dp4a's 37 us,
+    // and was no faster at 16 tokens (183 vs 173 us); both are exact to the int8 oracle.
     const char *mm = std::getenv("LUCE_GPU_MATMUL");
-    mma_matmul_ = gpu::mma_matmul_supported(prop.major) && !(mm && std::strcmp(mm, "dp4a") == 0);
+    mma_matmul_ = gpu::mma_matmul_supported(prop.major) && mm && std::strcmp(mm, "mma") == 0;
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
         profile_ = std::make_unique<gpu::OpProfile>(prof);
     argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
@@ -179,8 +181,8 @@ static void refuse_tree_mode(const int32_t *parent) {
     if (parent) fail(LUCE_ERR_UNSUPPORTED, "the GPU backend has no tree-mode DeltaNet yet");
 }
 
-// Quantized weights take int8 activations (the CPU fast path's contract: matmul_mma.cu on CUDA
-// sm_80+, matmul_int8.cu's dp4a kernel on HIP, older devices or LUCE_GPU_MATMUL=dp4a; one of the
+// Quantized weights take int8 activations (the CPU fast path's contract: matmul_int8.cu's dp4a
+// kernel, or matmul_mma.cu's tensor-core one under LUCE_GPU_MATMUL=mma on CUDA sm_80+; one of the
 // two for every width, which keeps verify rows bit-identical to decode) unless
 // LUCE_GPU_KERNELS=exact asked for the fp32-activation kernels, the GPU twin of
 // LUCE_CPU_KERNELS=exact. The activation scratch grows to the largest T x n_in seen. It must

@@ -87,7 +87,7 @@ private:
     int32_t *argmax_result_ = nullptr;       // device scratch for argmax
     std::map<uintptr_t, size_t> allocations_;
     std::unique_ptr<gpu::OpProfile> profile_;  // LUCE_GPU_PROFILE=FILE (op_profile.h)
-    bool mma_matmul_ = false;                // tensor-core int8 matmul (sm_80+, LUCE_GPU_MATMUL != dp4a)
+    bool mma_matmul_ = false;                // tensor-core int8 matmul (sm_80+, LUCE_GPU_MATMUL=mma)
     bool exact_kernels_ = false;             // LUCE_GPU_KERNELS=exact: fp32 activations for every type
     void *act_scratch_ = nullptr;            // int8 activations of the quantized matmuls, grown on demand
     size_t act_scratch_bytes_ = 0;
