@@ -75,9 +75,10 @@ __global__ void quantize_acts_kernel(const float *x, int n_in, int block, int8_t
     }
 }
 
-// R rows per warp: each token's activations are loaded once for R rows (at T = 16 the activation
-// loads, not the weights, bound a one-row warp: 175 us for a 17408x5120 IQ4_XS step on an H200,
-// 2026-12-03). Decode keeps R = 1: more warps, more weight loads in flight.
+// R rows per warp: each token's activations are loaded once for R rows. Measured on an H200
+// (2026-12-03, 27B): R = 2 at 9-32 tokens cut a 16-token verify step from 77.5 to 74.7 ms, but
+// R = 4 at 2-8 tokens made those steps slower (width 2: 1.15x -> 1.51x width 1), so widths up
+// to 8 keep R = 1 like decode: more warps, more weight loads in flight.
 template <int TYPE, int NT, int R>
 __global__ void matmul_int8_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int64_t n_out, const int8_t *xq,
                                    const float *xd, const int16_t *xs, int act_block, int T, float *y, int64_t ldy) {
@@ -150,7 +151,7 @@ struct Int8Launch {
             fail(LUCE_ERR_INTERNAL, "int8 matmul called for float type %d", TYPE);
         } else {
             if (T == 1) launch<TYPE, 1, 1>();
-            else if (T <= 8) launch<TYPE, 8, 4>();
+            else if (T <= 8) launch<TYPE, 8, 1>();
             else launch<TYPE, 32, 2>();
         }
     }
