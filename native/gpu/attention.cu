@@ -53,6 +53,33 @@ __global__ void kv_store_kernel(float *kc, float *vc, int n_ctx, const float *k,
     vc[dst] = v[idx];
 }
 
+// Warp `warp` of W runs an online softmax over its share (j = j0 + warp, + W, ...) of the visible
+// keys in [j0, j1) (mrow: the tree mask row, or null for causal) against the query in shared
+// memory, accumulating into my_acc[D], and leaves its running max and sum in sm[warp], sl[warp]
+// for the block's merge. Shared by the one-pass and the split-KV kernels.
+__device__ __forceinline__ void attend_keys(const float *sq, const float *K, const float *V, int D,
+                                            const uint8_t *mrow, int j0, int j1, int warp, int W, int lane,
+                                            float scale, float *my_acc, float *sm, float *sl) {
+    float m = -INFINITY, l = 0.f;
+    for (int j = j0 + warp; j < j1; j += W) {
+        if (mrow && !mrow[j]) continue;  // uniform across the warp
+        const float *kj = K + int64_t(j) * D, *vj = V + int64_t(j) * D;
+        float s = 0.f;
+        for (int d = lane; d < D; d += warpSize) s += sq[d] * kj[d];
+        s = warp_sum(s) * scale;
+        const float m_new = fmaxf(m, s);
+        const float corr = expf(m - m_new), p = expf(s - m_new);
+        l = l * corr + p;
+        for (int d = lane; d < D; d += warpSize) my_acc[d] = my_acc[d] * corr + p * vj[d];
+        m = m_new;
+    }
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+    __syncthreads();
+}
+
 // Dynamic shared memory: q[D] | acc[W][D] | m[W] | l[W].
 __global__ void attention_kernel(const float *q, const float *kc, const float *vc, int n_ctx,
                                  const int32_t *pos, const uint8_t *mask, int n_head, int group,
@@ -71,24 +98,7 @@ __global__ void attention_kernel(const float *q, const float *kc, const float *v
 
     const int n_keys = mask ? n_ctx : pos[t] + 1;
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    float m = -INFINITY, l = 0.f;
-    for (int j = warp; j < n_keys; j += W) {
-        if (mrow && !mrow[j]) continue;  // uniform across the warp
-        const float *kj = K + int64_t(j) * D, *vj = V + int64_t(j) * D;
-        float s = 0.f;
-        for (int d = lane; d < D; d += warpSize) s += sq[d] * kj[d];
-        s = warp_sum(s) * scale;
-        const float m_new = fmaxf(m, s);
-        const float corr = expf(m - m_new), p = expf(s - m_new);
-        l = l * corr + p;
-        for (int d = lane; d < D; d += warpSize) my_acc[d] = my_acc[d] * corr + p * vj[d];
-        m = m_new;
-    }
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
-    }
-    __syncthreads();
+    attend_keys(sq, K, V, D, mrow, 0, n_keys, warp, W, lane, scale, my_acc, sm, sl);
 
     float M = -INFINITY;
     for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w]);
@@ -127,24 +137,7 @@ __global__ void attention_split_kernel(const float *q, const float *kc, const fl
     const int n_keys = mask ? n_ctx : min(pos[t] + 1, n_ctx);
     const int j0 = split * chunk, j1 = min(j0 + chunk, n_keys);
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    float m = -INFINITY, l = 0.f;
-    for (int j = j0 + warp; j < j1; j += W) {
-        if (mrow && !mrow[j]) continue;  // uniform across the warp
-        const float *kj = K + int64_t(j) * D, *vj = V + int64_t(j) * D;
-        float s = 0.f;
-        for (int d = lane; d < D; d += warpSize) s += sq[d] * kj[d];
-        s = warp_sum(s) * scale;
-        const float m_new = fmaxf(m, s);
-        const float corr = expf(m - m_new), p = expf(s - m_new);
-        l = l * corr + p;
-        for (int d = lane; d < D; d += warpSize) my_acc[d] = my_acc[d] * corr + p * vj[d];
-        m = m_new;
-    }
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
-    }
-    __syncthreads();
+    attend_keys(sq, K, V, D, mrow, j0, j1, warp, W, lane, scale, my_acc, sm, sl);
 
     float M = -INFINITY;
     for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w]);

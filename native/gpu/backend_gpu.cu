@@ -130,6 +130,18 @@ void GpuBackend::release(void *p) {
     allocations_.erase(it);
 }
 
+// Scratch buffers grow to the largest request seen and are never shrunk (a step asks for the
+// same shapes every time); growing frees the old buffer first. Never called inside a graph
+// capture: a step runs eagerly before it is recorded, which grows everything it needs.
+void GpuBackend::grow(void *&buf, size_t &bytes, size_t need) {
+    if (need <= bytes) return;
+    release(buf);
+    buf = nullptr;
+    bytes = 0;
+    buf = alloc(need);
+    bytes = need;
+}
+
 bool GpuBackend::owns(const void *p) const {
     const auto addr = reinterpret_cast<uintptr_t>(p);
     auto it = allocations_.upper_bound(addr);
@@ -207,11 +219,7 @@ void GpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_
         // which wrote into x (checked below).
         const bool have = acts_.x == x && acts_.T == T && acts_.n_in == w.n_in && acts_.block == block;
         const size_t need = size_t(gpu::act_scratch_bytes(w.n_in, T));
-        if (!have && need > act_scratch_bytes_) {
-            release(act_scratch_);
-            act_scratch_ = alloc(need);
-            act_scratch_bytes_ = need;
-        }
+        if (!have) grow(act_scratch_, act_scratch_bytes_, need);
         const gpu::ActScratch a = gpu::act_scratch_at(act_scratch_, w.n_in, T);
         if (!have) gpu::quantize_acts(stream_, warp_, x, int(w.n_in), T, block, a);
         if (mma_matmul_) gpu::matmul_mma(stream_, w, T, y, ldy, a);
@@ -271,13 +279,7 @@ void GpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
                            int T, int n_head, int n_head_kv, int head_dim, float *out) {
     LUCE_OP("attention");
     const size_t need = attn_split_ ? size_t(gpu::attention_scratch_bytes(T, n_head, head_dim, kv.n_ctx)) : 0;
-    if (need > attn_scratch_bytes_) {
-        release(attn_scratch_);
-        attn_scratch_ = nullptr;
-        attn_scratch_bytes_ = 0;
-        attn_scratch_ = alloc(need);
-        attn_scratch_bytes_ = need;
-    }
+    grow(attn_scratch_, attn_scratch_bytes_, need);
     gpu::attention(stream_, warp_, q, kv, pos, mask, T, n_head, n_head_kv, head_dim, out,
                    need ? attn_scratch_ : nullptr, int64_t(attn_scratch_bytes_));
 }
@@ -396,17 +398,10 @@ void GpuBackend::argmax_rows(const float *x, int n_rows, int64_t n, int32_t *out
     gpu::argmax_rows(stream_, x, n_rows, n, out);
 }
 
-// The scratch grows to the largest request seen (a drafter asks for the same shape every step).
 void GpuBackend::topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals) {
     LUCE_OP("topk_rows");
     const size_t need = size_t(gpu::topk_scratch_bytes(n_rows, n, k));
-    if (need > topk_scratch_bytes_) {
-        release(topk_scratch_);
-        topk_scratch_ = nullptr;
-        topk_scratch_bytes_ = 0;
-        topk_scratch_ = alloc(need);
-        topk_scratch_bytes_ = need;
-    }
+    grow(topk_scratch_, topk_scratch_bytes_, need);
     gpu::topk_rows(stream_, x, n_rows, n, k, ids, vals, topk_scratch_);
 }
 

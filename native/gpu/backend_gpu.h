@@ -79,6 +79,7 @@ public:
 
 private:
     bool owns(const void *p) const;  // p lies inside one of our allocations
+    void grow(void *&buf, size_t &bytes, size_t need);  // scratch of at least `need` bytes
 
     int device_ = 0;
     int warp_ = 32;  // the device's warp size: 32 on NVIDIA and RDNA, 64 on CDNA
