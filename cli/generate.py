@@ -12,12 +12,26 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 from rich.table import Table
 
 from luce.engine import DEFAULT_CTX_SIZE, DEFAULT_MAX_TOKENS, DEVICES
 from luce.errors import LuceError
 
 stderr = Console(stderr=True)
+
+
+def open_engine(engine_cls, model, device: str, threads: int, ctx_size: int, draft):
+    """The Engine, with a progress bar on stderr while its weights upload to a GPU (when stderr is
+    a terminal: a 15 GB upload takes seconds; the CPU maps the file and shows nothing)."""
+    if device == "cpu" or not stderr.is_terminal:
+        return engine_cls(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft)
+    with Progress(TextColumn("uploading weights"), BarColumn(), DownloadColumn(), console=stderr,
+                  transient=True) as bar:
+        task = bar.add_task("upload", total=None)
+        return engine_cls(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft,
+                          progress=lambda done, total: bar.update(task, completed=done, total=total))
+
 
 DEFAULT_TEMPERATURE = 0.0
 DEFAULT_TOP_K = 0
@@ -230,7 +244,7 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
                         adaptive=not no_adaptive, dspark_confidence_threshold=dspark_confidence_threshold,
                         verify_cap_from=verify_cap if verify_cap > 0 else -1)
     try:
-        with Engine(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft) as engine:
+        with open_engine(Engine, model, device, threads, ctx_size, draft) as engine:
             if prompts_file is not None:
                 run_batch(engine, jobs, settings, output_file, as_json)
             elif as_json:

@@ -597,8 +597,10 @@ def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int
     from luce import Engine
 
     rng = np.random.default_rng(7)
+    uploads = []  # the load progress reports: per tensor on the GPU, done == total last
     with Engine(path, device="cpu", threads=threads, ctx_size=256) as cpu, \
-            Engine(path, device=dut, threads=max(1, threads // 2), ctx_size=256) as gpu:
+            Engine(path, device=dut, threads=max(1, threads // 2), ctx_size=256,
+                   progress=lambda done, total: uploads.append((done, total))) as gpu:
         V = cpu.info.n_vocab
         ids = rng.integers(0, V, 70).tolist()  # 70 tokens: a 64-token chunk plus 6
         want, got = cpu.logits(ids), gpu.logits(ids)
@@ -625,9 +627,12 @@ def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int
                                 "checked": margin > MARGIN_FACTOR * seq_diff,
                                 "identical": cpu_tokens == gpu_tokens})
     n_checked = sum(r["checked"] for r in greedy_rows)
-    ok = (diff <= tol * scale and self_diff <= self_tol * max(scale, 1e-30)
+    progress_ok = (bool(uploads) and uploads[-1][0] == uploads[-1][1] > 0
+                   and all(a[0] <= b[0] for a, b in zip(uploads, uploads[1:]))
+                   and (dut != "gpu" or len(uploads) > 1))
+    ok = (progress_ok and diff <= tol * scale and self_diff <= self_tol * max(scale, 1e-30)
           and all(r["identical"] for r in greedy_rows if r["checked"]) and (n_checked > 0 or not need_checked))
-    return {"tolerance": tol, "self_tolerance": self_tol, "rel_diff": diff / scale, "self_rel_diff": self_diff / scale,
+    return {"upload_progress_ok": progress_ok, "tolerance": tol, "self_tolerance": self_tol, "rel_diff": diff / scale, "self_rel_diff": self_diff / scale,
             "prompts_checked": n_checked, "prompts": len(greedy_rows),
             "checked_identical": sum(r["identical"] for r in greedy_rows if r["checked"]),
             "near_tie_identical": sum(r["identical"] for r in greedy_rows if not r["checked"]),

@@ -52,6 +52,11 @@ typedef struct {
     int32_t device;     /* luce_device */
     int32_t n_threads;  /* CPU worker threads; 0 = one per core */
     int32_t gpu_index;  /* which GPU when device == LUCE_DEVICE_GPU */
+    /* Optional (NULL: none): reports the weights being placed, as bytes done of total, on the
+       loading thread: after each tensor's upload on the GPU, once on the CPU (which maps the
+       file). The last call has done == total. It must not call into luce. */
+    void (*progress)(void *user_data, int64_t done, int64_t total);
+    void *progress_user_data;
 } luce_model_params;
 
 typedef struct {

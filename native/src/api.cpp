@@ -26,7 +26,7 @@ LUCE_API luce_status luce_model_load(const char *path, const luce_model_params *
         require(path, "path");
         require(out, "out");
         *out = nullptr;
-        luce_model_params p{LUCE_DEVICE_CPU, 0, 0};
+        luce_model_params p{LUCE_DEVICE_CPU, 0, 0, nullptr, nullptr};
         if (params) p = *params;
         if (p.device != LUCE_DEVICE_CPU && p.device != LUCE_DEVICE_GPU)
             fail(LUCE_ERR_INVALID_ARGUMENT, "unknown device %d", p.device);
@@ -34,7 +34,10 @@ LUCE_API luce_status luce_model_load(const char *path, const luce_model_params *
         if (p.n_threads < 0 || p.n_threads > 1024)
             fail(LUCE_ERR_INVALID_ARGUMENT, "n_threads = %d must be in 0..1024", p.n_threads);
         auto h = std::make_unique<luce_model>();
-        h->m = luce::load_model(path, p.n_threads, p.device, p.gpu_index);
+        luce::LoadProgress progress;
+        if (p.progress)
+            progress = [&p](int64_t done, int64_t total) { p.progress(p.progress_user_data, done, total); };
+        h->m = luce::load_model(path, p.n_threads, p.device, p.gpu_index, progress);
         *out = h.release();
     });
 }

@@ -231,34 +231,55 @@ void bind_layer(Binder &b, const Hparams &hp, int i, LayerWeights &L) {
 // Copies every weight the forward reads into backend memory, once, in its GGUF encoding, and
 // points the model at the copies (the tied head shares token_embd's copy). The mapped file stays
 // open; the backend frees the copies when it is destroyed.
-void upload_weights(Model &m) {
-    Backend &be = *m.backend;
-    auto matrix = [&](Weight &w) {
-        if (!w.present()) return;
-        const size_t bytes = size_t(row_bytes(w.type, w.n_in)) * size_t(w.n_out);
-        void *dst = be.alloc(bytes);
-        be.upload(dst, w.data, bytes);
-        w.data = dst;
-    };
-    auto vector = [&](Vector &v) {
-        if (v.host.empty()) return;
-        void *dst = be.alloc(v.host.size() * sizeof(float));
-        be.upload(dst, v.host.data(), v.host.size() * sizeof(float));
-        v.device = static_cast<const float *>(dst);
-    };
-    matrix(m.token_embd);
-    if (m.hp.tied_head) m.output = m.token_embd;
-    else matrix(m.output);
-    vector(m.output_norm);
+// Calls on_matrix / on_vector for every weight the backend keeps (the tied head once).
+template <class OnMatrix, class OnVector>
+void for_each_weight(Model &m, OnMatrix on_matrix, OnVector on_vector) {
+    on_matrix(m.token_embd);
+    if (!m.hp.tied_head) on_matrix(m.output);
+    on_vector(m.output_norm);
     for (LayerWeights &L : m.layers) {
-        vector(L.attn_norm);
-        vector(L.post_norm);
+        on_vector(L.attn_norm);
+        on_vector(L.post_norm);
         for (Weight *w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o,
                           &L.ssm.qkv, &L.ssm.gate, &L.ssm.beta, &L.ssm.alpha, &L.ssm.out})
-            matrix(*w);
+            on_matrix(*w);
         for (Vector *v : {&L.attn.q_norm, &L.attn.k_norm, &L.ssm.conv, &L.ssm.dt_bias, &L.ssm.a, &L.ssm.norm})
-            vector(*v);
+            on_vector(*v);
     }
+}
+
+size_t matrix_bytes(const Weight &w) { return w.present() ? size_t(row_bytes(w.type, w.n_in)) * size_t(w.n_out) : 0; }
+size_t vector_bytes(const Vector &v) { return v.host.size() * sizeof(float); }
+
+void upload_weights(Model &m, const LoadProgress &progress) {
+    Backend &be = *m.backend;
+    int64_t total = 0, done = 0;
+    for_each_weight(m, [&](Weight &w) { total += int64_t(matrix_bytes(w)); },
+                    [&](Vector &v) { total += int64_t(vector_bytes(v)); });
+    auto uploaded = [&](size_t bytes) {
+        done += int64_t(bytes);
+        if (progress && bytes) progress(done, total);
+    };
+    for_each_weight(
+        m,
+        [&](Weight &w) {
+            const size_t bytes = matrix_bytes(w);
+            if (!bytes) return;
+            void *dst = be.alloc(bytes);
+            be.upload(dst, w.data, bytes);
+            w.data = dst;
+            uploaded(bytes);
+        },
+        [&](Vector &v) {
+            const size_t bytes = vector_bytes(v);
+            if (!bytes) return;
+            void *dst = be.alloc(bytes);
+            be.upload(dst, v.host.data(), bytes);
+            v.device = static_cast<const float *>(dst);
+            uploaded(bytes);
+        });
+    if (m.hp.tied_head) m.output = m.token_embd;  // shares the embedding's device copy
+    if (progress && done != total) progress(total, total);
 }
 
 }  // namespace
@@ -279,7 +300,8 @@ int Hparams::max_kv_width() const {
     return w;
 }
 
-std::unique_ptr<Model> load_model(const std::string &path, int n_threads, int device, int gpu_index) {
+std::unique_ptr<Model> load_model(const std::string &path, int n_threads, int device, int gpu_index,
+                                  const LoadProgress &progress) {
     auto m = std::make_unique<Model>();
     m->file.reset(GgufFile::open(path));
     const GgufFile &f = *m->file;
@@ -320,9 +342,10 @@ std::unique_ptr<Model> load_model(const std::string &path, int n_threads, int de
     }
     if (device == LUCE_DEVICE_GPU) {
         m->backend = open_gpu_backend(gpu_index, m->weight_bytes);  // checks memory first
-        upload_weights(*m);
+        upload_weights(*m, progress);
     } else {
         m->backend = std::make_unique<CpuBackend>(n_threads);
+        if (progress) progress(m->weight_bytes, m->weight_bytes);  // mapped: nothing to move
     }
     return m;
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -86,6 +87,9 @@ struct Model {
 // Opens, validates and binds a qwen35 GGUF. Throws luce::Error (FORMAT / UNSUPPORTED / IO).
 // device is a luce_device: on LUCE_DEVICE_GPU the GPU backend is opened (gpu_loader.h) and every
 // weight uploaded once, in its encoding (LUCE_ERR_DEVICE if that is not possible).
-std::unique_ptr<Model> load_model(const std::string &path, int n_threads, int device = 0, int gpu_index = 0);
+// Reports weight placement as (bytes done, total): per tensor upload on the GPU, once on the CPU.
+using LoadProgress = std::function<void(int64_t done, int64_t total)>;
+std::unique_ptr<Model> load_model(const std::string &path, int n_threads, int device = 0, int gpu_index = 0,
+                                  const LoadProgress &progress = {});
 
 }  // namespace luce

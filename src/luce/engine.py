@@ -12,6 +12,8 @@
 The engine owns one native model and one session (KV cache + DeltaNet state, `ctx_size`
 positions; `kv_cache="f16"` halves the attention cache at a ~1e-3 relative cost in accuracy). Every call to `generate` or `logits` starts from an empty context. The tokenizer and
 chat template come from the GGUF itself. Errors are LuceError with one line from the runtime.
+`progress=callable(done, total)` reports the weights being placed (bytes; per tensor while they
+upload to a GPU; `luce generate` draws it as a progress bar).
 """
 from __future__ import annotations
 
@@ -97,7 +99,8 @@ DRAFTER_KINDS = ("DFlash", "DFlash 2", "DSpark")
 class Engine:
     def __init__(self, model: str | os.PathLike, *, device: str = "cpu", threads: int = 0,
                  ctx_size: int = DEFAULT_CTX_SIZE, kv_cache: str = "f32",
-                 draft: str | os.PathLike | None = None):
+                 draft: str | os.PathLike | None = None,
+                 progress: Callable[[int, int], None] | None = None):
         if kv_cache not in KV_CACHE_TYPES:
             raise LuceError(f"unknown KV cache type '{kv_cache}' (choose from {', '.join(KV_CACHE_TYPES)})")
         if device not in DEVICES:
@@ -116,7 +119,7 @@ class Engine:
         candidates = ("gpu", "cpu") if device == "auto" else (device,)
         for i, dev in enumerate(candidates):
             try:
-                self._model = self._load(dev, threads)
+                self._model = self._load(dev, threads, progress)
                 self.device = dev
                 break
             except LuceError as e:
@@ -164,11 +167,26 @@ class Engine:
         check(lib().luce_drafter_get_info(self._drafter, info))
         self.draft_info = DrafterInfo._from_native(info)
 
-    def _load(self, device: str, threads: int):
-        params = ffi.new("luce_model_params *", {"device": _DEVICE_IDS[device],
-                                                 "n_threads": threads, "gpu_index": 0})
+    def _load(self, device: str, threads: int, progress: Callable[[int, int], None] | None):
+        """progress(done, total) in bytes as the weights are placed (per tensor on the GPU, once on
+        the CPU). An exception it raises is re-raised once the model is loaded (and freed)."""
+        failed: list[BaseException] = []
+
+        def report(_user_data, done, total):
+            if not failed:
+                try:
+                    progress(int(done), int(total))
+                except BaseException as e:  # noqa: BLE001 - carried across the C frame, re-raised below
+                    failed.append(e)
+
+        callback = ffi.callback("void(void *, int64_t, int64_t)", report) if progress else ffi.NULL
+        params = ffi.new("luce_model_params *", {"device": _DEVICE_IDS[device], "n_threads": threads,
+                                                 "gpu_index": 0, "progress": callback})
         out = ffi.new("luce_model **")
         check(lib().luce_model_load(os.fsencode(self.path), params, out), str(self.path))
+        if failed:
+            lib().luce_model_free(out[0])
+            raise failed[0]
         return out[0]
 
     # -- lifecycle -------------------------------------------------------------------------
