@@ -155,14 +155,9 @@ DRAFTERS = replace(
 # so the restart does not undo the first cosine's annealing; the cosine is as before.
 DRAFTERS_LONG = replace(
     DRAFTERS,
-    drafter_train={
-        "dflash": td.DrafterTrain(batch=32, anchors=48, lr=6e-4, budget_s=90, max_steps=20000,
-                                  warmup=20, gamma=7.0),
-        "dflash2": td.DrafterTrain(batch=32, anchors=48, lr=5e-4, budget_s=210, max_steps=20000,
-                                   warmup=20, gamma=7.0),
-        "dspark": td.DrafterTrain(batch=32, anchors=48, lr=4e-4, budget_s=90, max_steps=20000,
-                                  warmup=20, gamma=4.0),
-    },
+    drafter_train={kind: replace(DRAFTERS.drafter_train[kind], lr=lr, budget_s=budget_s, warmup=20)
+                   for kind, (lr, budget_s) in {"dflash": (6e-4, 90), "dflash2": (5e-4, 210),
+                                                "dspark": (4e-4, 90)}.items()},
     regen_prompts=20480,
 )
 

@@ -68,16 +68,16 @@ KERNEL_ENV = ("LUCE_CPU_KERNELS", "LUCE_GPU_KERNELS")
 
 
 @contextlib.contextmanager
-def kernels(mode: str):
-    """Runs the block with both backends' kernels in `mode` ("exact" or "fast"); the backends read
-    the variables when an engine (GPU) or a matmul (CPU) starts."""
-    saved = {k: os.environ.get(k) for k in KERNEL_ENV}
-    for k in KERNEL_ENV:
-        if mode == "exact":
-            os.environ[k] = "exact"
-        else:
-            os.environ.pop(k, None)
+def env(**variables: str | None):
+    """Runs the block with these environment variables set (None: unset), restoring them after.
+    The backends read their switches when an engine (GPU) or a matmul (CPU) starts."""
+    saved = {k: os.environ.get(k) for k in variables}
     try:
+        for k, v in variables.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         yield
     finally:
         for k, v in saved.items():
@@ -85,6 +85,12 @@ def kernels(mode: str):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def kernels(mode: str):
+    """Both backends' kernel family: "exact" (fp32 activations) or "fast" (the default)."""
+    value = "exact" if mode == "exact" else None
+    return env(**{k: value for k in KERNEL_ENV})
 
 
 MARGIN_FACTOR = 4.0
@@ -379,21 +385,6 @@ def check_deltanet(dut: str) -> list[dict]:
     return rows
 
 
-@contextlib.contextmanager
-def gpu_matmul(kind: str):
-    """Runs the block with LUCE_GPU_MATMUL=kind ("mma": the tensor-core int8 kernel instead of the
-    tensor-core one; read when a GPU backend starts)."""
-    saved = os.environ.get("LUCE_GPU_MATMUL")
-    os.environ["LUCE_GPU_MATMUL"] = kind
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("LUCE_GPU_MATMUL", None)
-        else:
-            os.environ["LUCE_GPU_MATMUL"] = saved
-
-
 def _worst(y, ref, scale: float, T: int) -> tuple[float, list[int]]:
     """(max |y - ref| / scale, [T, token, row] where it occurs)."""
     import numpy as np
@@ -466,7 +457,7 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
             err["exact"] = max(err["exact"], float(np.abs(y - x.astype(np.float64) @ w.T).max()) / scale)
             xs = quantized_activations(x, block) if block else x.astype(np.float64)
             for kind in ("fast", "mma") if block and dut == "gpu" else ("fast",):
-                with kernels("fast"), gpu_matmul("dp4a" if kind == "fast" else kind):
+                with kernels("fast"), env(LUCE_GPU_MATMUL="dp4a" if kind == "fast" else kind):
                     y = run(int(qtype), raw, n_rows, n_cols, x)
                 e, at = _worst(y, xs @ w.T, scale, T)
                 if worst[kind] is None or e > err[kind]:
@@ -505,25 +496,6 @@ def greedy(engine, ids, n: int):
 GRAPH_STEPS = 24  # one-token steps compared between graph replay and eager launches
 
 
-class _env:
-    """Sets environment variables for the block (the GPU backend reads its switches when a model
-    is loaded), restoring them after."""
-
-    def __init__(self, **env):
-        self.env = env
-
-    def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def check_graphs(path: Path, dut: str, threads: int) -> dict:
     """Step graphs (LUCE_GPU_GRAPHS=1) against eager launches on one fixture model: the logits of
     a prefill and GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the
@@ -534,7 +506,7 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
     from luce.binding import check, ffi, lib
 
     def run(graphs: str):
-        with _env(LUCE_GPU_GRAPHS=graphs):
+        with env(LUCE_GPU_GRAPHS=graphs):
             eng = Engine(path, device=dut, threads=threads)
         try:
             L, session, V = lib(), eng._session, eng.info.n_vocab
@@ -571,7 +543,7 @@ def bench_graph_decode(path: Path, dut: str, threads: int, deadline: float) -> d
 
     if time.perf_counter() > deadline:
         return "skipped: time budget"
-    with _env(LUCE_GPU_GRAPHS="1"):
+    with env(LUCE_GPU_GRAPHS="1"):
         eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
     try:
         ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 16).astype(np.int32)
@@ -808,8 +780,7 @@ def profile_steps(path: Path, threads: int, ids, profile_path: Path) -> str:
     from luce.binding import check, ffi, lib
 
     log("profile")
-    os.environ["LUCE_GPU_PROFILE"] = str(profile_path)
-    try:
+    with env(LUCE_GPU_PROFILE=str(profile_path)):
         with open(profile_path, "a") as f:
             f.write("## decode: 16-token prompt, 8 greedy steps (prefill included)\n")
         with Engine(path, device="gpu", threads=threads, ctx_size=1024) as eng:
@@ -826,8 +797,6 @@ def profile_steps(path: Path, threads: int, ids, profile_path: Path) -> str:
                 chunk = np.ascontiguousarray(toks[64 + 16 * k:80 + 16 * k])
                 check(L.luce_session_eval(eng._session, ffi.from_buffer("int32_t[]", chunk), 16,
                                           ffi.from_buffer("float[]", logits), 16))
-    finally:
-        os.environ.pop("LUCE_GPU_PROFILE", None)
     return str(profile_path)
 
 

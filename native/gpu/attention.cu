@@ -53,13 +53,17 @@ __global__ void kv_store_kernel(float *kc, float *vc, int n_ctx, const float *k,
     vc[dst] = v[idx];
 }
 
-// Warp `warp` of W runs an online softmax over its share (j = j0 + warp, + W, ...) of the visible
-// keys in [j0, j1) (mrow: the tree mask row, or null for causal) against the query in shared
-// memory, accumulating into my_acc[D], and leaves its running max and sum in sm[warp], sl[warp]
-// for the block's merge. Shared by the one-pass and the split-KV kernels.
-__device__ __forceinline__ void attend_keys(const float *sq, const float *K, const float *V, int D,
+// The block stages the query qh in shared memory (sq), then warp `warp` of W runs an online
+// softmax over its share (j = j0 + warp, + W, ...) of the visible keys in [j0, j1) (mrow: the tree
+// mask row, or null for causal), accumulating into my_acc[D] from zero, and leaves its running
+// max and sum in sm[warp], sl[warp] for the block's merge. Shared by the one-pass and the
+// split-KV kernels.
+__device__ __forceinline__ void attend_keys(const float *qh, float *sq, const float *K, const float *V, int D,
                                             const uint8_t *mrow, int j0, int j1, int warp, int W, int lane,
                                             float scale, float *my_acc, float *sm, float *sl) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) sq[d] = qh[d];
+    for (int d = lane; d < D; d += warpSize) my_acc[d] = 0.f;
+    __syncthreads();
     float m = -INFINITY, l = 0.f;
     for (int j = j0 + warp; j < j1; j += W) {
         if (mrow && !mrow[j]) continue;  // uniform across the warp
@@ -91,14 +95,11 @@ __global__ void attention_kernel(const float *q, const float *kc, const float *v
     const float *qh = q + (int64_t(t) * n_head + h) * D;
     const float *K = kc + int64_t(h / group) * n_ctx * D;
     const float *V = vc + int64_t(h / group) * n_ctx * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) sq[d] = qh[d];
     float *my_acc = acc + warp * D;
-    for (int d = lane; d < D; d += warpSize) my_acc[d] = 0.f;
-    __syncthreads();
 
     const int n_keys = mask ? n_ctx : pos[t] + 1;
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    attend_keys(sq, K, V, D, mrow, 0, n_keys, warp, W, lane, scale, my_acc, sm, sl);
+    attend_keys(qh, sq, K, V, D, mrow, 0, n_keys, warp, W, lane, scale, my_acc, sm, sl);
 
     float M = -INFINITY;
     for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w]);
@@ -129,15 +130,12 @@ __global__ void attention_split_kernel(const float *q, const float *kc, const fl
     const float *qh = q + (int64_t(t) * n_head + h) * D;
     const float *K = kc + int64_t(h / group) * n_ctx * D;
     const float *V = vc + int64_t(h / group) * n_ctx * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) sq[d] = qh[d];
     float *my_acc = acc + warp * D;
-    for (int d = lane; d < D; d += warpSize) my_acc[d] = 0.f;
-    __syncthreads();
 
     const int n_keys = mask ? n_ctx : min(pos[t] + 1, n_ctx);
     const int j0 = split * chunk, j1 = min(j0 + chunk, n_keys);
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    attend_keys(sq, K, V, D, mrow, j0, j1, warp, W, lane, scale, my_acc, sm, sl);
+    attend_keys(qh, sq, K, V, D, mrow, j0, j1, warp, W, lane, scale, my_acc, sm, sl);
 
     float M = -INFINITY;
     for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w]);

@@ -30,6 +30,11 @@ constexpr size_t STAGED_MAX = 64 << 10;
     LUCE_TIMED(key)
 #define LUCE_TIMED(key) gpu::ProfileScope luce_op_scope_(profile_.get(), stream_, key)
 
+bool env_is(const char *name, const char *value) {
+    const char *v = std::getenv(name);
+    return v && std::strcmp(v, value) == 0;
+}
+
 const char *type_name(int32_t type) {
     switch (type) {
         case GGML_F32: return "F32";
@@ -65,22 +70,18 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     name_ = std::string("cuda:") + prop.name;
 #endif
     LUCE_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    const char *kernels = std::getenv("LUCE_GPU_KERNELS");
-    exact_kernels_ = kernels && std::strcmp(kernels, "exact") == 0;
+    // Switches, read once per backend (docs/gpu.md lists them).
+    exact_kernels_ = env_is("LUCE_GPU_KERNELS", "exact");
     // LUCE_GPU_MATMUL=mma picks the tensor-core int8 kernel. Not the default: on an H200
     // (2026-12-03, 27B IQ4_XS) it took 71 us for a 17408x5120 decode matmul against dp4a's 37 us,
     // and was no faster at 16 tokens (183 vs 173 us); both are exact to the int8 oracle.
-    const char *mm = std::getenv("LUCE_GPU_MATMUL");
-    mma_matmul_ = gpu::mma_matmul_supported(prop.major) && mm && std::strcmp(mm, "mma") == 0;
+    mma_matmul_ = gpu::mma_matmul_supported(prop.major) && env_is("LUCE_GPU_MATMUL", "mma");
+    attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
+    graphs_ = env_is("LUCE_GPU_GRAPHS", "1");
+    delta_registers_ = !env_is("LUCE_GPU_DELTANET_REG", "0");
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
         profile_ = std::make_unique<gpu::OpProfile>(prof);
     argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
-    const char *split = std::getenv("LUCE_GPU_ATTN_SPLIT");
-    attn_split_ = !(split && std::strcmp(split, "0") == 0);
-    const char *graphs = std::getenv("LUCE_GPU_GRAPHS");
-    graphs_ = graphs && std::strcmp(graphs, "1") == 0;
-    const char *reg = std::getenv("LUCE_GPU_DELTANET_REG");
-    delta_registers_ = !(reg && std::strcmp(reg, "0") == 0);
     // No pinned memory (locked-memory limits): uploads stay pageable, which is only slower.
     void *pinned = nullptr;
     if (cudaHostAlloc(&pinned, STAGING_BYTES, cudaHostAllocDefault) == cudaSuccess) staging_ = static_cast<char *>(pinned);
