@@ -21,16 +21,18 @@ from luce.errors import LuceError
 stderr = Console(stderr=True)
 
 
-def open_engine(engine_cls, model, device: str, threads: int, ctx_size: int, draft):
+def open_engine(model, device: str, threads: int, ctx_size: int, draft):
     """The Engine, with a progress bar on stderr while its weights upload to a GPU (when stderr is
     a terminal: a 15 GB upload takes seconds; the CPU maps the file and shows nothing)."""
+    from luce.engine import Engine  # imported on use: `luce --help` stays fast
+
     if device == "cpu" or not stderr.is_terminal:
-        return engine_cls(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft)
+        return Engine(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft)
     with Progress(TextColumn("uploading weights"), BarColumn(), DownloadColumn(), console=stderr,
                   transient=True) as bar:
         task = bar.add_task("upload", total=None)
-        return engine_cls(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft,
-                          progress=lambda done, total: bar.update(task, completed=done, total=total))
+        return Engine(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft,
+                      progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
 DEFAULT_TEMPERATURE = 0.0
@@ -235,8 +237,6 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
             raise LuceError("the prompt is empty")
         jobs = [{"prompt": text}]
 
-    from luce.engine import Engine
-
     settings = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     ignore_eos=ignore_eos, chat=chat)
     if draft is not None:
@@ -244,7 +244,7 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
                         adaptive=not no_adaptive, dspark_confidence_threshold=dspark_confidence_threshold,
                         verify_cap_from=verify_cap if verify_cap > 0 else -1)
     try:
-        with open_engine(Engine, model, device, threads, ctx_size, draft) as engine:
+        with open_engine(model, device, threads, ctx_size, draft) as engine:
             if prompts_file is not None:
                 run_batch(engine, jobs, settings, output_file, as_json)
             elif as_json:

@@ -279,7 +279,6 @@ void upload_weights(Model &m, const LoadProgress &progress) {
             uploaded(bytes);
         });
     if (m.hp.tied_head) m.output = m.token_embd;  // shares the embedding's device copy
-    if (progress && done != total) progress(total, total);
 }
 
 }  // namespace
