@@ -201,22 +201,24 @@ def _matmul_fn(dut: str):
     fn = lib.luce_gpu_matmul if dut == "gpu" else lib.luce_matmul
     fn.restype = ctypes.c_int
 
-    def call(qtype: int, raw: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray) -> np.ndarray:
+    def call(qtype: int, raw: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray, timing_reps: int = 0):
+        """y; with timing_reps (GPU only), (y, microseconds per matmul kernel)."""
         raw = np.ascontiguousarray(raw)
         x = np.ascontiguousarray(x, dtype=np.float32)
         y = np.zeros((x.shape[0], n_rows), dtype=np.float32)
         err = ctypes.create_string_buffer(512)
+        us = ctypes.c_float(0.0)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
         if dut == "gpu":
             st = fn(ctypes.c_int32(0), ctypes.c_int32(qtype), ptr(raw), ctypes.c_size_t(raw.nbytes),
                     ctypes.c_int64(n_rows), ctypes.c_int64(n_cols), ptr(x), ctypes.c_int64(x.shape[0]), ptr(y),
-                    err, ctypes.c_size_t(len(err)))
+                    ctypes.c_int32(timing_reps), ctypes.byref(us), err, ctypes.c_size_t(len(err)))
         else:
             st = fn(ctypes.c_int32(qtype), ptr(raw), ctypes.c_size_t(raw.nbytes), ctypes.c_int64(n_rows),
                     ctypes.c_int64(n_cols), ptr(x), ctypes.c_int64(x.shape[0]), ptr(y))
         if st != 0:
             raise RuntimeError(f"matmul hook failed with status {st}: {err.value.decode()}")
-        return y
+        return (y, us.value) if timing_reps else y
 
     return call
 
@@ -399,7 +401,7 @@ INVARIANCE_TOKENS = 48
 INVARIANCE_WIDTHS = (2, 4, 8, 16, 32, 48)
 
 
-def _matmul_case(qtype, rng, dut: str, n_rows: int = 99):
+def _matmul_case(qtype, rng, dut: str, n_rows: int = 99, n_cols: int = 512):
     """(raw blocks, n_rows, n_cols, float64 dequantized weights) of one weight type."""
     import gguf.quants
     import numpy as np
@@ -409,7 +411,8 @@ def _matmul_case(qtype, rng, dut: str, n_rows: int = 99):
     import synthetic_qwen35 as synth
 
     block_elems, _ = GGML_QUANT_SIZES[qtype]
-    n_cols = 300 if block_elems == 1 and dut == "gpu" else 512  # a partial 32-element unit at the end
+    if block_elems == 1 and dut == "gpu":
+        n_cols = 300  # a partial 32-element unit at the end
     if qtype in (Q.F32, Q.F16, Q.BF16, Q.Q8_0):
         values = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
         raw = gguf.quants.quantize(values, qtype).view(np.uint8).reshape(n_rows, -1)
@@ -425,7 +428,9 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     - fast kernels (quantized types) against the same weights times the activations quantized by
       the numpy oracle above (both oracles nobody here wrote the weights side of);
     - batch invariance (GPU): row t of a W-token matmul is bit-identical to the one-token matmul
-      of token t, for every W; verify steps rely on it to reproduce decode exactly.
+      of token t, for every W; verify steps rely on it to reproduce decode exactly;
+    - the dp4a and the tensor-core kernel (CUDA sm_80+) give the same bits at every width, so
+      the backend may pick either by width.
     On the CPU dry run the float types are exempt from the size rules and invariance is not
     asserted (the CPU tiles tokens differently by width)."""
     import numpy as np
@@ -437,18 +442,20 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     rng = np.random.default_rng(11)
     rows = []
     # 99 rows: ragged (not a multiple of any kernel's rows per block); 12300: also ragged, and
-    # past the tensor-core kernel's switch to 4 warps per row tile (n_out >= 12288).
-    # (large=False: memcheck, whose 180 s would not cover it.)
-    cases = [(q, 99) for q in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)]
-    cases += [(Q.IQ4_XS, 12300)] if large else []
-    for qtype, n_rows in cases:
-        raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut, n_rows)
+    # past the tensor-core kernel's switch to 32-row tiles (n_out >= 8192); Q8_0 x 480: a row
+    # of 15 units, so the last group of eight is partial; IQ4_XS x 8448: the long-row decode path
+    # (n_in >= 8192). (large=False: memcheck, whose 180 s would not cover it.)
+    cases = [(q, 99, 512) for q in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)]
+    cases += [(Q.Q8_0, 99, 480), (Q.IQ4_XS, 40, 8448)]
+    cases += [(Q.IQ4_XS, 12300, 512)] if large else []
+    for qtype, n_rows, n_cols in cases:
+        raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut, n_rows, n_cols)
         block = ACT_BLOCK.get(qtype.name, 0)
-        # "fast" is the default int8 kernel (dp4a), "mma" the tensor-core one (LUCE_GPU_MATMUL=mma,
-        # CUDA sm_80+; slower at decode widths on an H200, 2026-12-03); worst = [width, token, row]
-        # of the largest error.
+        # "fast": the dp4a int8 kernel forced for every width, "mma": the tensor-core one forced
+        # (LUCE_GPU_MATMUL); worst = [width, token, row] of the largest error.
         err = {"exact": 0.0, "fast": 0.0, "mma": 0.0}
         worst = {"fast": None, "mma": None}
+        kernels_differ = []
         for T in MATMUL_WIDTHS:
             x = rng.standard_normal((T, n_cols)).astype(np.float32)
             scale = float((np.abs(x).astype(np.float64) @ np.abs(w).T).max())
@@ -456,21 +463,25 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
                 y = run(int(qtype), raw, n_rows, n_cols, x)
             err["exact"] = max(err["exact"], float(np.abs(y - x.astype(np.float64) @ w.T).max()) / scale)
             xs = quantized_activations(x, block) if block else x.astype(np.float64)
+            ys = {}
             for kind in ("fast", "mma") if block and dut == "gpu" else ("fast",):
                 with kernels("fast"), env(LUCE_GPU_MATMUL="dp4a" if kind == "fast" else kind):
-                    y = run(int(qtype), raw, n_rows, n_cols, x)
+                    ys[kind] = y = run(int(qtype), raw, n_rows, n_cols, x)
                 e, at = _worst(y, xs @ w.T, scale, T)
                 if worst[kind] is None or e > err[kind]:
                     err[kind], worst[kind] = e, at
+            if "mma" in ys and not np.array_equal(ys["fast"], ys["mma"]):
+                kernels_differ.append(T)
         x = rng.standard_normal((INVARIANCE_TOKENS if invariance else 0, n_cols)).astype(np.float32)
         with kernels("fast"):
             singles = [run(int(qtype), raw, n_rows, n_cols, x[t:t + 1])[0] for t in range(len(x))]
             varying = [W for W in INVARIANCE_WIDTHS if W <= len(x)
                        and not np.array_equal(run(int(qtype), raw, n_rows, n_cols, x[:W]), np.stack(singles[:W]))]
-        ok = err["exact"] <= MATMUL_TOL and err["fast"] <= MATMUL_TOL and err["mma"] <= MATMUL_TOL and not varying
+        ok = (err["exact"] <= MATMUL_TOL and err["fast"] <= MATMUL_TOL and err["mma"] <= MATMUL_TOL and not varying
+              and not kernels_differ)
         rows.append({"type": qtype.name, "rows": n_rows, "cols": n_cols, "rel_err": err["exact"],
                      "rel_err_fast": err["fast"], "worst_fast": worst["fast"], "rel_err_mma": err["mma"],
-                     "worst_mma": worst["mma"], "invariance_broken_at": varying,
+                     "worst_mma": worst["mma"], "invariance_broken_at": varying, "kernels_differ_at": kernels_differ,
                      "ok": ok or (dut == "cpu" and (qtype in (Q.F32, Q.F16, Q.BF16) or
                                                      (err["fast"] <= MATMUL_TOL and err["exact"] <= MATMUL_TOL)))})
     return rows
@@ -497,7 +508,7 @@ GRAPH_STEPS = 24  # one-token steps compared between graph replay and eager laun
 
 
 def check_graphs(path: Path, dut: str, threads: int) -> dict:
-    """Step graphs (LUCE_GPU_GRAPHS=1) against eager launches on one fixture model: the logits of
+    """Step graphs (the default) against eager launches (LUCE_GPU_GRAPHS=0) on one fixture model: the logits of
     a prefill and GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the
     tokens of a greedy generation (the device-argmax path)."""
     import numpy as np
@@ -535,15 +546,16 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
     return res
 
 
-def bench_graph_decode(path: Path, dut: str, threads: int, deadline: float) -> dict | str:
-    """Plain greedy decode of the bench model with step graphs on (LUCE_GPU_GRAPHS=1)."""
+def bench_eager_decode(path: Path, dut: str, threads: int, deadline: float) -> dict | str:
+    """Plain greedy decode of the bench model with step graphs off (LUCE_GPU_GRAPHS=0): what the
+    graphs of the main decode bench save."""
     import numpy as np
 
     from luce import Engine
 
     if time.perf_counter() > deadline:
         return "skipped: time budget"
-    with env(LUCE_GPU_GRAPHS="1"):
+    with env(LUCE_GPU_GRAPHS="0"):
         eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
     try:
         ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 16).astype(np.int32)
@@ -762,12 +774,55 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
     finally:
         eng.close()
     try:
-        res["decode_graphs"] = bench_graph_decode(path, dut, threads, deadline)
+        res["decode_eager"] = bench_eager_decode(path, dut, threads, deadline)
     except Exception as e:
-        res["decode_graphs"] = f"error: {type(e).__name__}: {e}"
+        res["decode_eager"] = f"error: {type(e).__name__}: {e}"
     if profile_path is not None and dut == "gpu" and time.perf_counter() < deadline:
         res["profile"] = profile_steps(path, threads, ids, profile_path)
     return res
+
+
+# The 27B's matmul shapes (rows x cols, type of the iq4_xs mix): FFN gate/up and down, the
+# DeltaNet qkv projection, ssm_out, one DeltaNet gate (alpha/beta), and a slice of the Q5_K head.
+KERNEL_SHAPES = (("IQ4_XS", 17408, 5120), ("IQ4_XS", 5120, 17408), ("IQ4_XS", 10240, 5120),
+                 ("Q6_K", 5120, 6144), ("IQ4_XS", 48, 5120), ("Q5_K", 32768, 5120))
+KERNEL_REPS = 20
+
+
+def bench_matmul_kernels(dut: str, deadline: float) -> list[dict]:
+    """Device time of one quantized matmul kernel (activations already quantized) per 27B shape and
+    width: the default choice by width, and the dp4a and tensor-core kernels forced. GB/s counts
+    the weight bytes once per call."""
+    import numpy as np
+    from gguf.constants import GGMLQuantizationType as Q
+
+    sys.path.insert(0, str(REPO / "models"))
+    import synthetic_qwen35 as synth
+
+    if dut != "gpu":
+        return []
+    run = _matmul_fn(dut)
+    rng = np.random.default_rng(5)
+    rows = []
+    for type_name, n_rows, n_cols in KERNEL_SHAPES:
+        qtype = Q[type_name]
+        block_elems, _ = synth.GGML_QUANT_SIZES[qtype]
+        raw = synth.random_blocks(qtype, n_rows * n_cols // block_elems, rng, 0.05).reshape(n_rows, -1)
+        for T in VERIFY_WIDTHS:
+            if time.perf_counter() > deadline:
+                break
+            x = rng.standard_normal((T, n_cols)).astype(np.float32)
+            row = {"type": type_name, "rows": n_rows, "cols": n_cols, "T": T}
+            for kind in ("auto", "dp4a", "mma"):
+                with kernels("fast"), env(LUCE_GPU_MATMUL=None if kind == "auto" else kind):
+                    _, us = run(int(qtype), raw, n_rows, n_cols, x, timing_reps=KERNEL_REPS)
+                row[kind] = {"us": us, "GBps": raw.nbytes / us / 1e3}
+            rows.append(row)
+    for row in rows:
+        one = next(r for r in rows if (r["type"], r["rows"], r["cols"], r["T"]) ==
+                   (row["type"], row["rows"], row["cols"], 1))
+        row["x_width1"] = row["auto"]["us"] / one["auto"]["us"]
+    return rows
 
 
 def profile_steps(path: Path, threads: int, ids, profile_path: Path) -> str:
@@ -986,12 +1041,14 @@ def write_report(out: Path, report: dict) -> None:
              f"fast (int8-activation) kernels (max |gpu-cpu| / max |cpu|); GPU prefill vs GPU decode "
              f"{SELF_TOL:g} (exact) / the model's tolerance (fast); margin factor {MARGIN_FACTOR:g}", "",
              f"| weight type | rows x cols | exact: rel err vs gguf.quants x fp32 | fast: rel err vs int8-activation "
-             f"oracle [width, token, row of worst] | tensor-core (LUCE_GPU_MATMUL=mma): same | widths where row != 1-token row | ok |",
-             "| --- | --- | --- | --- | --- | --- | --- |",
-             *[(f"| {m['type']} | error: {m['error']} | | | | | FAIL |" if "error" in m else
+             f"oracle [width, token, row of worst] | tensor-core (LUCE_GPU_MATMUL=mma): same | widths where row != 1-token row | "
+             f"widths where dp4a != tensor-core bits | ok |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |",
+             *[(f"| {m['type']} | error: {m['error']} | | | | | | FAIL |" if "error" in m else
                 f"| {m['type']} | {m['rows']} x {m['cols']} | {m['rel_err']:.2e} | {m['rel_err_fast']:.2e} "
                 f"{m['worst_fast']} | {_mma_cell(m)} | "
-                f"{m['invariance_broken_at'] or 'none'} | {'ok' if m['ok'] else 'FAIL'} |")
+                f"{m['invariance_broken_at'] or 'none'} | {m.get('kernels_differ_at') or 'none'} | "
+                f"{'ok' if m['ok'] else 'FAIL'} |")
                for m in report.get("matmul", [])],
              f"(matmul tolerance {MATMUL_TOL:g} of max |x| @ |W|^T; widths {', '.join(map(str, MATMUL_WIDTHS))}; "
              f"invariance over {INVARIANCE_TOKENS} tokens)",
@@ -1022,7 +1079,7 @@ def write_report(out: Path, report: dict) -> None:
                      f"{'ok' if c['ok'] else 'FAIL'} |")
     g = report.get("graphs")
     if g:
-        lines.append(f"\n- step graphs (LUCE_GPU_GRAPHS=1) vs eager, {g.get('model')}: " + (
+        lines.append(f"\n- step graphs (default) vs eager (LUCE_GPU_GRAPHS=0), {g.get('model')}: " + (
             f"error: {g['error']}" if "error" in g else
             f"logits of prefill + {g['steps']} one-token steps bitwise identical: {g['identical_logits']} "
             f"(max abs diff {g['max_abs']:.2e}, first diff {g['first_diff']}); greedy tokens identical: "
@@ -1047,6 +1104,18 @@ def write_report(out: Path, report: dict) -> None:
                          f"{r['confidence_diff']:.1e} | {col('lossless')} | {col('gpu_vs_cpu')} | {col('ddtree')} | "
                          f"{taus} | "
                          f"{'ok' if r['ok'] else 'FAIL'} |")
+    ks = report.get("kernels")
+    if ks:
+        lines += ["", f"## Matmul kernels: device time per call, {KERNEL_REPS} calls (activations quantized once)", "",
+                  "| type | rows x cols | T | default: us (GB/s of weights) | x T=1 | dp4a forced | tensor-core forced |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for k in ks:
+            if "error" in k:
+                lines.append(f"| error: {k['error']} | | | | | | |")
+                continue
+            cell = lambda r: f"{r['us']:.1f} ({r['GBps']:.0f})"  # noqa: E731
+            lines.append(f"| {k['type']} | {k['rows']} x {k['cols']} | {k['T']} | {cell(k['auto'])} | "
+                         f"{k['x_width1']:.2f} | {cell(k['dp4a'])} | {cell(k['mma'])} |")
     b = report.get("bench")
     if b:
         lines += ["", f"## Bench: synthetic {b['shape']} {b['mix']} ({b.get('file_gib')} GiB)", ""]
@@ -1058,11 +1127,11 @@ def write_report(out: Path, report: dict) -> None:
                      f"{(bw or 0) / 1e12:.2f} TB/s (read+write); floor {b.get('floor_ms', float('nan')):.2f} ms/token")
         d = b.get("decode")
         if d:
-            lines.append(f"- decode: {d['tok_s']:.1f} tok/s, {d['ms_per_token']:.2f} ms/token"
+            lines.append(f"- decode (step graphs): {d['tok_s']:.1f} tok/s, {d['ms_per_token']:.2f} ms/token"
                          + (f", {100 * d['fraction_of_floor']:.0f}% of the floor" if "fraction_of_floor" in d else ""))
-        dg = b.get("decode_graphs")
+        dg = b.get("decode_eager")
         if dg:
-            lines.append("- decode with step graphs (LUCE_GPU_GRAPHS=1): " + (
+            lines.append("- decode without step graphs (LUCE_GPU_GRAPHS=0): " + (
                 f"{dg['tok_s']:.1f} tok/s, {dg['ms_per_token']:.2f} ms/token" if isinstance(dg, dict) else dg))
         for n, p in (b.get("prefill") or {}).items():
             lines.append(f"- prefill {n}: " + (f"{p['tok_s']:.0f} tok/s ({p['seconds']:.2f} s)" if isinstance(p, dict) else p))
@@ -1114,6 +1183,17 @@ def run(args, out: Path, build_info: dict | None) -> int:
         report["matmul"] = check_matmul_ops(args.dut)
     except Exception as e:
         report["matmul"] = [{"type": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
+    if args.bench_shape != "none" and args.dut == "gpu":
+        log("matmul kernel bench")
+        try:
+            report["kernels"] = bench_matmul_kernels(args.dut, deadline)
+        except Exception as e:
+            report["kernels"] = [{"error": f"{type(e).__name__}: {e}"}]
+    if args.only == "kernels":
+        report["ok"] = all(m["ok"] for m in report["matmul"]) and not any("error" in k for k in report.get("kernels", []))
+        report["seconds"] = time.perf_counter() - t_start
+        write_report(out, report)
+        return 0 if report["ok"] else 1
     log("attention kernels vs float64")
     try:
         report["attention"] = check_attention(args.dut)
@@ -1178,6 +1258,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-drafters", action="store_true", help="skip the drafter checks and the drafter bench")
     ap.add_argument("--drafter-budget", type=float, default=90.0,
                     help="seconds for the drafter checks and bench, after the target bench")
+    ap.add_argument("--only", choices=("all", "kernels"), default="all",
+                    help="kernels: build, the per-type matmul checks and the matmul kernel bench only")
     ap.add_argument("--build-info", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -1187,7 +1269,7 @@ def main(argv=None) -> int:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([info["site"], os.environ.get("PYTHONPATH", "")])}
         cmd = [sys.executable, str(Path(__file__).resolve()), "--skip-build", "--out", str(args.out.resolve()),
                "--dut", args.dut, "--bench-shape", args.bench_shape, "--budget", str(args.budget),
-               "--build-info", json.dumps(info), "--drafter-budget", str(args.drafter_budget)] \
+               "--build-info", json.dumps(info), "--drafter-budget", str(args.drafter_budget), "--only", args.only] \
             + (["--no-memcheck"] if args.no_memcheck else []) + (["--no-drafters"] if args.no_drafters else [])
         return subprocess.run(cmd, cwd="/", env=env).returncode
     return run(args, args.out, json.loads(args.build_info) if args.build_info else None)

@@ -22,6 +22,8 @@ constexpr int64_t LOAD_RESERVE_BYTES = int64_t(512) << 20;
 // Pinned staging ring for per-step uploads; larger uploads (weights at load) go direct.
 constexpr size_t STAGING_BYTES = size_t(1) << 20;
 constexpr size_t STAGED_MAX = 64 << 10;
+// Widths from which the quantized matmuls run on the tensor cores (CUDA sm_80+).
+constexpr int MMA_MIN_TOKENS = 8;
 
 // Starts every op but the matmul: any op may write the memory the quantized activations were
 // made from, so they are forgotten; then brackets the rest of the op for LUCE_GPU_PROFILE.
@@ -72,15 +74,19 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     LUCE_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     // Switches, read once per backend (docs/gpu.md lists them).
     exact_kernels_ = env_is("LUCE_GPU_KERNELS", "exact");
-    // LUCE_GPU_MATMUL=mma picks the tensor-core int8 kernel. Not the default: on an H200
-    // (2026-12-03, 27B IQ4_XS) it took 71 us for a 17408x5120 decode matmul against dp4a's 37 us,
-    // and was no faster at 16 tokens (183 vs 173 us); both are exact to the int8 oracle.
-    mma_matmul_ = gpu::mma_matmul_supported(prop.major) && env_is("LUCE_GPU_MATMUL", "mma");
+    // The dp4a and tensor-core int8 kernels give the same bits, so the width alone picks one:
+    // tensor cores from MMA_MIN_TOKENS up where the device has them. LUCE_GPU_MATMUL=dp4a|mma
+    // forces one kernel for every width (checks and measurements).
+    if (gpu::mma_matmul_supported(prop.major)) mma_min_tokens_ = MMA_MIN_TOKENS;
+    if (env_is("LUCE_GPU_MATMUL", "dp4a")) mma_min_tokens_ = NO_MMA;
+    else if (env_is("LUCE_GPU_MATMUL", "mma") && gpu::mma_matmul_supported(prop.major)) mma_min_tokens_ = 1;
     attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
-    graphs_ = env_is("LUCE_GPU_GRAPHS", "1");
     delta_registers_ = !env_is("LUCE_GPU_DELTANET_REG", "0");
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
         profile_ = std::make_unique<gpu::OpProfile>(prof);
+    // Step graphs unless LUCE_GPU_GRAPHS=0, and never under the profiler, whose per-op events
+    // need the ops launched one by one.
+    graphs_ = !env_is("LUCE_GPU_GRAPHS", "0") && !profile_;
     argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
     // No pinned memory (locked-memory limits): uploads stay pageable, which is only slower.
     void *pinned = nullptr;
@@ -195,8 +201,8 @@ static void refuse_tree_mode(const int32_t *parent) {
 }
 
 // Quantized weights take int8 activations (the CPU fast path's contract: matmul_int8.cu's dp4a
-// kernel, or matmul_mma.cu's tensor-core one under LUCE_GPU_MATMUL=mma on CUDA sm_80+; one of the
-// two for every width, which keeps verify rows bit-identical to decode) unless
+// kernel, or matmul_mma.cu's tensor-core one from mma_min_tokens_ up; both sum in one order, so
+// verify rows stay bit-identical to decode whichever runs) unless
 // LUCE_GPU_KERNELS=exact asked for the fp32-activation kernels, the GPU twin of
 // LUCE_CPU_KERNELS=exact. The activation scratch grows to the largest T x n_in seen. It must
 // never grow while a CUDA graph is being captured (a capture may not allocate): a step is run
@@ -223,8 +229,8 @@ void GpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_
         if (!have) grow(act_scratch_, act_scratch_bytes_, need);
         const gpu::ActScratch a = gpu::act_scratch_at(act_scratch_, w.n_in, T);
         if (!have) gpu::quantize_acts(stream_, warp_, x, int(w.n_in), T, block, a);
-        if (mma_matmul_) gpu::matmul_mma(stream_, w, T, y, ldy, a);
-        else gpu::matmul_int8(stream_, warp_, w, T, y, ldy, a);
+        if (T >= mma_min_tokens_) gpu::matmul_mma(stream_, w, T, y, ldy, a);
+        else gpu::matmul_int8(stream_, w, T, y, ldy, a);
         acts_ = {x, T, w.n_in, block};
     }
     if (acts_.x) {  // y [T rows of n_out, ldy apart] overlapping the quantized source voids it
@@ -456,12 +462,29 @@ extern "C" luce_status luce_gpu_open(int32_t device_index, int64_t bytes_needed,
     }
 }
 
+float luce::GpuBackend::time_matmul(const luce::Weight &w, const float *x, int T, float *y, int reps) {
+    cudaEvent_t start, stop;
+    LUCE_GPU_CHECK(cudaEventCreate(&start));
+    LUCE_GPU_CHECK(cudaEventCreate(&stop));
+    LUCE_GPU_CHECK(cudaEventRecord(start, stream_));
+    for (int i = 0; i < reps; ++i) matmul(w, x, T, y, w.n_out);
+    LUCE_GPU_CHECK(cudaEventRecord(stop, stream_));
+    LUCE_GPU_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    LUCE_GPU_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(stop);
+    return 1000.f * ms / float(reps);
+}
+
 // Test hook for tools/gpu_check.py: one matmul on the device, y[t][r] = sum_c W[r][c] x[t][c]
 // (host in, host out; the CPU twin is luce_matmul in luce.h), so each weight type can be checked
-// against gguf.quants' dequantization by itself, apart from the model.
+// against gguf.quants' dequantization by itself, apart from the model. timing_reps > 0 then times
+// that many more calls into *us_per_call (microseconds each; the activations stay quantized from
+// the first call, so this is the matmul kernel alone).
 extern "C" luce_status luce_gpu_matmul(int32_t device_index, int32_t type, const void *weights, size_t nbytes,
                                        int64_t n_rows, int64_t n_cols, const float *x, int64_t n_tok, float *y,
-                                       char *err, size_t err_len) {
+                                       int32_t timing_reps, float *us_per_call, char *err, size_t err_len) {
     try {
         if (n_tok < 1 || n_tok > 4096 || n_rows < 1 || n_cols < 1 || luce::gpu::block_bytes(type) == 0 ||
             n_cols % luce::gpu::block_elems(type) != 0 ||
@@ -480,6 +503,7 @@ extern "C" luce_status luce_gpu_matmul(int32_t device_index, int32_t type, const
         wt.data = w;
         be.matmul(wt, xd, int(n_tok), yd, n_rows);
         be.download(y, yd, sizeof(float) * size_t(n_tok * n_rows));
+        if (timing_reps > 0 && us_per_call) *us_per_call = be.time_matmul(wt, xd, int(n_tok), yd, timing_reps);
         return LUCE_OK;
     } catch (const luce::Error &e) {
         if (err && err_len) std::snprintf(err, err_len, "%s", e.what());

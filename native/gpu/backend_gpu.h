@@ -71,6 +71,8 @@ public:
     void graph_abort() override;
     void graph_clear() override;
 
+    // Mean device time of `reps` back-to-back matmuls, microseconds (the test hook's timing).
+    float time_matmul(const Weight &w, const float *x, int T, float *y, int reps);
     // Free device memory now, for the load-time check.
     size_t free_bytes() const;
     // The one stream every op is enqueued on (the profiler records its events there).
@@ -88,7 +90,8 @@ private:
     int32_t *argmax_result_ = nullptr;       // device scratch for argmax
     std::map<uintptr_t, size_t> allocations_;
     std::unique_ptr<gpu::OpProfile> profile_;  // LUCE_GPU_PROFILE=FILE (op_profile.h)
-    bool mma_matmul_ = false;                // tensor-core int8 matmul (sm_80+, LUCE_GPU_MATMUL=mma)
+    static constexpr int NO_MMA = 1 << 30;
+    int mma_min_tokens_ = NO_MMA;            // widths served by the tensor-core int8 matmul (sm_80+)
     bool exact_kernels_ = false;             // LUCE_GPU_KERNELS=exact: fp32 activations for every type
     void *act_scratch_ = nullptr;            // int8 activations of the quantized matmuls, grown on demand
     size_t act_scratch_bytes_ = 0;
@@ -104,7 +107,7 @@ private:
     char *staging_ = nullptr;
     size_t staging_used_ = 0;
     // Split-KV attention partials, grown on demand (LUCE_GPU_ATTN_SPLIT=0: one-pass kernel only).
-    // Step graphs (LUCE_GPU_GRAPHS=1 for now): key -> instantiated graph; a key is recorded on its
+    // Step graphs (off with LUCE_GPU_GRAPHS=0): key -> instantiated graph; a key is recorded on its
     // second occurrence, after one eager run has grown every scratch buffer the step needs.
     bool graphs_ = false;
     bool capturing_ = false;
@@ -126,10 +129,12 @@ private:
 extern "C" __attribute__((visibility("default"))) luce_status
 luce_gpu_open(int32_t device_index, int64_t bytes_needed, luce::Backend **out, char *err, size_t err_len);
 
-// Test hook (tools/gpu_check.py): one matmul on GPU `device_index`, host buffers in and out.
+// Test hook (tools/gpu_check.py): one matmul on GPU `device_index`, host buffers in and out;
+// timing_reps > 0 also times that many more (*us_per_call, microseconds each).
 extern "C" __attribute__((visibility("default"))) luce_status
 luce_gpu_matmul(int32_t device_index, int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
-                int64_t n_cols, const float *x, int64_t n_tok, float *y, char *err, size_t err_len);
+                int64_t n_cols, const float *x, int64_t n_tok, float *y, int32_t timing_reps, float *us_per_call,
+                char *err, size_t err_len);
 
 // Test hook (tools/gpu_check.py): one attention call on GPU `device_index`, host buffers in and out;
 // split selects the split-KV path (where the shape has one) or the one-pass kernel.

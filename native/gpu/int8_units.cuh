@@ -1,7 +1,9 @@
-// int8_units.cuh — one 32-element unit of quantized weights as int8, and the fp32 formula that
-// applies its scales to an exact integer dot product: shared by the dp4a kernel (matmul_int8.cu)
-// and the tensor-core kernel (matmul_mma.cu), so both apply the CPU fast path's contract with the
-// same fp32 operations and differ only in how the integer dots are formed.
+// int8_units.cuh — one 32-element unit of quantized weights as int8, the fp32 formula that
+// applies its scales to an exact integer dot product, and the order in which a row's units are
+// summed: shared by the dp4a kernel (matmul_int8.cu) and the tensor-core kernel (matmul_mma.cu),
+// so both apply the CPU fast path's contract with the same fp32 operations in the same order and
+// differ only in how the integer dots are formed. Either kernel may serve any width T, and a
+// verify row is bit-identical to the decode step of the same token whichever served each.
 #pragma once
 
 #include "quant_blocks.cuh"
@@ -20,40 +22,30 @@ __device__ __forceinline__ Codebook iq4nl_codebook() {
     return Codebook{{0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u}};
 }
 
-__device__ __forceinline__ uint32_t lookup4(const Codebook &cb, uint32_t codes) {
+// The eight 4-bit codes of one qs word of IQ4_XS (byte i: element i of the 16-element half in its
+// low nibble, element i + 16 in its high nibble) -> the codebook values of the four low nibbles
+// (lo) and of the four high nibbles (hi), packed as int8.
+__device__ __forceinline__ void lookup8(const Codebook &cb, uint32_t codes, uint32_t &lo, uint32_t &hi) {
 #if defined(LUCE_HIP)
-    uint32_t out = 0;
+    lo = hi = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const uint32_t c = (codes >> (8 * i)) & 0xF;
-        out |= ((cb.w[c >> 2] >> (8 * (c & 3))) & 0xFF) << (8 * i);
+        const uint32_t cl = (codes >> (8 * i)) & 0xF, ch = (codes >> (8 * i + 4)) & 0xF;
+        lo |= ((cb.w[cl >> 2] >> (8 * (cl & 3))) & 0xFF) << (8 * i);
+        hi |= ((cb.w[ch >> 2] >> (8 * (ch & 3))) & 0xFF) << (8 * i);
     }
-    return out;
 #else
-    // __byte_perm picks bytes by 3-bit selectors: entries 0-7 from (w0, w1), 8-15 from (w2, w3),
-    // then bit 3 of each code chooses between the two.
-    const uint32_t sel = (codes & 0x7u) | ((codes >> 4) & 0x70u) | ((codes >> 8) & 0x700u) | ((codes >> 12) & 0x7000u);
-    const uint32_t lo = __byte_perm(cb.w[0], cb.w[1], sel), hi = __byte_perm(cb.w[2], cb.w[3], sel);
-    const uint32_t pick_hi = ((codes & 0x08080808u) >> 3) * 0xFFu;
-    return (hi & pick_hi) | (lo & ~pick_hi);
+    // __byte_perm reads only the low 3 bits of each selector nibble, so the packed codes select
+    // directly: entry c & 7 of entries 0-7 (w0, w1) and of entries 8-15 (w2, w3); a third permute
+    // keeps one of the two by bit 3 of the code (selector n or n + 4). Four codes per round, the
+    // results interleaved (low nibble, high nibble, ...) until the last two permutes split them.
+    const uint32_t pick = ((codes & 0x88888888u) >> 1) | 0x32103210u;
+    const uint32_t a = __byte_perm(__byte_perm(cb.w[0], cb.w[1], codes), __byte_perm(cb.w[2], cb.w[3], codes), pick);
+    const uint32_t c16 = codes >> 16, p16 = pick >> 16;
+    const uint32_t b = __byte_perm(__byte_perm(cb.w[0], cb.w[1], c16), __byte_perm(cb.w[2], cb.w[3], c16), p16);
+    lo = __byte_perm(a, b, 0x6420);
+    hi = __byte_perm(a, b, 0x7531);
 #endif
-}
-
-__device__ __forceinline__ uint32_t u16_at(const uint8_t *p) {
-    return *reinterpret_cast<const uint16_t *>(p);
-}
-
-// 32 bytes at a 2-byte-aligned address (Q8_0 and Q6_K blocks are 34 and 210 bytes: their fields
-// are only 2-byte aligned) as eight words.
-__device__ __forceinline__ void load32_a2(const uint8_t *p, uint32_t (&w)[8]) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = u16_at(p + 4 * i) | (u16_at(p + 4 * i + 2) << 16);
-}
-
-// 32 bytes at a 16-byte-aligned address as eight words, in two 16-byte loads.
-__device__ __forceinline__ void load_words16(const uint8_t *p, uint32_t (&w)[8]) {
-    const uint4 a = reinterpret_cast<const uint4 *>(p)[0], b = reinterpret_cast<const uint4 *>(p)[1];
-    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
 }
 
 // ---- one unit of weights: eight packed int8 words and its scales --------------------------------
@@ -63,71 +55,164 @@ struct UnitScales {
     int sc0, sc1;    // integer sub-scales: Q4_K/Q5_K scale and min; Q6_K scale of each 16-half; IQ4_XS ls - 32
 };
 
-struct Unit {
+struct alignas(16) Unit {  // 16-aligned: copied to shared memory as three 16-byte words
     uint32_t q[8];  // 32 weights (int8), element order
     UnitScales s;
 };
 
+// A unit is read in two steps: fetch_unit issues the loads of its bytes into a RawUnit (nothing
+// waits on them), decode_unit turns those into a Unit. Kernels fetch the next units before they
+// decode and apply the current ones, so DRAM latency hides behind the arithmetic: a decode-step
+// matmul is one pass over ~47 MB with little else to overlap (formats: spec/qwen35.md §4).
+// Q8_0 and Q6_K fields are only 2-byte aligned (34- and 210-byte blocks): they are fetched as
+// the 4-byte-aligned words around them and shifted into place by decode_unit (`shift` 0 or 16).
 template <int TYPE>
-__device__ __forceinline__ void load_qunit(const uint8_t *row, int u, Unit &un) {
+struct RawUnit {  // Q8_0: f16 d; i8 qs[32]
+    uint32_t w[9], shift;
+};
+template <>
+struct RawUnit<GGML_Q4_K> {  // f16 d, f16 dmin, u8 scales[12]; the 32 bytes of nibbles holding the unit
+    uint4 head, qs[2];
+};
+template <>
+struct RawUnit<GGML_Q5_K> {  // as Q4_K, plus the block's 32 bytes of 5th bits
+    uint4 head, qs[2], qh[2];
+};
+template <>
+struct RawUnit<GGML_Q6_K> {  // the unit's 32 bytes of low and high bits, its two sub-scales, d
+    uint32_t ql[9], qh[9], shift;
+    uint16_t sc, d;
+};
+template <>
+struct RawUnit<GGML_IQ4_XS> {  // f16 d, u16 scales_h, u8 scales_l[4]; the unit's 16 bytes of codes
+    uint2 head, lo, hi;
+};
+
+__device__ __forceinline__ uint16_t u16_at(const uint8_t *p) { return *reinterpret_cast<const uint16_t *>(p); }
+
+// The nine aligned words around the 2-byte-aligned 34 bytes at p: [p & ~3, (p & ~3) + 36). When
+// p is 4-aligned the last word would reach 2 bytes past the run, so `tail_u16` reads only its
+// first half there (the run may end the tensor).
+__device__ __forceinline__ uint32_t fetch_words_a2(const uint8_t *p, uint32_t (&w)[9], bool tail_u16) {
+    const uint32_t shift = (reinterpret_cast<uintptr_t>(p) & 2) ? 16u : 0u;
+    const uint32_t *a = reinterpret_cast<const uint32_t *>(p - shift / 8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = a[i];
+    w[8] = tail_u16 && !shift ? uint32_t(*reinterpret_cast<const uint16_t *>(a + 8)) : a[8];
+    return shift;
+}
+
+// Word i of the run fetch_words_a2 fetched.
+__device__ __forceinline__ uint32_t word_a2(const uint32_t (&w)[9], uint32_t shift, int i) {
+    return uint32_t(((uint64_t(w[i + 1]) << 32) | w[i]) >> shift);
+}
+
+// Byte i (0..11, run-time) of the three words w0 w1 w2, without indexing a register array.
+__device__ __forceinline__ int byte_of3(uint32_t w0, uint32_t w1, uint32_t w2, int i) {
+    const uint32_t w = i < 4 ? w0 : (i < 8 ? w1 : w2);
+    return int((w >> (8 * (i % 4))) & 0xFF);
+}
+
+template <int TYPE>
+__device__ __forceinline__ void fetch_unit(const uint8_t *row, int u, RawUnit<TYPE> &r) {
     if constexpr (TYPE == GGML_Q8_0) {
-        const uint8_t *b = row + 34 * u;  // f16 d; i8 qs[32]
-        un.s.d = f16_at(b);
-        load32_a2(b + 2, un.q);
+        r.shift = fetch_words_a2(row + 34 * u, r.w, true);
     } else if constexpr (TYPE == GGML_Q4_K || TYPE == GGML_Q5_K) {
-        // f16 d; f16 dmin; u8 scales[12]; (Q5_K: u8 qh[32];) u8 qs[128]. Sub-block j = nibble
-        // hi = j % 2 of qs[32c + l], c = j / 2; Q5_K's 5th bit is bit j of qh[l].
+        // 144- and 176-byte blocks from an aligned base: every field below is 16-byte aligned.
         constexpr int BB = TYPE == GGML_Q4_K ? 144 : 176;
         const uint8_t *b = row + BB * (u / 8);
-        const int j = u % 8, c = j / 2, hi = j % 2;
-        k_scale_min(b + 4, j, un.s.sc0, un.s.sc1);
-        un.s.d = f16_at(b);
-        un.s.dmin = f16_at(b + 2);
-        uint32_t qs[8], qh[8];  // 16-byte aligned (144- and 176-byte blocks): two 16-byte loads each
-        load_words16(b + (TYPE == GGML_Q4_K ? 16 : 48) + 32 * c, qs);
-        if constexpr (TYPE == GGML_Q5_K) load_words16(b + 16, qh);
+        const int c = (u % 8) / 2;
+        r.head = *reinterpret_cast<const uint4 *>(b);
+        const uint4 *qs = reinterpret_cast<const uint4 *>(b + (TYPE == GGML_Q4_K ? 16 : 48) + 32 * c);
+        r.qs[0] = qs[0], r.qs[1] = qs[1];
+        if constexpr (TYPE == GGML_Q5_K) {
+            const uint4 *qh = reinterpret_cast<const uint4 *>(b + 16);
+            r.qh[0] = qh[0], r.qh[1] = qh[1];
+        }
+    } else if constexpr (TYPE == GGML_Q6_K) {
+        // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d. Sub-block j (half h = j / 4, quarter k = j % 4).
+        const uint8_t *b = row + 210 * (u / 8);
+        const int j = u % 8, h = j / 4, k = j % 4;
+        r.shift = fetch_words_a2(b + 64 * h + 32 * (k % 2), r.ql, false);  // inside the block either way
+        fetch_words_a2(b + 128 + 32 * h, r.qh, false);
+        r.sc = u16_at(b + 192 + 8 * h + 2 * k);
+        r.d = u16_at(b + 208);
+    } else if constexpr (TYPE == GGML_IQ4_XS) {
+        const uint8_t *b = row + 136 * (u / 8);  // 8-byte aligned: 8-byte loads
+        const uint2 *q2 = reinterpret_cast<const uint2 *>(b + 8 + 16 * (u % 8));
+        r.head = *reinterpret_cast<const uint2 *>(b);
+        r.lo = q2[0], r.hi = q2[1];
+    }
+}
+
+template <int TYPE>
+__device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, Unit &un) {
+    if constexpr (TYPE == GGML_Q8_0) {
+        // Bytes 0-1: d; 2-33: qs. With the run's word j = word_a2(j), qs word i is the upper half
+        // of word i and the lower half of word i + 1.
+        uint32_t v[9];
+#pragma unroll
+        for (int i = 0; i < 9; ++i) v[i] = i < 8 ? word_a2(r.w, r.shift, i) : (r.w[8] >> r.shift);
+        un.s.d = f16_bits(v[0] & 0xFFFF);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) un.q[i] = (v[i] >> 16) | (v[i + 1] << 16);
+    } else if constexpr (TYPE == GGML_Q4_K || TYPE == GGML_Q5_K) {
+        // Sub-block j = nibble hi = j % 2 of qs[32c + l], c = j / 2; Q5_K's 5th bit is bit j of
+        // qh[l]; scale and min: 6-bit fields of scales[12] (spec/qwen35.md §4, get_scale_min_k4).
+        const int j = u % 8, hi = j % 2;
+        const uint32_t s0 = r.head.y, s1 = r.head.z, s2 = r.head.w;  // scales[0..11]
+        if (j < 4) {
+            un.s.sc0 = byte_of3(s0, s1, s2, j) & 63;
+            un.s.sc1 = byte_of3(s0, s1, s2, j + 4) & 63;
+        } else {
+            un.s.sc0 = (byte_of3(s0, s1, s2, j + 4) & 0xF) | ((byte_of3(s0, s1, s2, j - 4) >> 6) << 4);
+            un.s.sc1 = (byte_of3(s0, s1, s2, j + 4) >> 4) | ((byte_of3(s0, s1, s2, j) >> 6) << 4);
+        }
+        un.s.d = f16_bits(r.head.x & 0xFFFF);
+        un.s.dmin = f16_bits(r.head.x >> 16);
+        const uint32_t qs[8] = {r.qs[0].x, r.qs[0].y, r.qs[0].z, r.qs[0].w, r.qs[1].x, r.qs[1].y, r.qs[1].z, r.qs[1].w};
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             uint32_t v = (hi ? qs[i] >> 4 : qs[i]) & 0x0F0F0F0Fu;
-            if constexpr (TYPE == GGML_Q5_K) v |= ((qh[i] >> j) & 0x01010101u) << 4;
+            if constexpr (TYPE == GGML_Q5_K) {
+                const uint32_t qh[8] = {r.qh[0].x, r.qh[0].y, r.qh[0].z, r.qh[0].w,
+                                        r.qh[1].x, r.qh[1].y, r.qh[1].z, r.qh[1].w};
+                v |= ((qh[i] >> j) & 0x01010101u) << 4;
+            }
             un.q[i] = v;
         }
     } else if constexpr (TYPE == GGML_Q6_K) {
-        // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d. Sub-block j (half h = j / 4, quarter
-        // k = j % 4): 6-bit q = nibble k / 2 of ql[64h + 32(k % 2) + l] | bits 2k..2k+1 of
-        // qh[32h + l] << 4, value d * scales[8h + 2k + l / 16] * (q - 32). The unit keeps q
-        // (0..63); the -32 is applied through the activation sums.
-        const uint8_t *b = row + 210 * (u / 8);
-        const int j = u % 8, h = j / 4, k = j % 4;
-        uint32_t ql[8], qh[8];
-        load32_a2(b + 64 * h + 32 * (k % 2), ql);
-        load32_a2(b + 128 + 32 * h, qh);
+        // 6-bit q = nibble k / 2 of ql[64h + 32(k % 2) + l] | bits 2k..2k+1 of qh[32h + l] << 4,
+        // value d * scales[8h + 2k + l / 16] * (q - 32). The unit keeps q (0..63); the -32 is
+        // applied through the activation sums.
+        const int k = (u % 8) % 4;
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-            un.q[i] = ((ql[i] >> (4 * (k / 2))) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4);
-        const int8_t *sc = reinterpret_cast<const int8_t *>(b + 192 + 8 * h + 2 * k);
-        un.s.sc0 = sc[0];
-        un.s.sc1 = sc[1];
-        un.s.d = f16_at(b + 208);
+        for (int i = 0; i < 8; ++i) {
+            const uint32_t ql = word_a2(r.ql, r.shift, i), qh = word_a2(r.qh, r.shift, i);
+            un.q[i] = ((ql >> (4 * (k / 2))) & 0x0F0F0F0Fu) | (((qh >> (2 * k)) & 0x03030303u) << 4);
+        }
+        un.s.sc0 = int8_t(r.sc & 0xFF);
+        un.s.sc1 = int8_t(r.sc >> 8);
+        un.s.d = f16_bits(r.d);
     } else if constexpr (TYPE == GGML_IQ4_XS) {
-        // f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. Sub-block ib: element l < 16 = low
-        // nibble of qs[16ib + l], element l + 16 = its high nibble; scale d * (ls - 32).
-        const uint8_t *b = row + 136 * (u / 8);  // 8-byte aligned: 8-byte loads
+        // Sub-block ib: element l < 16 = low nibble of qs[16ib + l], element l + 16 = its high
+        // nibble; scale d * (ls - 32), ls = 4 bits of scales_l | 2 bits of scales_h.
         const int ib = u % 8;
-        const uint2 head = *reinterpret_cast<const uint2 *>(b);  // d | scales_h, scales_l[4]
-        const uint32_t scales_h = head.x >> 16;
-        un.s.sc0 = (((head.y >> (4 * ib)) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32;
-        un.s.d = f16_bits(head.x & 0xFFFF);
-        const uint2 *q2 = reinterpret_cast<const uint2 *>(b + 8 + 16 * ib);
-        const uint2 lo = q2[0], hi = q2[1];
-        const uint32_t qs[4] = {lo.x, lo.y, hi.x, hi.y};
+        const uint32_t scales_h = r.head.x >> 16;
+        un.s.sc0 = int(((r.head.y >> (4 * ib)) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32;
+        un.s.d = f16_bits(r.head.x & 0xFFFF);
+        const uint32_t qs[4] = {r.lo.x, r.lo.y, r.hi.x, r.hi.y};
         const Codebook cb = iq4nl_codebook();
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            un.q[i] = lookup4(cb, qs[i] & 0x0F0F0F0Fu);
-            un.q[i + 4] = lookup4(cb, (qs[i] >> 4) & 0x0F0F0F0Fu);
-        }
+        for (int i = 0; i < 4; ++i) lookup8(cb, qs[i], un.q[i], un.q[i + 4]);
     }
+}
+
+template <int TYPE>
+__device__ __forceinline__ void load_qunit(const uint8_t *row, int u, Unit &un) {
+    RawUnit<TYPE> r;
+    fetch_unit<TYPE>(row, u, r);
+    decode_unit<TYPE>(r, u, un);
 }
 
 // acc += (this unit . token's quantized activations) from the unit's exact integer dots over its
@@ -148,6 +233,25 @@ __device__ __forceinline__ float apply_dots(const UnitScales &us, int lo, int hi
         acc = fmaf(us.d * dx, float(us.sc0 * (lo + hi)), acc);
         return fmaf(-(us.dmin * dx), float(us.sc1 * (sum_lo + sum_hi)), acc);
     }
+}
+
+// The summation order of one (row, token) output, fixed by the row's length alone: unit u goes to
+// slot u % SLOTS, each slot sums its units in increasing u with apply_dots from 0, and the slots
+// meet in the tree of slot_tree. Eight slots: the dp4a kernel gives each slot a lane (eight lanes
+// read a 256-element block's eight units side by side, coalesced), the tensor-core kernel a warp.
+constexpr int SLOTS = 8;
+
+__device__ __forceinline__ float slot_tree(const float (&v)[SLOTS]) {
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
+// slot_tree over the SLOTS consecutive lanes that hold one output's slots (lane % SLOTS = slot),
+// every lane of the group gets it: butterfly steps 4, 2, 1 form the same sums, since fp32
+// addition is commutative (a lane adds its partner's partial to its own).
+__device__ __forceinline__ float slot_tree_lanes(float v) {
+    v += shfl_xor(v, 4);
+    v += shfl_xor(v, 2);
+    return v + shfl_xor(v, 1);
 }
 
 }  // namespace luce::gpu::int8_units

@@ -26,9 +26,10 @@ struct ActScratch {
 int64_t act_scratch_bytes(int64_t n_in, int T);
 ActScratch act_scratch_at(void *base, int64_t n_in, int T);
 void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int T, int block, const ActScratch &a);
-void matmul_int8(cudaStream_t stream, int warp, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a);
+void matmul_int8(cudaStream_t stream, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a);
 // matmul_mma.cu: the same contract on the tensor cores (CUDA sm_80+; mma_matmul_supported(major)
-// of the device's compute capability), bit-identical per (row, token) whatever T. HIP: unsupported.
+// of the device's compute capability), bit-identical to matmul_int8 per (row, token) whatever T.
+// HIP: unsupported.
 bool mma_matmul_supported(int cc_major);
 void matmul_mma(cudaStream_t stream, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a);
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);

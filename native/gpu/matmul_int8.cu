@@ -8,12 +8,12 @@
 // the bit, so the integer part of every dot product is identical on both backends and GPU and
 // CPU logits differ only by fp32 summation order.
 //
-// Work split: one warp per output row; lane l takes the 32-element units u = l, l + warpSize, ...
-// of the row (a Q8_0 block or one sub-block of a 256-element block), loads the unit's weights
-// once as eight packed int8 words and applies them to NT tokens. Every (row, token) output is
-// summed in the same order whatever T and wherever the token sits in its tile (lane-local units
-// in increasing u, then one fixed warp reduction), so a verify row is bit-identical to the
-// decode step of the same token: speculative decoding's exactness rests on that.
+// Work split: eight lanes per output row, lane slot s = lane % 8 taking the units u = s, s + 8, ...
+// (int8_units.cuh's SLOTS contract), so the eight lanes of a row read one 256-element block's
+// eight units side by side. Each loaded unit serves NT tokens. Every (row, token) output is summed
+// in the contract's order whatever T and wherever the token sits in its tile, so a verify row is
+// bit-identical to the decode step of the same token: speculative decoding's exactness rests on
+// that, and the tensor-core kernel (matmul_mma.cu) keeps the same order.
 #include "kernels.h"
 #include "int8_units.cuh"
 #include "quant_blocks.cuh"
@@ -75,84 +75,107 @@ __global__ void quantize_acts_kernel(const float *x, int n_in, int block, int8_t
     }
 }
 
-// R rows per warp: each token's activations are loaded once for R rows. Measured on an H200
-// (2026-12-03, 27B): R = 2 at 9-32 tokens cut a 16-token verify step from 77.5 to 74.7 ms, but
-// R = 4 at 2-8 tokens made those steps slower (width 2: 1.15x -> 1.51x width 1), so widths up
-// to 8 keep R = 1 like decode: more warps, more weight loads in flight.
-template <int TYPE, int NT, int R>
-__global__ void matmul_int8_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int64_t n_out, const int8_t *xq,
-                                   const float *xd, const int16_t *xs, int act_block, int T, float *y, int64_t ldy) {
-    const int lane = threadIdx.x % warpSize;
-    const int64_t r0 = (int64_t(blockIdx.x) * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R;
-    if (r0 >= n_out) return;  // whole warps leave together
-    const int n_rows = int(n_out - r0 < R ? n_out - r0 : R);  // warp-uniform
-    const int t0 = blockIdx.y * NT;
-    const int n_units = n_in / 32, n_blocks = n_in / act_block, units_per_block = act_block / 32;
-    float acc[R][NT];
+// acc[t] += unit u of the row . token t0 + t's activations, for the tile's tokens below T.
+template <int TYPE, int NT>
+__device__ __forceinline__ void apply_tokens(const Unit &un, int u, int t0, int T, int n_in, int n_blocks,
+                                             int units_per_block, const int8_t *xq, const float *xd,
+                                             const int16_t *xs, float (&acc)[NT]) {
 #pragma unroll
-    for (int k = 0; k < R; ++k)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[k][t] = 0.f;
-    // Decode (NT = 1) unrolls two units so each lane has two units' loads in flight.
-#pragma unroll(NT == 1 ? 2 : 1)
-    for (int u = lane; u < n_units; u += warpSize) {
-        Unit un[R];
-#pragma unroll
-        for (int k = 0; k < R; ++k)
-            if (k < n_rows) load_qunit<TYPE>(w + (r0 + k) * row_bytes, u, un[k]);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const int tok = t0 + t;
-            if (tok >= T) break;
-            const int4 *xp = reinterpret_cast<const int4 *>(xq + int64_t(tok) * n_in + 32 * int64_t(u));
-            const int4 x[2] = {xp[0], xp[1]};
-            const float dx = xd[int64_t(tok) * n_blocks + u / units_per_block];
-            const int16_t *sp = xs + int64_t(tok) * (n_in / 16) + 2 * u;
-            const int s_lo = sp[0], s_hi = sp[1];
-#pragma unroll
-            for (int k = 0; k < R; ++k)
-                if (k < n_rows) acc[k][t] = apply_unit<TYPE>(un[k], x, dx, s_lo, s_hi, acc[k][t]);
-        }
+    for (int t = 0; t < NT; ++t) {
+        const int tok = t0 + t;
+        if (tok >= T) break;
+        const int4 *xp = reinterpret_cast<const int4 *>(xq + int64_t(tok) * n_in + 32 * int64_t(u));
+        const int4 x[2] = {xp[0], xp[1]};
+        const float dx = xd[int64_t(tok) * n_blocks + u / units_per_block];
+        const int16_t *sp = xs + int64_t(tok) * (n_in / 16) + 2 * u;
+        acc[t] = apply_unit<TYPE>(un, x, dx, sp[0], sp[1], acc[t]);
     }
-#pragma unroll
-    for (int k = 0; k < R; ++k)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const float s = warp_sum(acc[k][t]);
-            if (lane == 0 && k < n_rows && t0 + t < T) y[int64_t(t0 + t) * ldy + r0 + k] = s;
-        }
 }
 
 constexpr int MATMUL_THREADS = 128;
 
+// Each lane keeps UNROLL units in flight: it decodes one fetched unit, fetches its successor
+// (UNROLL * SLOTS units on) into the freed registers, then applies it, so DRAM always has the
+// next round's loads while the current one is computed.
+template <int TYPE, int NT, int UNROLL>
+__global__ void __launch_bounds__(MATMUL_THREADS) matmul_int8_kernel(const uint8_t *w, int64_t row_bytes, int n_in,
+                                                                     int64_t n_out, const int8_t *xq, const float *xd,
+                                                                     const int16_t *xs, int act_block, int T, float *y,
+                                                                     int64_t ldy) {
+    const int slot = threadIdx.x % SLOTS;
+    const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / SLOTS;
+    // Rows past n_out (the last block's) compute row 0 and store nothing: the whole group of
+    // eight lanes stays in the shuffles.
+    const bool row_ok = row < n_out;
+    const uint8_t *wr = w + (row_ok ? row : 0) * row_bytes;
+    const int t0 = blockIdx.y * NT;
+    const int n_units = n_in / 32, n_blocks = n_in / act_block, units_per_block = act_block / 32;
+    constexpr int STRIDE = SLOTS * UNROLL;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+    RawUnit<TYPE> raw[UNROLL];
+#pragma unroll
+    for (int i = 0; i < UNROLL; ++i)
+        if (slot + SLOTS * i < n_units) fetch_unit<TYPE>(wr, slot + SLOTS * i, raw[i]);
+    for (int u0 = slot; u0 < n_units; u0 += STRIDE) {
+#pragma unroll
+        for (int i = 0; i < UNROLL; ++i) {
+            const int u = u0 + SLOTS * i;
+            if (u >= n_units) break;
+            Unit un;
+            decode_unit<TYPE>(raw[i], u, un);
+            if (u + STRIDE < n_units) fetch_unit<TYPE>(wr, u + STRIDE, raw[i]);
+            apply_tokens<TYPE, NT>(un, u, t0, T, n_in, n_blocks, units_per_block, xq, xd, xs, acc);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        const float s = slot_tree_lanes(acc[t]);
+        if (slot == 0 && row_ok && t0 + t < T) y[int64_t(t0 + t) * ldy + row] = s;
+    }
+}
+
 struct Int8Launch {
     cudaStream_t stream;
-    int warp;
     const Weight &w;
     const ActScratch &a;
     int T;
     float *y;
     int64_t ldy;
 
-    template <int TYPE, int NT, int R>
+    template <int TYPE, int NT, int UNROLL>
     void launch() const {
-        const int rows_per_block = MATMUL_THREADS / warp * R;
+        const int rows_per_block = MATMUL_THREADS / SLOTS;
         const dim3 grid(unsigned((w.n_out + rows_per_block - 1) / rows_per_block), unsigned((T + NT - 1) / NT));
         const int64_t row_bytes = w.n_in / block_elems(TYPE) * block_bytes(TYPE);
-        matmul_int8_kernel<TYPE, NT, R><<<grid, MATMUL_THREADS, 0, stream>>>(
+        matmul_int8_kernel<TYPE, NT, UNROLL><<<grid, MATMUL_THREADS, 0, stream>>>(
             static_cast<const uint8_t *>(w.data), row_bytes, int(w.n_in), w.n_out, a.q, a.d, a.s16,
             act_block_of(TYPE), T, y, ldy);
         LUCE_GPU_LAUNCHED();
     }
 
+    // Decode keeps four units per lane in flight (eight on long rows, whose matrices have few
+    // rows: fewer lanes to spread the loads over; two for the K-quants, whose raw units are
+    // large); wider steps keep two and apply each to up to eight tokens. Wider than eight, tiles
+    // of eight tokens re-read the weights (from L2 mostly): the tensor-core kernel serves those
+    // widths where it exists.
     template <int TYPE>
     void operator()() const {
         if constexpr (act_block_of(TYPE) == 0) {
             fail(LUCE_ERR_INTERNAL, "int8 matmul called for float type %d", TYPE);
         } else {
-            if (T == 1) launch<TYPE, 1, 1>();
-            else if (T <= 8) launch<TYPE, 8, 1>();
-            else launch<TYPE, 32, 2>();
+            constexpr bool light = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0;
+            if (T == 1) {
+                if constexpr (light) {
+                    if (w.n_in >= 8192) launch<TYPE, 1, 8>();
+                    else launch<TYPE, 1, 4>();
+                } else {
+                    launch<TYPE, 1, 2>();
+                }
+            } else if (T == 2) launch<TYPE, 2, 2>();
+            else if (T <= 4) launch<TYPE, 4, 2>();
+            else launch<TYPE, 8, 2>();
         }
     }
 };
@@ -183,11 +206,11 @@ void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int 
     LUCE_GPU_LAUNCHED();
 }
 
-void matmul_int8(cudaStream_t stream, int warp, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a) {
+void matmul_int8(cudaStream_t stream, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a) {
     const int block = act_block_of(w.type);
     if (block == 0 || w.n_in % block != 0) fail(LUCE_ERR_INTERNAL, "matmul_int8: type %d, n_in %lld", w.type,
                                                 (long long)w.n_in);
-    Int8Launch launch{stream, warp, w, a, T, y, ldy};
+    Int8Launch launch{stream, w, a, T, y, ldy};
     if (!dispatch_type(w.type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU matmul for ggml type %d", w.type);
 }
 

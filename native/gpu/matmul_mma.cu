@@ -8,17 +8,17 @@
 // 32 tokens (four n-tiles of 8) per pass, so each weight leaves DRAM once per step for T <= 32.
 //
 // Exactness and batch invariance: a 32-element unit's integer dot is exact however it is formed
-// (|dot| < 2^20), and each (row, token) output applies the unit's scales with apply_dots
-// (int8_units.cuh, shared with the dp4a kernel) then sums units in an order fixed by the row
-// alone: warp w of the block takes the unit pairs (2p, 2p + 1), p = w, w + MMA_WARPS, ..., in
-// increasing p, and the warps' partial sums are added in warp order. Neither T, nor the pass, nor
-// the token's column in the tile enters that order, so the result of token t does not depend on
-// which other tokens share the step.
+// (|dot| < 2^20), and each (row, token) output applies the unit's scales with apply_dots and sums
+// the units in int8_units.cuh's SLOTS order: warp s of the block is slot s (units u = s, s + 8,
+// ... in increasing u), and the eight warps' partials meet in slot_tree's order. Neither T, nor
+// the tiling, nor the token's column enters that order, so this kernel and the dp4a one give the
+// same bits for every (row, token), and the backend may pick either by width.
 //
-// Work split: a block of MMA_WARPS warps (4 or 8, by the weight's shape) owns MMA_ROWS (16) rows
-// x up to 32 tokens. Per unit pair, lane l stages unit (2p + l / 16) of row (l % 16) (load_qunit: one lane per row, the two halves
-// of the warp read the adjacent 16-byte halves of a 32-byte run for IQ4_XS) into shared memory,
-// from where each lane picks its mma fragment words (PTX ISA, "Matrix Fragments for mma.m16n8k32").
+// Work split: a block of eight warps owns 16 * MT rows x 8 * NTILES tokens. Per pass it stages
+// one 256-element column group (eight units: one per warp) of its rows and tokens in shared
+// memory, the weights dequantized to int8 by decode_unit (eight consecutive threads read one row's
+// eight units: coalesced), and each warp multiplies its unit with m16n8k32 (m16n8k16 twice for
+// Q6_K, whose halves have their own scales). The next group's loads are in flight meanwhile.
 #include "int8_units.cuh"
 #include "kernels.h"
 #include "quant_blocks.cuh"
@@ -31,17 +31,30 @@ namespace {
 
 using namespace int8_units;
 
-constexpr int MMA_ROWS = 16;    // the mma's M
-constexpr int MMA_NTILE = 8;    // the mma's N: tokens per n-tile
-constexpr int MMA_MAX_NTILES = 4;  // tokens per pass: 32
+constexpr int MMA_THREADS = SLOTS * 32;  // warp s: slot s
+constexpr int MMA_NTILE = 8;             // the mma's N: tokens per n-tile
+constexpr int MMA_MAX_NTILES = 4;        // tokens per pass: 32
 
-// One row's staged unit: 12 words, so the fragment reads (row g, word tq) of a warp hit 32
-// different banks (g * 12 + tq covers 0..31 for g < 8, tq < 4).
-struct alignas(16) StagedRow {
-    uint32_t q[8];
-    UnitScales s;
+// Shared-memory layout of one pass, in 32-bit words. A staged unit is 12 words (8 of int8
+// weights, 4 of scales); a row's eight units plus 4 words of padding put the fragment reads of a
+// warp (row g, word tq: bank 4g + 12s + tq) on 32 different banks. A token's 256 int8 activations
+// are 64 words plus 4 of padding for the same reason (bank 4g + 8s + tq).
+constexpr int UNIT_WORDS = 12;
+constexpr int ROW_WORDS = SLOTS * UNIT_WORDS + 4;
+constexpr int TOK_WORDS = SLOTS * 8 + 4;
+
+template <int MT, int NTILES>
+struct MmaSmem {
+    static constexpr int rows = 16 * MT, toks = MMA_NTILE * NTILES;
+    static constexpr int w_words = rows * ROW_WORDS;           // weights
+    static constexpr int x_words = toks * TOK_WORDS;           // activations
+    static constexpr int s_words = toks * SLOTS * 2;           // per (token, unit): dx, the two 16-sums
+    static constexpr int frag_words = MT * NTILES * 4 * 32;    // one warp's accumulators
+    static constexpr int reduce_words = 4 * frag_words;        // the tree's first step: four warps
+    static constexpr int words = w_words + x_words + s_words > reduce_words ? w_words + x_words + s_words
+                                                                           : reduce_words;
 };
-static_assert(sizeof(StagedRow) == 48, "StagedRow must stay 12 words (bank layout)");
+static_assert(UNIT_WORDS * 4 == sizeof(Unit), "a staged unit is a Unit");
 
 // D = A (16x32 s8, row) x B (32x8 s8, col), fresh accumulator.
 __device__ __forceinline__ void mma_k32(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
@@ -67,100 +80,211 @@ __device__ __forceinline__ void mma_k16(uint32_t a0, uint32_t a1, uint32_t b0, i
 #endif
 }
 
-// Unit u of one row as staged in shared memory; zeros for rows past n_out and a missing odd unit.
-template <int TYPE>
-__device__ __forceinline__ StagedRow stage_unit(const uint8_t *row, bool row_ok, int u, int n_units) {
-    StagedRow st{};
-    if (row_ok && u < n_units) {
-        Unit un;
-        load_qunit<TYPE>(row, u, un);
+// What one thread carries from global memory to the stage: (row, unit) weight entries e = tid,
+// tid + 256, ... of rows x 8 units (raw: decoded when stored), and (token, 16-byte chunk)
+// activation entries likewise.
+template <int TYPE, int MT, int NTILES>
+struct Prefetch {
+    static constexpr int w_entries = (16 * MT * SLOTS + MMA_THREADS - 1) / MMA_THREADS;
+    static constexpr int x_entries = (MMA_NTILE * NTILES * 16 + MMA_THREADS - 1) / MMA_THREADS;
+    RawUnit<TYPE> w[w_entries];
+    int w_unit[w_entries];  // the entry's unit index, or -1: a zero unit (past the row or n_out)
+    int4 x[x_entries];
+    float dx;
+    uint32_t sums;  // the two 16-sums of the unit, int16 each
+};
+
+struct MmaArgs {
+    const uint8_t *w;
+    int64_t row_bytes;
+    int n_in;
+    int64_t n_out;
+    const int8_t *xq;
+    const float *xd;
+    const int16_t *xs;
+    int act_block;
+    int T;
+    float *y;
+    int64_t ldy;
+};
+
+// Loads group k (units 8k .. 8k + 7) of the block's rows r0.. and tokens t0.. into registers;
+// units past the row's end, rows past n_out and tokens past T load as zeros.
+template <int TYPE, int MT, int NTILES>
+__device__ __forceinline__ void prefetch_group(const MmaArgs &p, int64_t r0, int t0, int k,
+                                               Prefetch<TYPE, MT, NTILES> &f) {
+    constexpr int rows = 16 * MT, toks = MMA_NTILE * NTILES;
+    const int n_units = p.n_in / 32;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) st.q[i] = un.q[i];
-        st.s = un.s;
+    for (int i = 0; i < f.w_entries; ++i) {
+        const int e = threadIdx.x + i * MMA_THREADS, row = e / SLOTS, u = SLOTS * k + e % SLOTS;
+        const bool ok = e < rows * SLOTS && r0 + row < p.n_out && u < n_units;
+        f.w_unit[i] = ok ? u : -1;
+        if (ok) fetch_unit<TYPE>(p.w + (r0 + row) * p.row_bytes, u, f.w[i]);
     }
-    return st;
+#pragma unroll
+    for (int i = 0; i < f.x_entries; ++i) {
+        const int e = threadIdx.x + i * MMA_THREADS, tok = e / 16, chunk = e % 16;
+        const int64_t col = 256 * int64_t(k) + 16 * chunk;
+        f.x[i] = int4{0, 0, 0, 0};
+        if (e < toks * 16 && t0 + tok < p.T && col < p.n_in)
+            f.x[i] = *reinterpret_cast<const int4 *>(p.xq + int64_t(t0 + tok) * p.n_in + col);
+    }
+    f.dx = 0.f;
+    f.sums = 0;
+    {
+        const int tok = threadIdx.x / SLOTS, u = SLOTS * k + threadIdx.x % SLOTS;
+        if (tok < toks && t0 + tok < p.T && u < n_units) {
+            f.dx = p.xd[int64_t(t0 + tok) * (p.n_in / p.act_block) + u / (p.act_block / 32)];
+            const int16_t *sp = p.xs + int64_t(t0 + tok) * (p.n_in / 16) + 2 * u;
+            f.sums = uint32_t(uint16_t(sp[0])) | uint32_t(uint16_t(sp[1])) << 16;
+        }
+    }
 }
 
-template <int TYPE, int NTILES, int MMA_WARPS>
-__global__ void __launch_bounds__(MMA_WARPS * 32)
-    matmul_mma_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int64_t n_out, const int8_t *xq, const float *xd,
-                      const int16_t *xs, int act_block, int T, float *y, int64_t ldy) {
-    constexpr int TOKS = NTILES * MMA_NTILE;
-    __shared__ StagedRow stage[MMA_WARPS][2][MMA_ROWS];
-    __shared__ float partial[MMA_WARPS][TOKS][MMA_ROWS];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int g = lane / 4, tq = lane % 4;  // fragment coordinates: groupID, thread in group
-    const int64_t r0 = int64_t(blockIdx.x) * MMA_ROWS;
-    const int t0 = blockIdx.y * TOKS;
-    const int n_units = n_in / 32, n_blocks = n_in / act_block, units_per_block = act_block / 32;
-    const int ld_half = lane / 16, ld_row = lane % 16;  // this lane's staging job
-    const bool ld_row_ok = r0 + ld_row < n_out;
-    const uint8_t *ld_ptr = w + (ld_row_ok ? r0 + ld_row : 0) * row_bytes;
-
-    float acc[NTILES][4];
+template <int TYPE, int MT, int NTILES>
+__device__ __forceinline__ void store_group(const Prefetch<TYPE, MT, NTILES> &f, uint32_t *smem) {
+    using L = MmaSmem<MT, NTILES>;
 #pragma unroll
-    for (int j = 0; j < NTILES; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
-
-    // The lane's next unit is loaded while the current pair is multiplied (two pairs' weight
-    // loads in flight per warp at decode, where nothing else hides DRAM latency).
-    constexpr int PAIR_STRIDE = 2 * MMA_WARPS;
-    StagedRow next = stage_unit<TYPE>(ld_ptr, ld_row_ok, 2 * warp + ld_half, n_units);
-    for (int u0 = 2 * warp; u0 < n_units; u0 += PAIR_STRIDE) {
-        stage[warp][ld_half][ld_row] = next;
-        if (u0 + PAIR_STRIDE < n_units) next = stage_unit<TYPE>(ld_ptr, ld_row_ok, u0 + PAIR_STRIDE + ld_half, n_units);
-        __syncwarp();
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int u = u0 + h;
-            if (u >= n_units) break;  // warp-uniform
-            const StagedRow &ra = stage[warp][h][g], &rb = stage[warp][h][g + 8];
-            const uint32_t a0 = ra.q[tq], a1 = rb.q[tq], a2 = ra.q[tq + 4], a3 = rb.q[tq + 4];
-            const UnitScales sa = ra.s, sb = rb.s;
-#pragma unroll
-            for (int j = 0; j < NTILES; ++j) {
-                const int tok_b = t0 + j * MMA_NTILE + g;  // B fragment column
-                uint32_t b0 = 0, b1 = 0;
-                if (tok_b < T) {
-                    const uint32_t *xp = reinterpret_cast<const uint32_t *>(xq + int64_t(tok_b) * n_in + 32 * int64_t(u));
-                    b0 = xp[tq];
-                    b1 = xp[tq + 4];
-                }
-                int lo[4], hi[4];
-                if constexpr (TYPE == GGML_Q6_K) {
-                    mma_k16(a0, a1, b0, lo);
-                    mma_k16(a2, a3, b1, hi);
-                } else {
-                    mma_k32(a0, a1, a2, a3, b0, b1, lo);
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) hi[c] = 0;
-                }
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {  // C fragment: row g (c < 2) or g + 8, token 2 tq + c % 2
-                    const int tok = t0 + j * MMA_NTILE + 2 * tq + c % 2;
-                    if (tok >= T) continue;
-                    const float dx = xd[int64_t(tok) * n_blocks + u / units_per_block];
-                    const int16_t *sp = xs + int64_t(tok) * (n_in / 16) + 2 * u;
-                    acc[j][c] = apply_dots<TYPE>(c < 2 ? sa : sb, lo[c], hi[c], dx, sp[0], sp[1], acc[j][c]);
-                }
-            }
+    for (int i = 0; i < f.w_entries; ++i) {
+        const int e = threadIdx.x + i * MMA_THREADS;
+        if (e < L::rows * SLOTS) {
+            Unit un{};
+            if (f.w_unit[i] >= 0) decode_unit<TYPE>(f.w[i], f.w_unit[i], un);
+            uint4 *dst = reinterpret_cast<uint4 *>(smem + (e / SLOTS) * ROW_WORDS + (e % SLOTS) * UNIT_WORDS);
+            const uint4 *src = reinterpret_cast<const uint4 *>(&un);
+            dst[0] = src[0], dst[1] = src[1], dst[2] = src[2];
         }
-        __syncwarp();  // the next pair overwrites this warp's stage
+    }
+#pragma unroll
+    for (int i = 0; i < f.x_entries; ++i) {
+        const int e = threadIdx.x + i * MMA_THREADS;
+        if (e < L::toks * 16)
+            *reinterpret_cast<int4 *>(smem + L::w_words + (e / 16) * TOK_WORDS + (e % 16) * 4) = f.x[i];
+    }
+    if (threadIdx.x < L::toks * SLOTS) {
+        uint32_t *s = smem + L::w_words + L::x_words + 2 * threadIdx.x;  // (token, unit) = tid
+        s[0] = __float_as_uint(f.dx);
+        s[1] = f.sums;
+    }
+}
+
+// acc += warp `slot`'s unit u (staged) for the block's rows and tokens.
+template <int TYPE, int MT, int NTILES>
+__device__ __forceinline__ void mma_group(const uint32_t *smem, int u, int slot, int g, int tq,
+                                          float (&acc)[MT][NTILES][4]) {
+    using L = MmaSmem<MT, NTILES>;
+    const uint32_t *xs = smem + L::w_words, *ss = smem + L::w_words + L::x_words;
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j) {
+        const uint32_t *xr = xs + (MMA_NTILE * j + g) * TOK_WORDS + 8 * slot;  // B column: token g
+        const uint32_t b0 = xr[tq], b1 = xr[tq + 4];
+        float dx[2];
+        int sum_lo[2], sum_hi[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // C columns: tokens 2 tq + h
+            const uint32_t *st = ss + 2 * ((MMA_NTILE * j + 2 * tq + h) * SLOTS + slot);
+            dx[h] = __uint_as_float(st[0]);
+            sum_lo[h] = int16_t(st[1] & 0xFFFF);
+            sum_hi[h] = int16_t(st[1] >> 16);
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            const uint32_t *ra = smem + (16 * m + g) * ROW_WORDS + UNIT_WORDS * slot;
+            const uint32_t *rb = ra + 8 * ROW_WORDS;
+            int lo[4], hi[4];
+            if constexpr (TYPE == GGML_Q6_K) {
+                mma_k16(ra[tq], rb[tq], b0, lo);
+                mma_k16(ra[tq + 4], rb[tq + 4], b1, hi);
+            } else {
+                mma_k32(ra[tq], rb[tq], ra[tq + 4], rb[tq + 4], b0, b1, lo);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) hi[c] = 0;
+            }
+            const UnitScales sa = reinterpret_cast<const Unit *>(ra)->s, sb = reinterpret_cast<const Unit *>(rb)->s;
+#pragma unroll
+            for (int c = 0; c < 4; ++c)  // C fragment: row g (c < 2) or g + 8, token 2 tq + c % 2
+                acc[m][j][c] = apply_dots<TYPE>(c < 2 ? sa : sb, lo[c], hi[c], dx[c % 2], sum_lo[c % 2],
+                                                sum_hi[c % 2], acc[m][j][c]);
+        }
+    }
+}
+
+template <int TYPE, int MT, int NTILES, int DEPTH>
+__global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
+    using L = MmaSmem<MT, NTILES>;
+    __shared__ __align__(16) uint32_t smem[L::words];
+    const int lane = threadIdx.x % 32, slot = threadIdx.x / 32;
+    const int g = lane / 4, tq = lane % 4;  // fragment coordinates: groupID, thread in group
+    const int64_t r0 = int64_t(blockIdx.x) * L::rows;
+    const int t0 = blockIdx.y * L::toks;
+    const int n_units = p.n_in / 32, n_groups = (n_units + SLOTS - 1) / SLOTS;
+
+    float acc[MT][NTILES][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NTILES; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[m][j][c] = 0.f;
+
+    // DEPTH groups in flight: the loads of groups k + 1 .. k + DEPTH - 1 are outstanding while
+    // group k is multiplied (one group of 32 rows is only 6 KB of IQ4_XS per block).
+    Prefetch<TYPE, MT, NTILES> pf[DEPTH];
+#pragma unroll
+    for (int d = 0; d + 1 < DEPTH; ++d)
+        if (d < n_groups) prefetch_group<TYPE>(p, r0, t0, d, pf[d]);
+    for (int k0 = 0; k0 < n_groups; k0 += DEPTH) {
+#pragma unroll
+        for (int d = 0; d < DEPTH; ++d) {
+            const int k = k0 + d;
+            if (k >= n_groups) break;  // block-uniform
+            store_group(pf[d], smem);
+            __syncthreads();
+            if (k + DEPTH - 1 < n_groups) prefetch_group<TYPE>(p, r0, t0, k + DEPTH - 1, pf[(d + DEPTH - 1) % DEPTH]);
+            if (SLOTS * k + slot < n_units) mma_group<TYPE, MT, NTILES>(smem, SLOTS * k + slot, slot, g, tq, acc);
+            __syncthreads();  // the next store overwrites the stage
+        }
     }
 
+    // slot_tree across the warps: ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), each step
+    // adding the upper warps' partials (same fragment positions) into the lower ones.
+    float *part = reinterpret_cast<float *>(smem);
+    constexpr int F = MT * NTILES * 4;
 #pragma unroll
-    for (int j = 0; j < NTILES; ++j)
+    for (int width = 4; width >= 1; width /= 2) {
+        if (slot >= width && slot < 2 * width) {
+            int f = 0;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) partial[warp][j * MMA_NTILE + 2 * tq + c % 2][c < 2 ? g : g + 8] = acc[j][c];
-    __syncthreads();
-    for (int i = threadIdx.x; i < TOKS * MMA_ROWS; i += blockDim.x) {
-        const int col = i / MMA_ROWS, row = i % MMA_ROWS;  // consecutive threads: consecutive rows of y
-        float s = partial[0][col][row];
+            for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int k = 1; k < MMA_WARPS; ++k) s += partial[k][col][row];
-        if (r0 + row < n_out && t0 + col < T) y[int64_t(t0 + col) * ldy + r0 + row] = s;
+                for (int j = 0; j < NTILES; ++j)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c, ++f) part[((slot - width) * F + f) * 32 + lane] = acc[m][j][c];
+        }
+        __syncthreads();
+        if (slot < width) {
+            int f = 0;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int j = 0; j < NTILES; ++j)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c, ++f) acc[m][j][c] += part[(slot * F + f) * 32 + lane];
+        }
+        __syncthreads();
     }
+    if (slot != 0) return;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NTILES; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int64_t row = r0 + 16 * m + g + (c < 2 ? 0 : 8);
+                const int tok = t0 + MMA_NTILE * j + 2 * tq + c % 2;
+                if (row < p.n_out && tok < p.T) p.y[int64_t(tok) * p.ldy + row] = acc[m][j][c];
+            }
 }
 
 struct MmaLaunch {
@@ -171,24 +295,24 @@ struct MmaLaunch {
     float *y;
     int64_t ldy;
 
-    template <int TYPE, int NTILES, int MMA_WARPS>
+    template <int TYPE, int MT, int NTILES>
     void launch_with() const {
-        constexpr int toks = NTILES * MMA_NTILE;
-        const dim3 grid(unsigned((w.n_out + MMA_ROWS - 1) / MMA_ROWS), unsigned((T + toks - 1) / toks));
-        const int64_t row_bytes = w.n_in / block_elems(TYPE) * block_bytes(TYPE);
-        matmul_mma_kernel<TYPE, NTILES, MMA_WARPS><<<grid, MMA_WARPS * 32, 0, stream>>>(
-            static_cast<const uint8_t *>(w.data), row_bytes, int(w.n_in), w.n_out, a.q, a.d, a.s16,
-            act_block_of(TYPE), T, y, ldy);
+        using L = MmaSmem<MT, NTILES>;
+        const dim3 grid(unsigned((w.n_out + L::rows - 1) / L::rows), unsigned((T + L::toks - 1) / L::toks));
+        const MmaArgs p{static_cast<const uint8_t *>(w.data), w.n_in / block_elems(TYPE) * block_bytes(TYPE),
+                        int(w.n_in), w.n_out, a.q, a.d, a.s16, act_block_of(TYPE), T, y, ldy};
+        // Four groups in flight where a raw unit is small, two for the K-quants.
+        constexpr int depth = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 2;
+        matmul_mma_kernel<TYPE, MT, NTILES, depth><<<grid, MMA_THREADS, 0, stream>>>(p);
         LUCE_GPU_LAUNCHED();
     }
 
-    // The warps per row tile set the summation order, so they depend on the weight's shape only,
-    // never on T. Fewer row tiles than ~8 per SM leave decode latency-bound: split their units
-    // over more warps. (A guess from occupancy arithmetic, to be tuned on the device.)
+    // Row tiles of 32 rows, 16 for matrices of fewer than 8192 rows so that those still spread
+    // over every SM (a guess from occupancy arithmetic; any tiling gives the same bits).
     template <int TYPE, int NTILES>
     void launch() const {
-        if (w.n_out >= 12288) launch_with<TYPE, NTILES, 4>();
-        else launch_with<TYPE, NTILES, 8>();
+        if (w.n_out >= 8192) launch_with<TYPE, 2, NTILES>();
+        else launch_with<TYPE, 1, NTILES>();
     }
 
     template <int TYPE>
@@ -196,7 +320,7 @@ struct MmaLaunch {
         if constexpr (act_block_of(TYPE) == 0) {
             fail(LUCE_ERR_INTERNAL, "mma matmul called for float type %d", TYPE);
         } else {
-            // Fewer n-tiles only skip all-padding mmas: the per-(row, token) arithmetic is the same.
+            // Fewer n-tiles only skip all-padding mmas.
             if (T <= 8) launch<TYPE, 1>();
             else if (T <= 16) launch<TYPE, 2>();
             else if (T <= 24) launch<TYPE, 3>();
