@@ -270,6 +270,11 @@ void GpuBackend::add(float *x, const float *y, int64_t n) {
     gpu::add(stream_, x, y, n);
 }
 
+void GpuBackend::add_rmsnorm(float *x, const float *y, const float *w, int n_rows, int dim, float eps, float *out) {
+    LUCE_OP("add_rmsnorm");
+    gpu::add_rmsnorm(stream_, x, y, w, n_rows, dim, eps, out);
+}
+
 void GpuBackend::rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
                            float theta) {
     LUCE_OP("rope_neox");

@@ -38,6 +38,7 @@ public:
     void mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) override;
     void swiglu(float *gate, const float *up, int64_t n) override;
     void add(float *x, const float *y, int64_t n) override;
+    void add_rmsnorm(float *x, const float *y, const float *w, int n_rows, int dim, float eps, float *out) override;
     void rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
                    float theta) override;
     void kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,

@@ -33,7 +33,8 @@ using namespace int8_units;
 
 constexpr int MMA_THREADS = SLOTS * 32;  // warp s: slot s
 constexpr int MMA_NTILE = 8;             // the mma's N: tokens per n-tile
-constexpr int MMA_MAX_NTILES = 4;        // tokens per pass: 32
+constexpr int MMA_MAX_NTILES = 4;        // tokens per pass up to 32 (verify widths)
+constexpr int PREFILL_NTILES = 8;        // past 32 tokens: 64 per pass
 
 // Shared-memory layout of one pass, in 32-bit words. A staged unit is 12 words (8 of int8
 // weights, 4 of scales); a row's eight units plus 4 words of padding put the fragment reads of a
@@ -301,8 +302,9 @@ struct MmaLaunch {
         const dim3 grid(unsigned((w.n_out + L::rows - 1) / L::rows), unsigned((T + L::toks - 1) / L::toks));
         const MmaArgs p{static_cast<const uint8_t *>(w.data), w.n_in / block_elems(TYPE) * block_bytes(TYPE),
                         int(w.n_in), w.n_out, a.q, a.d, a.s16, act_block_of(TYPE), T, y, ldy};
-        // Four groups in flight where a raw unit is small, two for the K-quants.
-        constexpr int depth = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 2;
+        // Four groups in flight where a raw unit is small, two for the K-quants and for prefill
+        // tiles (compute-bound, and their activation stage is large).
+        constexpr int depth = NTILES <= MMA_MAX_NTILES && (TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0) ? 4 : 2;
         matmul_mma_kernel<TYPE, MT, NTILES, depth><<<grid, MMA_THREADS, 0, stream>>>(p);
         LUCE_GPU_LAUNCHED();
     }
@@ -324,7 +326,8 @@ struct MmaLaunch {
             if (T <= 8) launch<TYPE, 1>();
             else if (T <= 16) launch<TYPE, 2>();
             else if (T <= 24) launch<TYPE, 3>();
-            else launch<TYPE, MMA_MAX_NTILES>();
+            else if (T <= 32) launch<TYPE, MMA_MAX_NTILES>();
+            else launch_with<TYPE, 1, PREFILL_NTILES>();  // 16 rows x 64 tokens: each weight serves 64
         }
     }
 };

@@ -25,6 +25,24 @@ __global__ void rmsnorm_kernel(const float *x, int64_t x_stride, const float *w,
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
 }
 
+// x += y, then out = rmsnorm(x) * w: the same per-thread order of operations as add_kernel then
+// rmsnorm_kernel at the same block size, so the fused pass gives the same bits.
+__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, int dim, float eps, float *out) {
+    float *xr = x + int64_t(blockIdx.x) * dim;
+    const float *yr = y + int64_t(blockIdx.x) * dim;
+    float *o = out + int64_t(blockIdx.x) * dim;
+    float ss = 0.f;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    const float scale = 1.0f / sqrtf(block_sum(ss) / float(dim) + eps);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+}
+
 // o = rmsnorm(o) * w * silu(z), rows of `dim` (DeltaNet output norm).
 __global__ void rmsnorm_gated_kernel(float *o, const float *w, const float *z, int dim, float eps) {
     float *orow = o + int64_t(blockIdx.x) * dim;
@@ -60,6 +78,8 @@ constexpr int WIDE_NORM_DIM = 2048;
 constexpr int ELEMENTWISE_THREADS = 256;
 constexpr int64_t MAX_ELEMENTWISE_BLOCKS = 4096;  // grid-stride beyond this
 
+int norm_threads(int dim) { return dim >= WIDE_NORM_DIM ? WIDE_NORM_THREADS : NORM_THREADS; }
+
 unsigned elementwise_blocks(int64_t n) {
     return unsigned(std::min<int64_t>((n + ELEMENTWISE_THREADS - 1) / ELEMENTWISE_THREADS, MAX_ELEMENTWISE_BLOCKS));
 }
@@ -69,8 +89,14 @@ unsigned elementwise_blocks(int64_t n) {
 void rmsnorm(cudaStream_t stream, const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
              float eps, float *y, int64_t y_stride) {
     if (n_rows < 1) return;
-    const int threads = dim >= WIDE_NORM_DIM ? WIDE_NORM_THREADS : NORM_THREADS;
-    rmsnorm_kernel<<<n_rows, threads, 0, stream>>>(x, x_stride, w, dim, eps, y, y_stride);
+    rmsnorm_kernel<<<n_rows, norm_threads(dim), 0, stream>>>(x, x_stride, w, dim, eps, y, y_stride);
+    LUCE_GPU_LAUNCHED();
+}
+
+void add_rmsnorm(cudaStream_t stream, float *x, const float *y, const float *w, int n_rows, int dim, float eps,
+                 float *out) {
+    if (n_rows < 1) return;
+    add_rmsnorm_kernel<<<n_rows, norm_threads(dim), 0, stream>>>(x, y, w, dim, eps, out);
     LUCE_GPU_LAUNCHED();
 }
 

@@ -75,6 +75,12 @@ public:
     virtual void swiglu(float *gate, const float *up, int64_t n) = 0;
     // x[i] += y[i] (residual).
     virtual void add(float *x, const float *y, int64_t n) = 0;
+    // x += y, then out = rmsnorm(x) * w, over n_rows contiguous rows of `dim`: a residual add and
+    // the next norm, which a GPU backend fuses into one pass (one launch fewer per use).
+    virtual void add_rmsnorm(float *x, const float *y, const float *w, int n_rows, int dim, float eps, float *out) {
+        add(x, y, int64_t(n_rows) * dim);
+        rmsnorm(x, dim, w, n_rows, dim, eps, out, dim);
+    }
 
     // Attention ------------------------------------------------------------------------------
     // NeoX RoPE on the first n_rot dims of each head: pairs (i, i + n_rot/2), angle pos * theta^(-2i/n_rot).

@@ -51,15 +51,18 @@ void step_launches(Session &s, int T, bool want_logits, int logit_row0, const Hi
     StepBuffers &b = s.buf;
     const int64_t E = hp.n_embd;
     be.get_rows(m.token_embd, b.tokens, T, b.x);
+    be.rmsnorm(b.x, E, m.layers[0].attn_norm.data(), T, int(E), hp.rms_eps, b.cur, E);
     for (int il = 0; il < hp.n_layer; ++il) {
         const LayerWeights &L = m.layers[size_t(il)];
-        be.rmsnorm(b.x, E, L.attn_norm.data(), T, int(E), hp.rms_eps, b.cur, E);
         if (hp.recurrent[size_t(il)]) deltanet_mixer(s, il, T);
         else attention_mixer(s, il, T);
-        be.add(b.x, b.mix, T * E);
-        be.rmsnorm(b.x, E, L.post_norm.data(), T, int(E), hp.rms_eps, b.cur, E);
+        be.add_rmsnorm(b.x, b.mix, L.post_norm.data(), T, int(E), hp.rms_eps, b.cur);
         mlp(s, L, T);
-        be.add(b.x, b.mix, T * E);
+        // The residual add with the next layer's input norm (the output norm runs below, on the
+        // logit rows only).
+        if (il + 1 < hp.n_layer)
+            be.add_rmsnorm(b.x, b.mix, m.layers[size_t(il) + 1].attn_norm.data(), T, int(E), hp.rms_eps, b.cur);
+        else be.add(b.x, b.mix, T * E);
         capture_layer(s, capture, il, T);
     }
     if (!want_logits || logit_row0 >= T) return;
