@@ -24,6 +24,8 @@ constexpr size_t STAGING_BYTES = size_t(1) << 20;
 constexpr size_t STAGED_MAX = 64 << 10;
 // Widths from which the quantized matmuls run on the tensor cores (CUDA sm_80+).
 constexpr int MMA_MIN_TOKENS = 8;
+// Norm rows at least this wide quantize their output for the next matmul (hidden states).
+constexpr int FUSED_NORM_MIN_DIM = 1024;
 
 // Starts every op but the matmul: any op may write the memory the quantized activations were
 // made from, so they are forgotten; then brackets the rest of the op for LUCE_GPU_PROFILE.
@@ -224,17 +226,18 @@ void GpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_
         // Matmuls that share their input (q/k/v, gate/up, the DeltaNet projections) quantize it
         // once: the scratch still holds x's quantization if only matmuls ran since, none of
         // which wrote into x (checked below).
-        const bool have = acts_.x == x && acts_.T == T && acts_.n_in == w.n_in && acts_.block == block;
+        const bool have = acts_.x == x && acts_.n == T * w.n_in && acts_.block == block;
         const size_t need = size_t(gpu::act_scratch_bytes(w.n_in, T));
         if (!have) grow(act_scratch_, act_scratch_bytes_, need);
         const gpu::ActScratch a = gpu::act_scratch_at(act_scratch_, w.n_in, T);
         if (!have) gpu::quantize_acts(stream_, warp_, x, int(w.n_in), T, block, a);
         if (T >= mma_min_tokens_) gpu::matmul_mma(stream_, w, T, y, ldy, a);
         else gpu::matmul_int8(stream_, w, T, y, ldy, a);
-        acts_ = {x, T, w.n_in, block};
+        acts_ = {x, T * w.n_in, block};
+        fused_block_ = block;
     }
     if (acts_.x) {  // y [T rows of n_out, ldy apart] overlapping the quantized source voids it
-        const float *src_end = acts_.x + int64_t(acts_.T) * acts_.n_in, *y_end = y + int64_t(T - 1) * ldy + w.n_out;
+        const float *src_end = acts_.x + acts_.n, *y_end = y + int64_t(T - 1) * ldy + w.n_out;
         if (y < src_end && acts_.x < y_end) forget_acts();
     }
 }
@@ -244,10 +247,29 @@ void GpuBackend::get_rows(const Weight &w, const int32_t *ids, int T, float *out
     gpu::get_rows(stream_, w, ids, T, out);
 }
 
+// The ops whose output is a matmul's input quantize it in the same launch (act_quant.cuh), in
+// blocks of the last int8 matmul's type, and record it as the scratch's content; the matmul
+// then finds its input quantized. Off under LUCE_GPU_KERNELS=exact, and where the output length
+// is not a whole number of blocks. (Like the matmul's, the scratch never grows inside a graph
+// capture: the step ran eagerly first.)
+gpu::FusedQuant GpuBackend::quantize_output(int64_t n) {
+    if (exact_kernels_ || n % fused_block_ != 0) return {};
+    grow(act_scratch_, act_scratch_bytes_, size_t(gpu::act_scratch_bytes(n, 1)));
+    return gpu::fused_quant(gpu::act_scratch_at(act_scratch_, n, 1), fused_block_);
+}
+
+void GpuBackend::quantized_output(const gpu::FusedQuant &fq, const float *y, int64_t n) {
+    if (fq.q) acts_ = {y, n, fq.block};
+}
+
 void GpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
                          float eps, float *y, int64_t y_stride) {
     LUCE_OP("rmsnorm");
-    gpu::rmsnorm(stream_, x, x_stride, w, n_rows, dim, eps, y, y_stride);
+    // Hidden-state rows only: the per-head q/k norms (dim 256 on a 27B) feed attention.
+    const int64_t n = int64_t(n_rows) * dim;
+    const gpu::FusedQuant fq = y_stride == dim && dim >= FUSED_NORM_MIN_DIM ? quantize_output(n) : gpu::FusedQuant{};
+    gpu::rmsnorm(stream_, x, x_stride, w, n_rows, dim, eps, y, y_stride, fq);
+    quantized_output(fq, y, n);
 }
 
 void GpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim, float eps) {
@@ -257,12 +279,16 @@ void GpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_r
 
 void GpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) {
     LUCE_OP("mul_sigmoid");
-    gpu::mul_sigmoid(stream_, o, g, g_stride, n_rows, dim);
+    const gpu::FusedQuant fq = quantize_output(int64_t(n_rows) * dim);
+    gpu::mul_sigmoid(stream_, warp_, o, g, g_stride, n_rows, dim, fq);
+    quantized_output(fq, o, int64_t(n_rows) * dim);
 }
 
 void GpuBackend::swiglu(float *gate, const float *up, int64_t n) {
     LUCE_OP("swiglu");
-    gpu::swiglu(stream_, gate, up, n);
+    const gpu::FusedQuant fq = quantize_output(n);
+    gpu::swiglu(stream_, warp_, gate, up, n, fq);
+    quantized_output(fq, gate, n);
 }
 
 void GpuBackend::add(float *x, const float *y, int64_t n) {
@@ -272,7 +298,9 @@ void GpuBackend::add(float *x, const float *y, int64_t n) {
 
 void GpuBackend::add_rmsnorm(float *x, const float *y, const float *w, int n_rows, int dim, float eps, float *out) {
     LUCE_OP("add_rmsnorm");
-    gpu::add_rmsnorm(stream_, x, y, w, n_rows, dim, eps, out);
+    const gpu::FusedQuant fq = quantize_output(int64_t(n_rows) * dim);
+    gpu::add_rmsnorm(stream_, x, y, w, n_rows, dim, eps, out, fq);
+    quantized_output(fq, out, int64_t(n_rows) * dim);
 }
 
 void GpuBackend::rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,

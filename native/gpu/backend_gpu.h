@@ -13,6 +13,7 @@
 #include <string>
 
 #include "backend.h"
+#include "act_quant.cuh"
 #include "gpu_compat.h"
 #include "op_profile.h"
 
@@ -98,10 +99,12 @@ private:
     size_t act_scratch_bytes_ = 0;
     struct QuantizedFrom {                   // what act_scratch_ holds now (x == nullptr: nothing)
         const float *x = nullptr;
-        int T = 0;
-        int64_t n_in = 0;
+        int64_t n = 0;                       // values quantized from x (flat: T x n_in of a matmul)
         int block = 0;
     } acts_;
+    int fused_block_ = 256;                  // block size ops quantize their output in: the last int8 matmul's
+    gpu::FusedQuant quantize_output(int64_t n);  // where an op quantizes its n outputs, or nothing
+    void quantized_output(const gpu::FusedQuant &fq, const float *y, int64_t n);
     void forget_acts() { acts_ = {}; }
     // Pinned ring the small per-step uploads (positions, token ids, masks) are staged through, so
     // the copy is a true async DMA instead of a pageable copy; wraps with one stream sync per lap.

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend.h"
+#include "act_quant.cuh"
 #include "gpu_compat.h"
 
 namespace luce::gpu {
@@ -23,6 +24,8 @@ struct ActScratch {
     float *d = nullptr;      // [T][n_in / act_block]
     int16_t *s16 = nullptr;  // [T][n_in / 16]: sum of q over each 16 values
 };
+// The scratch as the destination of an op that quantizes its own output in blocks of `block`.
+inline FusedQuant fused_quant(const ActScratch &a, int block) { return FusedQuant{a.q, a.d, a.s16, block}; }
 int64_t act_scratch_bytes(int64_t n_in, int T);
 ActScratch act_scratch_at(void *base, int64_t n_in, int T);
 void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int T, int block, const ActScratch &a);
@@ -34,15 +37,17 @@ bool mma_matmul_supported(int cc_major);
 void matmul_mma(cudaStream_t stream, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a);
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);
 
-// norms.cu
+// norms.cu. The ops that feed a matmul can quantize their output for it (act_quant.cuh) when
+// fq.q is set: rmsnorm needs y_stride == dim; every output length a multiple of fq.block.
 void rmsnorm(cudaStream_t stream, const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
-             float eps, float *y, int64_t y_stride);
+             float eps, float *y, int64_t y_stride, const FusedQuant &fq = {});
 void add_rmsnorm(cudaStream_t stream, float *x, const float *y, const float *w, int n_rows, int dim, float eps,
-                 float *out);
+                 float *out, const FusedQuant &fq = {});
 void rmsnorm_gated(cudaStream_t stream, float *o, const float *w, const float *z, int n_rows, int dim,
                    float eps);
-void mul_sigmoid(cudaStream_t stream, float *o, const float *g, int64_t g_stride, int n_rows, int dim);
-void swiglu(cudaStream_t stream, float *gate, const float *up, int64_t n);
+void mul_sigmoid(cudaStream_t stream, int warp, float *o, const float *g, int64_t g_stride, int n_rows, int dim,
+                 const FusedQuant &fq = {});
+void swiglu(cudaStream_t stream, int warp, float *gate, const float *up, int64_t n, const FusedQuant &fq = {});
 void add(cudaStream_t stream, float *x, const float *y, int64_t n);
 
 // attention.cu

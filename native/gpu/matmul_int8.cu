@@ -15,6 +15,7 @@
 // bit-identical to the decode step of the same token: speculative decoding's exactness rests on
 // that, and the tensor-core kernel (matmul_mma.cu) keeps the same order.
 #include "kernels.h"
+#include "act_quant.cuh"
 #include "int8_units.cuh"
 #include "quant_blocks.cuh"
 
@@ -50,29 +51,9 @@ __device__ __forceinline__ float apply_unit(const Unit &un, const int4 (&x)[2], 
 
 // ---- kernels -----------------------------------------------------------------------------------
 
-// One (activation block, token) per thread block of one warp: the CPU's quantize_block_scalar
-// to the bit (fp32 amax, d = amax / 127, q = rint(x * (127 / amax)), non-finite -> 0), plus the
-// sum of q over each 16 values.
-__global__ void quantize_acts_kernel(const float *x, int n_in, int block, int8_t *q, float *d, int16_t *s16) {
-    const int b = blockIdx.x, t = blockIdx.y;
-    const float *xb = x + int64_t(t) * n_in + int64_t(b) * block;
-    float amax = 0.f;
-    for (int i = threadIdx.x; i < block; i += blockDim.x) amax = fmaxf(amax, fabsf(xb[i]));
-    amax = warp_max(amax);
-    const float id = amax > 0.f ? 127.f / amax : 0.f;
-    if (threadIdx.x == 0) d[int64_t(t) * (n_in / block) + b] = amax / 127.f;
-    int8_t *qb = q + int64_t(t) * n_in + int64_t(b) * block;
-    for (int i = threadIdx.x; i < block; i += blockDim.x) {
-        const float r = rintf(xb[i] * id);
-        qb[i] = r >= -127.f && r <= 127.f ? int8_t(r) : int8_t(0);
-    }
-    __syncthreads();  // the block is one warp; the sums read what other lanes wrote
-    for (int g = threadIdx.x; g < block / 16; g += blockDim.x) {
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s += qb[16 * g + i];
-        s16[int64_t(t) * (n_in / 16) + int64_t(b) * (block / 16) + g] = int16_t(s);
-    }
+// One activation block per thread block of one warp (act_quant.cuh).
+__global__ void quantize_acts_kernel(const float *x, int block, FusedQuant out) {
+    out.block_at(x, blockIdx.x);
 }
 
 // acc[t] += unit u of the row . token t0 + t's activations, for the tile's tokens below T.
@@ -201,8 +182,8 @@ ActScratch act_scratch_at(void *base, int64_t n_in, int T) {
 
 void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int T, int block, const ActScratch &a) {
     if (block <= 0 || n_in % block != 0) fail(LUCE_ERR_INTERNAL, "quantize_acts: block %d, n_in %d", block, n_in);
-    quantize_acts_kernel<<<dim3(unsigned(n_in / block), unsigned(T)), warp, 0, stream>>>(x, n_in, block, a.q, a.d,
-                                                                                         a.s16);
+    quantize_acts_kernel<<<unsigned(int64_t(T) * (n_in / block)), warp, 0, stream>>>(x, block,
+                                                                                   fused_quant(a, block));
     LUCE_GPU_LAUNCHED();
 }
 

@@ -13,8 +13,17 @@ namespace {
 
 // ---- kernels -----------------------------------------------------------------------------------
 
+// The row's output, already written by the whole block, quantized for the next matmul: warp w
+// takes the row's activation blocks w, w + n_warps, ... (rows are contiguous: y_stride == dim).
+__device__ __forceinline__ void quantize_row(const FusedQuant &fq, const float *y, int dim) {
+    if (!fq.q) return;
+    __syncthreads();  // every thread's outputs are visible to the whole block
+    const int n_blocks = dim / fq.block, warp = threadIdx.x / warpSize, n_warps = blockDim.x / warpSize;
+    for (int b = warp; b < n_blocks; b += n_warps) fq.block_at(y, int64_t(blockIdx.x) * n_blocks + b);
+}
+
 __global__ void rmsnorm_kernel(const float *x, int64_t x_stride, const float *w, int dim, float eps,
-                               float *y, int64_t y_stride) {
+                               float *y, int64_t y_stride, FusedQuant fq) {
     const float *xr = x + blockIdx.x * x_stride;
     float *yr = y + blockIdx.x * y_stride;
     float ss = 0.f;
@@ -23,11 +32,13 @@ __global__ void rmsnorm_kernel(const float *x, int64_t x_stride, const float *w,
     const float scale = 1.0f / sqrtf(block_sum(ss) / float(dim) + eps);
 #pragma unroll 4
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+    quantize_row(fq, y, dim);
 }
 
 // x += y, then out = rmsnorm(x) * w: the same per-thread order of operations as add_kernel then
 // rmsnorm_kernel at the same block size, so the fused pass gives the same bits.
-__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, int dim, float eps, float *out) {
+__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, int dim, float eps, float *out,
+                                   FusedQuant fq) {
     float *xr = x + int64_t(blockIdx.x) * dim;
     const float *yr = y + int64_t(blockIdx.x) * dim;
     float *o = out + int64_t(blockIdx.x) * dim;
@@ -41,6 +52,7 @@ __global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, int
     const float scale = 1.0f / sqrtf(block_sum(ss) / float(dim) + eps);
 #pragma unroll 4
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+    quantize_row(fq, out, dim);
 }
 
 // o = rmsnorm(o) * w * silu(z), rows of `dim` (DeltaNet output norm).
@@ -53,14 +65,35 @@ __global__ void rmsnorm_gated_kernel(float *o, const float *w, const float *z, i
     for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = orow[i] * scale * w[i] * silu(zr[i]);
 }
 
-__global__ void mul_sigmoid_kernel(float *o, const float *g, int64_t g_stride, int dim, int64_t n) {
+struct MulSigmoid {
+    float *o;
+    const float *g;
+    int64_t g_stride;
+    int dim;
+    __device__ void operator()(int64_t i) const { o[i] *= sigmoid(g[(i / dim) * g_stride + i % dim]); }
+};
+
+struct Swiglu {
+    float *gate;
+    const float *up;
+    __device__ void operator()(int64_t i) const { gate[i] = silu(gate[i]) * up[i]; }
+};
+
+template <class Op>
+__global__ void elementwise_kernel(Op op, int64_t n) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        o[i] *= sigmoid(g[(i / dim) * g_stride + i % dim]);
+        op(i);
 }
 
-__global__ void swiglu_kernel(float *gate, const float *up, int64_t n) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        gate[i] = silu(gate[i]) * up[i];
+// The same op, one warp per activation block of the output `out`, which it then quantizes for
+// the next matmul: lane l computes the values l, l + warpSize, ... of its block, the ones
+// quantize_block_warp reads back on the same lane (no barrier needed).
+template <class Op>
+__global__ void elementwise_quant_kernel(Op op, const float *out, int64_t n_blocks, FusedQuant fq) {
+    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / warpSize;
+    if (b >= n_blocks) return;  // whole warps
+    for (int i = threadIdx.x % warpSize; i < fq.block; i += warpSize) op(b * fq.block + i);
+    fq.block_at(out, b);
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
@@ -87,16 +120,18 @@ unsigned elementwise_blocks(int64_t n) {
 }  // namespace
 
 void rmsnorm(cudaStream_t stream, const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
-             float eps, float *y, int64_t y_stride) {
+             float eps, float *y, int64_t y_stride, const FusedQuant &fq) {
     if (n_rows < 1) return;
-    rmsnorm_kernel<<<n_rows, norm_threads(dim), 0, stream>>>(x, x_stride, w, dim, eps, y, y_stride);
+    if (fq.q && (y_stride != dim || dim % fq.block != 0)) fail(LUCE_ERR_INTERNAL, "rmsnorm: cannot quantize this output");
+    rmsnorm_kernel<<<n_rows, norm_threads(dim), 0, stream>>>(x, x_stride, w, dim, eps, y, y_stride, fq);
     LUCE_GPU_LAUNCHED();
 }
 
 void add_rmsnorm(cudaStream_t stream, float *x, const float *y, const float *w, int n_rows, int dim, float eps,
-                 float *out) {
+                 float *out, const FusedQuant &fq) {
     if (n_rows < 1) return;
-    add_rmsnorm_kernel<<<n_rows, norm_threads(dim), 0, stream>>>(x, y, w, dim, eps, out);
+    if (fq.q && dim % fq.block != 0) fail(LUCE_ERR_INTERNAL, "add_rmsnorm: cannot quantize this output");
+    add_rmsnorm_kernel<<<n_rows, norm_threads(dim), 0, stream>>>(x, y, w, dim, eps, out, fq);
     LUCE_GPU_LAUNCHED();
 }
 
@@ -107,17 +142,28 @@ void rmsnorm_gated(cudaStream_t stream, float *o, const float *w, const float *z
     LUCE_GPU_LAUNCHED();
 }
 
-void mul_sigmoid(cudaStream_t stream, float *o, const float *g, int64_t g_stride, int n_rows, int dim) {
-    const int64_t n = int64_t(n_rows) * dim;
+// op over n values of `out`, quantized afterwards when fq asks for it.
+template <class Op>
+void launch_elementwise(cudaStream_t stream, int warp, Op op, const float *out, int64_t n, const FusedQuant &fq) {
     if (n < 1) return;
-    mul_sigmoid_kernel<<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(o, g, g_stride, dim, n);
+    if (!fq.q) {
+        elementwise_kernel<<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(op, n);
+    } else {
+        if (n % fq.block != 0) fail(LUCE_ERR_INTERNAL, "elementwise op: %lld values in blocks of %d", (long long)n, fq.block);
+        const int64_t n_blocks = n / fq.block, per_launch_block = ELEMENTWISE_THREADS / warp;
+        elementwise_quant_kernel<<<unsigned((n_blocks + per_launch_block - 1) / per_launch_block), ELEMENTWISE_THREADS, 0,
+                                   stream>>>(op, out, n_blocks, fq);
+    }
     LUCE_GPU_LAUNCHED();
 }
 
-void swiglu(cudaStream_t stream, float *gate, const float *up, int64_t n) {
-    if (n < 1) return;
-    swiglu_kernel<<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(gate, up, n);
-    LUCE_GPU_LAUNCHED();
+void mul_sigmoid(cudaStream_t stream, int warp, float *o, const float *g, int64_t g_stride, int n_rows, int dim,
+                 const FusedQuant &fq) {
+    launch_elementwise(stream, warp, MulSigmoid{o, g, g_stride, dim}, o, int64_t(n_rows) * dim, fq);
+}
+
+void swiglu(cudaStream_t stream, int warp, float *gate, const float *up, int64_t n, const FusedQuant &fq) {
+    launch_elementwise(stream, warp, Swiglu{gate, up}, gate, n, fq);
 }
 
 void add(cudaStream_t stream, float *x, const float *y, int64_t n) {
