@@ -140,10 +140,12 @@ void GpuBackend::release(void *p) {
 }
 
 // Scratch buffers grow to the largest request seen and are never shrunk (a step asks for the
-// same shapes every time); growing frees the old buffer first. Never called inside a graph
-// capture: a step runs eagerly before it is recorded, which grows everything it needs.
+// same shapes every time); growing frees the old buffer first, and with it every recorded step
+// graph (they hold its address; each re-records after one eager run). Never called inside a
+// graph capture: a step runs eagerly before it is recorded, which grows everything it needs.
 void GpuBackend::grow(void *&buf, size_t &bytes, size_t need) {
     if (need <= bytes) return;
+    if (buf) graph_clear();
     release(buf);
     buf = nullptr;
     bytes = 0;
@@ -210,34 +212,65 @@ static void refuse_tree_mode(const int32_t *parent) {
 // never grow while a CUDA graph is being captured (a capture may not allocate): a step is run
 // eagerly before it is captured, which sizes the scratch for that step.
 void GpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) {
-    if (T < 1 || w.n_out < 1) return;
+    const MatmulOut out{&w, y, ldy};
+    matmuls(x, T, &out, 1);
+}
+
+// Consecutive outputs of one quantized type and input width share one launch (RowSegments).
+void GpuBackend::matmuls(const float *x, int T, const MatmulOut *out, int n) {
+    for (int i = 0; i < n;) {
+        const Weight &w0 = *out[i].w;
+        if (w0.n_out < 1) {  // nothing to compute
+            ++i;
+            continue;
+        }
+        const bool int8 = !exact_kernels_ && gpu::act_block_of(w0.type) != 0;
+        int j = i + 1;
+        while (int8 && j < n && j - i < gpu::RowSegments::MAX && out[j].w->type == w0.type &&
+               out[j].w->n_in == w0.n_in && out[j].w->n_out >= 1)
+            ++j;
+        matmul_launch(x, T, out + i, j - i);
+        i = j;
+    }
+}
+
+void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int n) {
+    const Weight &w0 = *out[0].w;
+    if (T < 1) return;
     std::string key;
     if (profile_) {
-        char buf[96];
-        std::snprintf(buf, sizeof buf, "matmul %s %lldx%lld T=%d", type_name(w.type), (long long)w.n_out,
-                      (long long)w.n_in, T);
-        key = buf;
+        key = std::string("matmul ") + type_name(w0.type) + " ";
+        for (int i = 0; i < n; ++i) key += (i ? "+" : "") + std::to_string(out[i].w->n_out);
+        key += "x" + std::to_string(w0.n_in) + " T=" + std::to_string(T);
     }
     LUCE_TIMED(std::move(key));
-    const int block = gpu::act_block_of(w.type);
+    const int block = gpu::act_block_of(w0.type);
     if (exact_kernels_ || block == 0) {
-        gpu::matmul(stream_, warp_, w, x, T, y, ldy);
+        gpu::matmul(stream_, warp_, w0, x, T, out[0].y, out[0].ldy);  // n == 1 (matmuls groups int8 only)
     } else {
-        // Matmuls that share their input (q/k/v, gate/up, the DeltaNet projections) quantize it
-        // once: the scratch still holds x's quantization if only matmuls ran since, none of
-        // which wrote into x (checked below).
-        const bool have = acts_.x == x && acts_.n == T * w.n_in && acts_.block == block;
-        const size_t need = size_t(gpu::act_scratch_bytes(w.n_in, T));
-        if (!have) grow(act_scratch_, act_scratch_bytes_, need);
-        const gpu::ActScratch a = gpu::act_scratch_at(act_scratch_, w.n_in, T);
-        if (!have) gpu::quantize_acts(stream_, warp_, x, int(w.n_in), T, block, a);
-        if (T >= mma_min_tokens_) gpu::matmul_mma(stream_, w, T, y, ldy, a);
-        else gpu::matmul_int8(stream_, w, T, y, ldy, a);
-        acts_ = {x, T * w.n_in, block};
+        // Matmuls that share their input quantize it once: the scratch still holds x's
+        // quantization if only matmuls and ops that quantized their own output (x) ran since, none
+        // of which wrote into x afterwards (checked below).
+        const bool have = acts_.x == x && acts_.n == T * w0.n_in && acts_.block == block;
+        if (!have) grow(act_scratch_, act_scratch_bytes_, size_t(gpu::act_scratch_bytes(w0.n_in, T)));
+        const gpu::ActScratch a = gpu::act_scratch_at(act_scratch_, w0.n_in, T);
+        if (!have) gpu::quantize_acts(stream_, warp_, x, int(w0.n_in), T, block, a);
+        gpu::RowSegments rows;
+        for (int i = 0; i < n; ++i) {
+            rows.w[i] = static_cast<const uint8_t *>(out[i].w->data);
+            rows.y[i] = out[i].y;
+            rows.ldy[i] = out[i].ldy;
+            rows.end[i] = rows.start(i) + out[i].w->n_out;
+            rows.n = i + 1;
+        }
+        if (T >= mma_min_tokens_) gpu::matmul_mma(stream_, w0.type, w0.n_in, rows, T, a);
+        else gpu::matmul_int8(stream_, w0.type, w0.n_in, rows, T, a);
+        acts_ = {x, T * w0.n_in, block};
         fused_block_ = block;
     }
-    if (acts_.x) {  // y [T rows of n_out, ldy apart] overlapping the quantized source voids it
-        const float *src_end = acts_.x + acts_.n, *y_end = y + int64_t(T - 1) * ldy + w.n_out;
+    for (int i = 0; i < n && acts_.x; ++i) {  // an output overlapping the quantized source voids it
+        const float *src_end = acts_.x + acts_.n, *y = out[i].y;
+        const float *y_end = y + int64_t(T - 1) * out[i].ldy + out[i].w->n_out;
         if (y < src_end && acts_.x < y_end) forget_acts();
     }
 }
@@ -249,11 +282,12 @@ void GpuBackend::get_rows(const Weight &w, const int32_t *ids, int T, float *out
 
 // The ops whose output is a matmul's input quantize it in the same launch (act_quant.cuh), in
 // blocks of the last int8 matmul's type, and record it as the scratch's content; the matmul
-// then finds its input quantized. Off under LUCE_GPU_KERNELS=exact, and where the output length
-// is not a whole number of blocks. (Like the matmul's, the scratch never grows inside a graph
+// then finds its input quantized. Off under LUCE_GPU_KERNELS=exact, before any int8 matmul ran
+// (float-weight models), and where a row of the output (`row` values: a norm's row, or the whole
+// output of an elementwise op) is not a whole number of blocks. (Like the matmul's, the scratch never grows inside a graph
 // capture: the step ran eagerly first.)
-gpu::FusedQuant GpuBackend::quantize_output(int64_t n) {
-    if (exact_kernels_ || n % fused_block_ != 0) return {};
+gpu::FusedQuant GpuBackend::quantize_output(int64_t n, int64_t row) {
+    if (exact_kernels_ || fused_block_ == 0 || row % fused_block_ != 0) return {};
     grow(act_scratch_, act_scratch_bytes_, size_t(gpu::act_scratch_bytes(n, 1)));
     return gpu::fused_quant(gpu::act_scratch_at(act_scratch_, n, 1), fused_block_);
 }
@@ -267,7 +301,7 @@ void GpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n
     LUCE_OP("rmsnorm");
     // Hidden-state rows only: the per-head q/k norms (dim 256 on a 27B) feed attention.
     const int64_t n = int64_t(n_rows) * dim;
-    const gpu::FusedQuant fq = y_stride == dim && dim >= FUSED_NORM_MIN_DIM ? quantize_output(n) : gpu::FusedQuant{};
+    const gpu::FusedQuant fq = y_stride == dim && dim >= FUSED_NORM_MIN_DIM ? quantize_output(n, dim) : gpu::FusedQuant{};
     gpu::rmsnorm(stream_, x, x_stride, w, n_rows, dim, eps, y, y_stride, fq);
     quantized_output(fq, y, n);
 }
@@ -279,14 +313,14 @@ void GpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_r
 
 void GpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) {
     LUCE_OP("mul_sigmoid");
-    const gpu::FusedQuant fq = quantize_output(int64_t(n_rows) * dim);
+    const gpu::FusedQuant fq = quantize_output(int64_t(n_rows) * dim, int64_t(n_rows) * dim);
     gpu::mul_sigmoid(stream_, warp_, o, g, g_stride, n_rows, dim, fq);
     quantized_output(fq, o, int64_t(n_rows) * dim);
 }
 
 void GpuBackend::swiglu(float *gate, const float *up, int64_t n) {
     LUCE_OP("swiglu");
-    const gpu::FusedQuant fq = quantize_output(n);
+    const gpu::FusedQuant fq = quantize_output(n, n);
     gpu::swiglu(stream_, warp_, gate, up, n, fq);
     quantized_output(fq, gate, n);
 }
@@ -298,7 +332,7 @@ void GpuBackend::add(float *x, const float *y, int64_t n) {
 
 void GpuBackend::add_rmsnorm(float *x, const float *y, const float *w, int n_rows, int dim, float eps, float *out) {
     LUCE_OP("add_rmsnorm");
-    const gpu::FusedQuant fq = quantize_output(int64_t(n_rows) * dim);
+    const gpu::FusedQuant fq = quantize_output(int64_t(n_rows) * dim, dim);
     gpu::add_rmsnorm(stream_, x, y, w, n_rows, dim, eps, out, fq);
     quantized_output(fq, out, int64_t(n_rows) * dim);
 }

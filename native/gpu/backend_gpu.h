@@ -32,6 +32,7 @@ public:
     void copy(void *dst, const void *src, size_t n_bytes) override;
 
     void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) override;
+    void matmuls(const float *x, int T, const MatmulOut *out, int n) override;
     void get_rows(const Weight &w, const int32_t *ids, int T, float *out) override;
     void rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim, float eps,
                  float *y, int64_t y_stride) override;
@@ -83,6 +84,7 @@ public:
 
 private:
     bool owns(const void *p) const;  // p lies inside one of our allocations
+    void matmul_launch(const float *x, int T, const MatmulOut *out, int n);  // one type and width
     void grow(void *&buf, size_t &bytes, size_t need);  // scratch of at least `need` bytes
 
     int device_ = 0;
@@ -102,8 +104,8 @@ private:
         int64_t n = 0;                       // values quantized from x (flat: T x n_in of a matmul)
         int block = 0;
     } acts_;
-    int fused_block_ = 256;                  // block size ops quantize their output in: the last int8 matmul's
-    gpu::FusedQuant quantize_output(int64_t n);  // where an op quantizes its n outputs, or nothing
+    int fused_block_ = 0;                    // block size ops quantize their output in: the last int8 matmul's
+    gpu::FusedQuant quantize_output(int64_t n, int64_t row);  // where an op quantizes its n outputs, or nothing
     void quantized_output(const gpu::FusedQuant &fq, const float *y, int64_t n);
     void forget_acts() { acts_ = {}; }
     // Pinned ring the small per-step uploads (positions, token ids, masks) are staged through, so

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #if defined(LUCE_HIP)
+#include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
 #define cudaError_t hipError_t
 #define cudaSuccess hipSuccess
@@ -54,6 +55,7 @@
 #define cudaPointerGetAttributes hipPointerGetAttributes
 #define cudaRuntimeGetVersion hipRuntimeGetVersion
 #else
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #endif
 

@@ -24,17 +24,37 @@ struct ActScratch {
     float *d = nullptr;      // [T][n_in / act_block]
     int16_t *s16 = nullptr;  // [T][n_in / 16]: sum of q over each 16 values
 };
+// The output rows of one int8 matmul launch: up to MAX weights of one type and input width, side
+// by side (the matmuls of one input: q/k, gate/up, the DeltaNet projections). Launch row r is row
+// r - start(s) of segment s, written to y[s] with row stride ldy[s].
+struct RowSegments {
+    static constexpr int MAX = 4;
+    const uint8_t *w[MAX] = {};
+    float *y[MAX] = {};
+    int64_t ldy[MAX] = {};
+    int64_t end[MAX] = {};  // cumulative row counts
+    int n = 0;
+
+    __host__ __device__ int64_t n_out() const { return n ? end[n - 1] : 0; }
+    __host__ __device__ int64_t start(int s) const { return s ? end[s - 1] : 0; }
+    __device__ int find(int64_t row) const {
+        int s = 0;
+        while (s + 1 < n && row >= end[s]) ++s;
+        return s;
+    }
+};
+
 // The scratch as the destination of an op that quantizes its own output in blocks of `block`.
 inline FusedQuant fused_quant(const ActScratch &a, int block) { return FusedQuant{a.q, a.d, a.s16, block}; }
 int64_t act_scratch_bytes(int64_t n_in, int T);
 ActScratch act_scratch_at(void *base, int64_t n_in, int T);
 void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int T, int block, const ActScratch &a);
-void matmul_int8(cudaStream_t stream, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a);
+void matmul_int8(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a);
 // matmul_mma.cu: the same contract on the tensor cores (CUDA sm_80+; mma_matmul_supported(major)
 // of the device's compute capability), bit-identical to matmul_int8 per (row, token) whatever T.
 // HIP: unsupported.
 bool mma_matmul_supported(int cc_major);
-void matmul_mma(cudaStream_t stream, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a);
+void matmul_mma(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a);
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);
 
 // norms.cu. The ops that feed a matmul can quantize their output for it (act_quant.cuh) when

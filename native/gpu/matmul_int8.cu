@@ -58,14 +58,15 @@ __global__ void quantize_acts_kernel(const float *x, int block, FusedQuant out) 
 
 // acc[t] += unit u of the row . token t0 + t's activations, for the tile's tokens below T.
 template <int TYPE, int NT>
-__device__ __forceinline__ void apply_tokens(const Unit &un, int u, int t0, int T, int n_in, int n_blocks,
-                                             int units_per_block, const int8_t *xq, const float *xd,
-                                             const int16_t *xs, float (&acc)[NT]) {
+__device__ __forceinline__ void apply_tokens(const Unit &un, int u, int t0, int T, int n_in, const int8_t *xq,
+                                             const float *xd, const int16_t *xs, float (&acc)[NT]) {
+    constexpr int units_per_block = act_block_of(TYPE) / 32;  // a compile-time divisor
+    const int n_blocks = n_in / act_block_of(TYPE);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         const int tok = t0 + t;
         if (tok >= T) break;
-        const int4 *xp = reinterpret_cast<const int4 *>(xq + int64_t(tok) * n_in + 32 * int64_t(u));
+        const int4 *xp = reinterpret_cast<const int4 *>(xq + int64_t(tok) * n_in + 32 * u);
         const int4 x[2] = {xp[0], xp[1]};
         const float dx = xd[int64_t(tok) * n_blocks + u / units_per_block];
         const int16_t *sp = xs + int64_t(tok) * (n_in / 16) + 2 * u;
@@ -79,18 +80,19 @@ constexpr int MATMUL_THREADS = 128;
 // (UNROLL * SLOTS units on) into the freed registers, then applies it, so DRAM always has the
 // next round's loads while the current one is computed.
 template <int TYPE, int NT, int UNROLL>
-__global__ void __launch_bounds__(MATMUL_THREADS) matmul_int8_kernel(const uint8_t *w, int64_t row_bytes, int n_in,
-                                                                     int64_t n_out, const int8_t *xq, const float *xd,
-                                                                     const int16_t *xs, int act_block, int T, float *y,
-                                                                     int64_t ldy) {
+__global__ void __launch_bounds__(MATMUL_THREADS) matmul_int8_kernel(RowSegments rows, int64_t row_bytes, int n_in,
+                                                                     const int8_t *xq, const float *xd,
+                                                                     const int16_t *xs, int T) {
     const int slot = threadIdx.x % SLOTS;
     const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / SLOTS;
-    // Rows past n_out (the last block's) compute row 0 and store nothing: the whole group of
+    // Rows past the end (the last block's) compute row 0 and store nothing: the whole group of
     // eight lanes stays in the shuffles.
-    const bool row_ok = row < n_out;
-    const uint8_t *wr = w + (row_ok ? row : 0) * row_bytes;
+    const bool row_ok = row < rows.n_out();
+    const int seg = rows.find(row_ok ? row : 0);
+    const int64_t local = (row_ok ? row : 0) - rows.start(seg);
+    const uint8_t *wr = rows.w[seg] + local * row_bytes;
     const int t0 = blockIdx.y * NT;
-    const int n_units = n_in / 32, n_blocks = n_in / act_block, units_per_block = act_block / 32;
+    const int n_units = n_in / 32;
     constexpr int STRIDE = SLOTS * UNROLL;
     float acc[NT];
 #pragma unroll
@@ -107,32 +109,30 @@ __global__ void __launch_bounds__(MATMUL_THREADS) matmul_int8_kernel(const uint8
             Unit un;
             decode_unit<TYPE>(raw[i], u, un);
             if (u + STRIDE < n_units) fetch_unit<TYPE>(wr, u + STRIDE, raw[i]);
-            apply_tokens<TYPE, NT>(un, u, t0, T, n_in, n_blocks, units_per_block, xq, xd, xs, acc);
+            apply_tokens<TYPE, NT>(un, u, t0, T, n_in, xq, xd, xs, acc);
         }
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         const float s = slot_tree_lanes(acc[t]);
-        if (slot == 0 && row_ok && t0 + t < T) y[int64_t(t0 + t) * ldy + row] = s;
+        if (slot == 0 && row_ok && t0 + t < T) rows.y[seg][int64_t(t0 + t) * rows.ldy[seg] + local] = s;
     }
 }
 
 struct Int8Launch {
     cudaStream_t stream;
-    const Weight &w;
+    int64_t n_in;
+    const RowSegments &rows;
     const ActScratch &a;
     int T;
-    float *y;
-    int64_t ldy;
 
     template <int TYPE, int NT, int UNROLL>
     void launch() const {
         const int rows_per_block = MATMUL_THREADS / SLOTS;
-        const dim3 grid(unsigned((w.n_out + rows_per_block - 1) / rows_per_block), unsigned((T + NT - 1) / NT));
-        const int64_t row_bytes = w.n_in / block_elems(TYPE) * block_bytes(TYPE);
-        matmul_int8_kernel<TYPE, NT, UNROLL><<<grid, MATMUL_THREADS, 0, stream>>>(
-            static_cast<const uint8_t *>(w.data), row_bytes, int(w.n_in), w.n_out, a.q, a.d, a.s16,
-            act_block_of(TYPE), T, y, ldy);
+        const dim3 grid(unsigned((rows.n_out() + rows_per_block - 1) / rows_per_block), unsigned((T + NT - 1) / NT));
+        const int64_t row_bytes = n_in / block_elems(TYPE) * block_bytes(TYPE);
+        matmul_int8_kernel<TYPE, NT, UNROLL><<<grid, MATMUL_THREADS, 0, stream>>>(rows, row_bytes, int(n_in), a.q, a.d,
+                                                                                  a.s16, T);
         LUCE_GPU_LAUNCHED();
     }
 
@@ -149,7 +149,7 @@ struct Int8Launch {
             constexpr bool light = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0;
             if (T == 1) {
                 if constexpr (light) {
-                    if (w.n_in >= 8192) launch<TYPE, 1, 8>();
+                    if (n_in >= 8192) launch<TYPE, 1, 8>();
                     else launch<TYPE, 1, 4>();
                 } else {
                     launch<TYPE, 1, 2>();
@@ -187,12 +187,12 @@ void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int 
     LUCE_GPU_LAUNCHED();
 }
 
-void matmul_int8(cudaStream_t stream, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a) {
-    const int block = act_block_of(w.type);
-    if (block == 0 || w.n_in % block != 0) fail(LUCE_ERR_INTERNAL, "matmul_int8: type %d, n_in %lld", w.type,
-                                                (long long)w.n_in);
-    Int8Launch launch{stream, w, a, T, y, ldy};
-    if (!dispatch_type(w.type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU matmul for ggml type %d", w.type);
+void matmul_int8(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a) {
+    const int block = act_block_of(type);
+    if (block == 0 || n_in % block != 0 || n_in > INT32_MAX || rows.n < 1)
+        fail(LUCE_ERR_INTERNAL, "matmul_int8: type %d, n_in %lld", type, (long long)n_in);
+    Int8Launch launch{stream, n_in, rows, a, T};
+    if (!dispatch_type(type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU matmul for ggml type %d", type);
 }
 
 }  // namespace luce::gpu

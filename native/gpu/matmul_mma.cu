@@ -83,30 +83,27 @@ __device__ __forceinline__ void mma_k16(uint32_t a0, uint32_t a1, uint32_t b0, i
 
 // What one thread carries from global memory to the stage: (row, unit) weight entries e = tid,
 // tid + 256, ... of rows x 8 units (raw: decoded when stored), and (token, 16-byte chunk)
-// activation entries likewise.
+// activation entries and (token, unit) scale entries likewise.
 template <int TYPE, int MT, int NTILES>
 struct Prefetch {
     static constexpr int w_entries = (16 * MT * SLOTS + MMA_THREADS - 1) / MMA_THREADS;
     static constexpr int x_entries = (MMA_NTILE * NTILES * 16 + MMA_THREADS - 1) / MMA_THREADS;
     RawUnit<TYPE> w[w_entries];
     int w_unit[w_entries];  // the entry's unit index, or -1: a zero unit (past the row or n_out)
+    static constexpr int s_entries = (MMA_NTILE * NTILES * SLOTS + MMA_THREADS - 1) / MMA_THREADS;
     int4 x[x_entries];
-    float dx;
-    uint32_t sums;  // the two 16-sums of the unit, int16 each
+    float dx[s_entries];
+    uint32_t sums[s_entries];  // the two 16-sums of the unit, int16 each
 };
 
 struct MmaArgs {
-    const uint8_t *w;
+    RowSegments rows;
     int64_t row_bytes;
     int n_in;
-    int64_t n_out;
     const int8_t *xq;
     const float *xd;
     const int16_t *xs;
-    int act_block;
     int T;
-    float *y;
-    int64_t ldy;
 };
 
 // Loads group k (units 8k .. 8k + 7) of the block's rows r0.. and tokens t0.. into registers;
@@ -119,9 +116,12 @@ __device__ __forceinline__ void prefetch_group(const MmaArgs &p, int64_t r0, int
 #pragma unroll
     for (int i = 0; i < f.w_entries; ++i) {
         const int e = threadIdx.x + i * MMA_THREADS, row = e / SLOTS, u = SLOTS * k + e % SLOTS;
-        const bool ok = e < rows * SLOTS && r0 + row < p.n_out && u < n_units;
+        const bool ok = e < rows * SLOTS && r0 + row < p.rows.n_out() && u < n_units;
         f.w_unit[i] = ok ? u : -1;
-        if (ok) fetch_unit<TYPE>(p.w + (r0 + row) * p.row_bytes, u, f.w[i]);
+        if (ok) {
+            const int seg = p.rows.find(r0 + row);
+            fetch_unit<TYPE>(p.rows.w[seg] + (r0 + row - p.rows.start(seg)) * p.row_bytes, u, f.w[i]);
+        }
     }
 #pragma unroll
     for (int i = 0; i < f.x_entries; ++i) {
@@ -131,14 +131,17 @@ __device__ __forceinline__ void prefetch_group(const MmaArgs &p, int64_t r0, int
         if (e < toks * 16 && t0 + tok < p.T && col < p.n_in)
             f.x[i] = *reinterpret_cast<const int4 *>(p.xq + int64_t(t0 + tok) * p.n_in + col);
     }
-    f.dx = 0.f;
-    f.sums = 0;
-    {
-        const int tok = threadIdx.x / SLOTS, u = SLOTS * k + threadIdx.x % SLOTS;
-        if (tok < toks && t0 + tok < p.T && u < n_units) {
-            f.dx = p.xd[int64_t(t0 + tok) * (p.n_in / p.act_block) + u / (p.act_block / 32)];
+    constexpr int units_per_block = act_block_of(TYPE) / 32;
+    const int n_blocks = p.n_in / act_block_of(TYPE);
+#pragma unroll
+    for (int i = 0; i < f.s_entries; ++i) {
+        const int e = threadIdx.x + i * MMA_THREADS, tok = e / SLOTS, u = SLOTS * k + e % SLOTS;
+        f.dx[i] = 0.f;
+        f.sums[i] = 0;
+        if (e < toks * SLOTS && t0 + tok < p.T && u < n_units) {
+            f.dx[i] = p.xd[int64_t(t0 + tok) * n_blocks + u / units_per_block];
             const int16_t *sp = p.xs + int64_t(t0 + tok) * (p.n_in / 16) + 2 * u;
-            f.sums = uint32_t(uint16_t(sp[0])) | uint32_t(uint16_t(sp[1])) << 16;
+            f.sums[i] = uint32_t(uint16_t(sp[0])) | uint32_t(uint16_t(sp[1])) << 16;
         }
     }
 }
@@ -163,10 +166,14 @@ __device__ __forceinline__ void store_group(const Prefetch<TYPE, MT, NTILES> &f,
         if (e < L::toks * 16)
             *reinterpret_cast<int4 *>(smem + L::w_words + (e / 16) * TOK_WORDS + (e % 16) * 4) = f.x[i];
     }
-    if (threadIdx.x < L::toks * SLOTS) {
-        uint32_t *s = smem + L::w_words + L::x_words + 2 * threadIdx.x;  // (token, unit) = tid
-        s[0] = __float_as_uint(f.dx);
-        s[1] = f.sums;
+#pragma unroll
+    for (int i = 0; i < f.s_entries; ++i) {
+        const int e = threadIdx.x + i * MMA_THREADS;  // (token, unit) = (e / 8, e % 8)
+        if (e < L::toks * SLOTS) {
+            uint32_t *s = smem + L::w_words + L::x_words + 2 * e;
+            s[0] = __float_as_uint(f.dx[i]);
+            s[1] = f.sums[i];
+        }
     }
 }
 
@@ -284,27 +291,28 @@ __global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
             for (int c = 0; c < 4; ++c) {
                 const int64_t row = r0 + 16 * m + g + (c < 2 ? 0 : 8);
                 const int tok = t0 + MMA_NTILE * j + 2 * tq + c % 2;
-                if (row < p.n_out && tok < p.T) p.y[int64_t(tok) * p.ldy + row] = acc[m][j][c];
+                if (row < p.rows.n_out() && tok < p.T) {
+                    const int seg = p.rows.find(row);
+                    p.rows.y[seg][int64_t(tok) * p.rows.ldy[seg] + row - p.rows.start(seg)] = acc[m][j][c];
+                }
             }
 }
 
 struct MmaLaunch {
     cudaStream_t stream;
-    const Weight &w;
+    int64_t n_in;
+    const RowSegments &rows;
     const ActScratch &a;
     int T;
-    float *y;
-    int64_t ldy;
 
     template <int TYPE, int MT, int NTILES>
     void launch_with() const {
         using L = MmaSmem<MT, NTILES>;
-        const dim3 grid(unsigned((w.n_out + L::rows - 1) / L::rows), unsigned((T + L::toks - 1) / L::toks));
-        const MmaArgs p{static_cast<const uint8_t *>(w.data), w.n_in / block_elems(TYPE) * block_bytes(TYPE),
-                        int(w.n_in), w.n_out, a.q, a.d, a.s16, act_block_of(TYPE), T, y, ldy};
-        // Four groups in flight where a raw unit is small, two for the K-quants and for prefill
-        // tiles (compute-bound, and their activation stage is large).
-        constexpr int depth = NTILES <= MMA_MAX_NTILES && (TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0) ? 4 : 2;
+        const dim3 grid(unsigned((rows.n_out() + L::rows - 1) / L::rows), unsigned((T + L::toks - 1) / L::toks));
+        const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T};
+        // Two groups in flight: on an H200 (2026-12-03) four cost registers (126 vs 73 for 32 rows
+        // x 16 tokens) and made that matmul slower (77 vs 68 us for 17408x5120).
+        constexpr int depth = 2;
         matmul_mma_kernel<TYPE, MT, NTILES, depth><<<grid, MMA_THREADS, 0, stream>>>(p);
         LUCE_GPU_LAUNCHED();
     }
@@ -313,7 +321,7 @@ struct MmaLaunch {
     // over every SM (a guess from occupancy arithmetic; any tiling gives the same bits).
     template <int TYPE, int NTILES>
     void launch() const {
-        if (w.n_out >= 8192) launch_with<TYPE, 2, NTILES>();
+        if (rows.n_out() >= 8192) launch_with<TYPE, 2, NTILES>();
         else launch_with<TYPE, 1, NTILES>();
     }
 
@@ -336,20 +344,20 @@ struct MmaLaunch {
 
 bool mma_matmul_supported(int cc_major) { return cc_major >= 8; }
 
-void matmul_mma(cudaStream_t stream, const Weight &w, int T, float *y, int64_t ldy, const ActScratch &a) {
-    const int block = act_block_of(w.type);
-    if (block == 0 || w.n_in % block != 0 || w.n_in % 32 != 0 || w.n_in > INT32_MAX || T < 1 || T > 65535 * 32)
-        fail(LUCE_ERR_INTERNAL, "matmul_mma: type %d, n_in %lld, T %d", w.type, (long long)w.n_in, T);
-    MmaLaunch launch{stream, w, a, T, y, ldy};
-    if (!dispatch_type(w.type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU matmul for ggml type %d", w.type);
+void matmul_mma(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a) {
+    const int block = act_block_of(type);
+    if (block == 0 || n_in % block != 0 || n_in > INT32_MAX || T < 1 || T > 65535 * 32 || rows.n < 1)
+        fail(LUCE_ERR_INTERNAL, "matmul_mma: type %d, n_in %lld, T %d", type, (long long)n_in, T);
+    MmaLaunch launch{stream, n_in, rows, a, T};
+    if (!dispatch_type(type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU matmul for ggml type %d", type);
 }
 
 #else  // HIP keeps the dp4a kernel (matmul_int8.cu)
 
 bool mma_matmul_supported(int) { return false; }
 
-void matmul_mma(cudaStream_t, const Weight &w, int, float *, int64_t, const ActScratch &) {
-    fail(LUCE_ERR_UNSUPPORTED, "matmul_mma: no tensor-core int8 matmul on HIP (type %d)", w.type);
+void matmul_mma(cudaStream_t, int type, int64_t, const RowSegments &, int, const ActScratch &) {
+    fail(LUCE_ERR_UNSUPPORTED, "matmul_mma: no tensor-core int8 matmul on HIP (type %d)", type);
 }
 
 #endif

@@ -19,9 +19,9 @@ void attention_mixer(Session &s, int il, int T) {
     const int H = hp.n_head[size_t(il)], Hkv = hp.n_head_kv[size_t(il)], D = hp.head_dim;
     const int64_t E = hp.n_embd;
 
-    be.matmul(w.q, b.cur, T, b.qg, 2 * int64_t(H) * D);
-    be.matmul(w.k, b.cur, T, b.k, int64_t(Hkv) * D);
-    be.matmul(w.v, b.cur, T, b.v, int64_t(Hkv) * D);
+    const Backend::MatmulOut proj[] = {{&w.q, b.qg, 2 * int64_t(H) * D}, {&w.k, b.k, int64_t(Hkv) * D},
+                                       {&w.v, b.v, int64_t(Hkv) * D}};
+    be.matmuls(b.cur, T, proj, 3);
     // Rows of qg are (t, h) with stride 2D; the query is the first D of each.
     be.rmsnorm(b.qg, 2 * D, w.q_norm.data(), T * H, D, hp.rms_eps, b.q, D);
     be.rmsnorm(b.k, D, w.k_norm.data(), T * Hkv, D, hp.rms_eps, b.k, D);

@@ -59,6 +59,16 @@ public:
     // y[t][r] = sum_c W[r][c] * x[t][c] for t < T; each weight row is read once for all T tokens.
     // y has row stride ldy (>= W.n_out), so a caller can write the head straight into logits rows.
     virtual void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) = 0;
+    // Several matmuls of one input x: out[i].y = out[i].w x (row stride out[i].ldy). A GPU backend
+    // runs those of one weight type and width in one launch; the default runs them in turn.
+    struct MatmulOut {
+        const Weight *w;
+        float *y;
+        int64_t ldy;
+    };
+    virtual void matmuls(const float *x, int T, const MatmulOut *out, int n) {
+        for (int i = 0; i < n; ++i) matmul(*out[i].w, x, T, out[i].y, out[i].ldy);
+    }
     // out[t][:] = dequantized row ids[t] of w (the embedding gather; any supported type).
     virtual void get_rows(const Weight &w, const int32_t *ids, int T, float *out) = 0;
 

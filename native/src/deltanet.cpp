@@ -23,10 +23,9 @@ void deltanet_mixer(Session &s, int il, int T) {
     const int CD = hp.conv_channels(), HV = hp.ssm_hv;
     const int64_t inner = int64_t(HV) * hp.ssm_dv, E = hp.n_embd;
 
-    be.matmul(w.qkv, b.cur, T, b.qkv, CD);
-    be.matmul(w.gate, b.cur, T, b.z, inner);
-    be.matmul(w.beta, b.cur, T, b.b, HV);
-    be.matmul(w.alpha, b.cur, T, b.a, HV);
+    const Backend::MatmulOut proj[] = {{&w.qkv, b.qkv, CD}, {&w.gate, b.z, inner}, {&w.beta, b.b, HV},
+                                       {&w.alpha, b.a, HV}};
+    be.matmuls(b.cur, T, proj, 4);
     if (st.qkv_history) be.copy(st.qkv_history, b.qkv, size_t(T) * size_t(CD) * sizeof(float));
     const int32_t *parent = s.tree ? s.tree->parent : nullptr;  // tree verify: state from the parent
     be.conv_silu(b.qkv, st.conv, w.conv.data(), T, CD, hp.ssm_conv, b.conv, parent);

@@ -116,8 +116,8 @@ void draft_append_context(const Drafter &d, DraftContext &ctx, const float *taps
         be.rmsnorm(ctx.tmp, E, d.hidden_norm.data(), T, E, hp.rms_eps, fused, E);
         for (int l = 0; l < hp.n_layer; ++l) {
             const DrafterLayer &L = d.layers[size_t(l)];
-            be.matmul(L.k, fused, T, ctx.kr, int64_t(Hkv) * D);
-            be.matmul(L.v, fused, T, ctx.vr, int64_t(Hkv) * D);
+            const Backend::MatmulOut kv[] = {{&L.k, ctx.kr, int64_t(Hkv) * D}, {&L.v, ctx.vr, int64_t(Hkv) * D}};
+            be.matmuls(fused, T, kv, 2);
             be.rmsnorm(ctx.kr, D, L.k_norm.data(), T * Hkv, D, hp.rms_eps, ctx.kr, D);
             be.rope_table(ctx.kr, ctx.pos, T, Hkv, D, d.rope_inv_freq.data(), d.rope_mscale);
             be.kv_store(ctx.kv[size_t(l)], ctx.kr, ctx.vr, ctx.pos, T, Hkv, D);
@@ -162,9 +162,9 @@ void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, in
             be.matmul(L.attn_conv.proj, cur, B, ctx.dyn, dyn_width);
             conv_sublayer(d, ctx, L.attn_conv, 0, cur, B);
         }
-        be.matmul(L.q, cur, B, ctx.q, int64_t(H) * D);
-        be.matmul(L.k, cur, B, ctx.kr, int64_t(Hkv) * D);
-        be.matmul(L.v, cur, B, ctx.vr, int64_t(Hkv) * D);
+        const Backend::MatmulOut qkv[] = {{&L.q, ctx.q, int64_t(H) * D}, {&L.k, ctx.kr, int64_t(Hkv) * D},
+                                          {&L.v, ctx.vr, int64_t(Hkv) * D}};
+        be.matmuls(cur, B, qkv, 3);
         be.rmsnorm(ctx.q, D, L.q_norm.data(), B * H, D, hp.rms_eps, ctx.q, D);
         be.rmsnorm(ctx.kr, D, L.k_norm.data(), B * Hkv, D, hp.rms_eps, ctx.kr, D);
         be.rope_table(ctx.q, ctx.pos, B, H, D, d.rope_inv_freq.data(), d.rope_mscale);
@@ -181,8 +181,8 @@ void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, in
             be.matmul(L.ffn_conv.proj, cur, B, ctx.dyn, dyn_width);
             conv_sublayer(d, ctx, L.ffn_conv, 0, cur, B);
         }
-        be.matmul(L.gate, cur, B, ctx.gate, F);
-        be.matmul(L.up, cur, B, ctx.up, F);
+        const Backend::MatmulOut gate_up[] = {{&L.gate, ctx.gate, F}, {&L.up, ctx.up, F}};
+        be.matmuls(cur, B, gate_up, 2);
         be.swiglu(ctx.gate, ctx.up, int64_t(B) * F);
         be.matmul(L.down, ctx.gate, B, mix, E);
         if (conv) conv_sublayer(d, ctx, L.ffn_conv, 1, mix, B);
