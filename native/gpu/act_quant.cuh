@@ -14,21 +14,34 @@
 
 namespace luce::gpu {
 
-// Every lane of the calling warp must call this with the same block. Lane l handles the values
-// l, l + warpSize, ...: the max and the 16-sums are exact whatever the order (the sums are
-// integers < 2^11, exact in fp32), so this is the contract for any lane mapping.
+// Every lane of the calling warp must call this with the same block (<= 256 values). Lane l
+// handles the values l, l + warpSize, ...: the max and the 16-sums are exact whatever the order
+// (the sums are integers < 2^11, exact in fp32), so this is the contract for any lane mapping.
+// The lane's values are loaded together first: the fused ops read back outputs other threads
+// just wrote, from L2, and one round trip costs what the rest of the block's work does.
+constexpr int QUANT_MAX_PER_LANE = 8;  // 256 values / 32 lanes
+
 __device__ __forceinline__ void quantize_block_warp(const float *xb, int block, int8_t *qb, float *db, int16_t *sb) {
     const int lane = threadIdx.x % warpSize;
+    float v[QUANT_MAX_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+        const int i = lane + k * warpSize;
+        v[k] = i < block ? xb[i] : 0.f;
+    }
     float amax = 0.f;
-    for (int i = lane; i < block; i += warpSize) amax = fmaxf(amax, fabsf(xb[i]));
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) amax = fmaxf(amax, fabsf(v[k]));
     amax = warp_max(amax);
     const float id = amax > 0.f ? 127.f / amax : 0.f;
     if (lane == 0) *db = amax / 127.f;
-    for (int i0 = 0; i0 < block; i0 += warpSize) {  // warp-uniform: the shuffles need every lane
-        const int i = i0 + lane;
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+        const int i = lane + k * warpSize;
+        if (k * warpSize >= block) break;  // warp-uniform: the shuffles need every lane
         float qf = 0.f;
         if (i < block) {
-            const float r = rintf(xb[i] * id);
+            const float r = rintf(v[k] * id);
             const int8_t q = r >= -127.f && r <= 127.f ? int8_t(r) : int8_t(0);
             qb[i] = q;
             qf = float(q);

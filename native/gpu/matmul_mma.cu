@@ -218,7 +218,7 @@ __device__ __forceinline__ void mma_group(const uint32_t *smem, int u, int slot,
     }
 }
 
-template <int TYPE, int MT, int NTILES, int DEPTH>
+template <int TYPE, int MT, int NTILES>
 __global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
     using L = MmaSmem<MT, NTILES>;
     __shared__ __align__(16) uint32_t smem[L::words];
@@ -236,23 +236,17 @@ __global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[m][j][c] = 0.f;
 
-    // DEPTH groups in flight: the loads of groups k + 1 .. k + DEPTH - 1 are outstanding while
-    // group k is multiplied (one group of 32 rows is only 6 KB of IQ4_XS per block).
-    Prefetch<TYPE, MT, NTILES> pf[DEPTH];
-#pragma unroll
-    for (int d = 0; d + 1 < DEPTH; ++d)
-        if (d < n_groups) prefetch_group<TYPE>(p, r0, t0, d, pf[d]);
-    for (int k0 = 0; k0 < n_groups; k0 += DEPTH) {
-#pragma unroll
-        for (int d = 0; d < DEPTH; ++d) {
-            const int k = k0 + d;
-            if (k >= n_groups) break;  // block-uniform
-            store_group(pf[d], smem);
-            __syncthreads();
-            if (k + DEPTH - 1 < n_groups) prefetch_group<TYPE>(p, r0, t0, k + DEPTH - 1, pf[(d + DEPTH - 1) % DEPTH]);
-            if (SLOTS * k + slot < n_units) mma_group<TYPE, MT, NTILES>(smem, SLOTS * k + slot, slot, g, tq, acc);
-            __syncthreads();  // the next store overwrites the stage
-        }
+    // One group's loads in flight while the previous one is multiplied, in one register set: on
+    // an H200 (2026-12-03) keeping two or four groups in flight cost registers (95 / 126 against
+    // 73 for 32 rows x 16 tokens) and made that matmul slower (90 / 77 against 68 us, 17408x5120).
+    Prefetch<TYPE, MT, NTILES> next;
+    prefetch_group<TYPE>(p, r0, t0, 0, next);
+    for (int k = 0; k < n_groups; ++k) {
+        store_group(next, smem);
+        __syncthreads();
+        if (k + 1 < n_groups) prefetch_group<TYPE>(p, r0, t0, k + 1, next);
+        if (SLOTS * k + slot < n_units) mma_group<TYPE, MT, NTILES>(smem, SLOTS * k + slot, slot, g, tq, acc);
+        __syncthreads();  // the next store overwrites the stage
     }
 
     // slot_tree across the warps: ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), each step
@@ -310,10 +304,7 @@ struct MmaLaunch {
         using L = MmaSmem<MT, NTILES>;
         const dim3 grid(unsigned((rows.n_out() + L::rows - 1) / L::rows), unsigned((T + L::toks - 1) / L::toks));
         const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T};
-        // Two groups in flight: on an H200 (2026-12-03) four cost registers (126 vs 73 for 32 rows
-        // x 16 tokens) and made that matmul slower (77 vs 68 us for 17408x5120).
-        constexpr int depth = 2;
-        matmul_mma_kernel<TYPE, MT, NTILES, depth><<<grid, MMA_THREADS, 0, stream>>>(p);
+        matmul_mma_kernel<TYPE, MT, NTILES><<<grid, MMA_THREADS, 0, stream>>>(p);
         LUCE_GPU_LAUNCHED();
     }
 
