@@ -13,6 +13,13 @@ namespace {
 
 // ---- kernels -----------------------------------------------------------------------------------
 
+constexpr int NORM_THREADS = 256;
+// A hidden-state row (5120 on a 27B) is one block; 20 strided loads per thread of 256 were
+// ~13 us per norm on an H200 (2026-12-03, mostly load latency), so wide rows get 1024 threads.
+// (The norms are compiled for 1024-thread blocks: 64 registers at most, or the launch fails.)
+constexpr int WIDE_NORM_THREADS = 1024;
+constexpr int WIDE_NORM_DIM = 2048;
+
 // The row's output, already written by the whole block, quantized for the next matmul: warp w
 // takes the row's activation blocks w, w + n_warps, ... (rows are contiguous: y_stride == dim).
 __device__ __forceinline__ void quantize_row(const FusedQuant &fq, const float *y, int dim) {
@@ -22,7 +29,7 @@ __device__ __forceinline__ void quantize_row(const FusedQuant &fq, const float *
     for (int b = warp; b < n_blocks; b += n_warps) fq.block_at(y, int64_t(blockIdx.x) * n_blocks + b);
 }
 
-__global__ void rmsnorm_kernel(const float *x, int64_t x_stride, const float *w, int dim, float eps,
+__global__ void __launch_bounds__(WIDE_NORM_THREADS) rmsnorm_kernel(const float *x, int64_t x_stride, const float *w, int dim, float eps,
                                float *y, int64_t y_stride, FusedQuant fq) {
     const float *xr = x + blockIdx.x * x_stride;
     float *yr = y + blockIdx.x * y_stride;
@@ -37,7 +44,7 @@ __global__ void rmsnorm_kernel(const float *x, int64_t x_stride, const float *w,
 
 // x += y, then out = rmsnorm(x) * w: the same per-thread order of operations as add_kernel then
 // rmsnorm_kernel at the same block size, so the fused pass gives the same bits.
-__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, int dim, float eps, float *out,
+__global__ void __launch_bounds__(WIDE_NORM_THREADS) add_rmsnorm_kernel(float *x, const float *y, const float *w, int dim, float eps, float *out,
                                    FusedQuant fq) {
     float *xr = x + int64_t(blockIdx.x) * dim;
     const float *yr = y + int64_t(blockIdx.x) * dim;
@@ -103,11 +110,6 @@ __global__ void add_kernel(float *x, const float *y, int64_t n) {
 
 // ---- launchers ---------------------------------------------------------------------------------
 
-constexpr int NORM_THREADS = 256;
-// A hidden-state row (5120 on a 27B) is one block; 20 strided loads per thread of 256 were
-// ~13 us per norm on an H200 (2026-12-03, mostly load latency), so wide rows get 1024 threads.
-constexpr int WIDE_NORM_THREADS = 1024;
-constexpr int WIDE_NORM_DIM = 2048;
 constexpr int ELEMENTWISE_THREADS = 256;
 constexpr int64_t MAX_ELEMENTWISE_BLOCKS = 4096;  // grid-stride beyond this
 
