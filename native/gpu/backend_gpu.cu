@@ -198,12 +198,6 @@ void GpuBackend::copy(void *dst, const void *src, size_t n) {
     LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_));
 }
 
-// Tree mode (DDTree verify) is not implemented on the device yet; drafters are refused on the
-// GPU backend before a tree step can be built, so reaching this is a runtime bug.
-static void refuse_tree_mode(const int32_t *parent) {
-    if (parent) fail(LUCE_ERR_UNSUPPORTED, "the GPU backend has no tree-mode DeltaNet yet");
-}
-
 // Quantized weights take int8 activations (the CPU fast path's contract: matmul_int8.cu's dp4a
 // kernel, or matmul_mma.cu's tensor-core one from mma_min_tokens_ up; both sum in one order, so
 // verify rows stay bit-identical to decode whichever runs) unless
@@ -361,17 +355,15 @@ void GpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
 void GpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc, float *out,
                            const int32_t *parent) {
     LUCE_OP("conv_silu");
-    refuse_tree_mode(parent);
-    gpu::conv_silu(stream_, x, state, w, T, C, Kc, out);
+    gpu::conv_silu(stream_, x, state, w, T, C, Kc, out, parent);
 }
 
 void GpuBackend::gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
                                  const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
                                  float *out, float *state_history, const int32_t *parent) {
     LUCE_OP("gated_delta_net");
-    refuse_tree_mode(parent);
     gpu::gated_delta_net(stream_, warp_, conv, b, a, ssm_a, dt_bias, dims, T, state, out, state_history,
-                         delta_registers_);
+                         delta_registers_, parent);
 }
 
 // The generate loop hands argmax the host copy of the logits it downloaded for sampling; device

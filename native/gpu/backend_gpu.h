@@ -67,7 +67,7 @@ public:
     void confidence(const float *h, const float *e, const float *w, float b, int E, int R, float *out) override;
     void copy_rows(void *dst, int64_t dst_stride, const void *src, int64_t src_stride, int64_t width,
                    int n_rows) override;
-    bool tree_mode() const override { return false; }  // conv_silu / gated_delta_net refuse parent != null
+    bool tree_mode() const override { return true; }  // parent arrays in device memory (forward.cpp uploads them)
     bool graph_replay(uint64_t key) override;
     bool graph_begin(uint64_t key) override;
     bool graph_end(uint64_t key) override;

@@ -1,7 +1,9 @@
 // deltanet.cu — the Gated DeltaNet causal conv and the delta-rule recurrence.
 //
 // conv_silu: one thread per channel; it reads the channel's Kc-1 state rows before overwriting
-// them, so the state advances in place.
+// them, so the state advances in place. Both ops take a DDTree verify step's parent array
+// (device memory): windows and states then follow each node's ancestors (backend_cpu.cpp is the
+// reference).
 //
 // gated_delta_net: all T tokens of a step in ONE launch. Block (j, c0) owns value head j and the
 // state columns [c0, c0 + blockDim.x) of S_j [DK][DV]; thread c owns column c. Per token the
@@ -22,8 +24,22 @@ namespace {
 
 // ---- kernels -----------------------------------------------------------------------------------
 
+// Tap j of token t's window in tree mode: the ancestor Kc-1-j generations above t (t itself for
+// the newest tap), or, past the tree's root level, the state rows newest first (backend_cpu.cpp).
+__device__ __forceinline__ float tree_tap(const float *x, const float *state, const int32_t *parent, int t, int d,
+                                          int S, int C, int c) {
+    int node = t;
+    for (int k = 0; k < d && node >= 0; ++k) node = parent[node];
+    if (node >= 0) return x[int64_t(node) * C + c];
+    int depth = 0;  // generations from t to a root-level node (inclusive)
+    for (int n = t; n >= 0; n = parent[n]) ++depth;
+    return state[int64_t(S - (d - depth + 1)) * C + c];
+}
+
+// parent != null (DDTree verify): windows follow each node's ancestors, and the state is left
+// as it was (the caller restores the accepted path's).
 __global__ void conv_silu_kernel(const float *x, float *state, const float *w, int T, int C, int Kc,
-                                 float *out) {
+                                 float *out, const int32_t *parent) {
     const int S = Kc - 1;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
         const float *wc = w + int64_t(c) * Kc;
@@ -31,11 +47,13 @@ __global__ void conv_silu_kernel(const float *x, float *state, const float *w, i
             float acc = 0.f;
             for (int j = 0; j < Kc; ++j) {
                 const int src = t - S + j;  // < 0: state row S + src
-                const float v = src < 0 ? state[int64_t(S + src) * C + c] : x[int64_t(src) * C + c];
+                const float v = parent ? tree_tap(x, state, parent, t, Kc - 1 - j, S, C, c)
+                                       : src < 0 ? state[int64_t(S + src) * C + c] : x[int64_t(src) * C + c];
                 acc += wc[j] * v;
             }
             out[int64_t(t) * C + c] = silu(acc);
         }
+        if (parent) continue;
         for (int i = 0; i < S; ++i) {  // new state = last S raw inputs of (old state ++ x)
             const int src = T - S + i;
             state[int64_t(i) * C + c] = src < 0 ? state[int64_t(S + src) * C + c] : x[int64_t(src) * C + c];
@@ -44,10 +62,13 @@ __global__ void conv_silu_kernel(const float *x, float *state, const float *w, i
 }
 
 // Dynamic shared memory: q[DK] | k[DK].
+// parent != null (DDTree verify): token t starts from its parent's state (the history row the
+// same thread wrote for it, or the step's initial state for root-level nodes) and writes its own
+// to the history; `state` is only read.
 __global__ void gated_delta_net_kernel(const float *conv, const float *b, const float *a,
                                        const float *ssm_a, const float *dt_bias, int HK, int HV, int DK,
                                        int DV, float eps, int T, float *state, float *out,
-                                       float *state_history) {
+                                       float *state_history, const int32_t *parent) {
     extern __shared__ float smem[];
     float *sq = smem, *sk = smem + DK;
     const int j = blockIdx.x, kh = j % HK;  // tiled GGUF order (spec §3.4 item 5)
@@ -75,21 +96,24 @@ __global__ void gated_delta_net_kernel(const float *conv, const float *b, const 
         if (c < DV) {
             const float beta = sigmoid(b[int64_t(t) * HV + j]);
             const float decay = expf(ssm_a[j] * softplus(a[int64_t(t) * HV + j] + dt_bias[j]));
+            float *hist = state_history ? state_history + (int64_t(t) * HV + j) * DK * DV : nullptr;
+            // Chain: the state advances in place. Tree: from the parent's state into the history.
+            float *dst = parent ? hist : S;
+            const float *src = !parent ? S : parent[t] < 0 ? S : state_history + (int64_t(parent[t]) * HV + j) * DK * DV;
             float kv = 0.f;
             for (int i = 0; i < DK; ++i) {
-                const float s = S[int64_t(i) * DV + c] * decay;
-                S[int64_t(i) * DV + c] = s;
+                const float s = src[int64_t(i) * DV + c] * decay;
+                dst[int64_t(i) * DV + c] = s;
                 kv += s * sk[i];
             }
             const float v = row[2 * int64_t(HK) * DK + int64_t(j) * DV + c];
             const float delta = beta * (v - kv);
             float o = 0.f;
-            float *hist = state_history ? state_history + (int64_t(t) * HV + j) * DK * DV : nullptr;
             for (int i = 0; i < DK; ++i) {
-                const float s = S[int64_t(i) * DV + c] + sk[i] * delta;
-                S[int64_t(i) * DV + c] = s;
+                const float s = dst[int64_t(i) * DV + c] + sk[i] * delta;
+                dst[int64_t(i) * DV + c] = s;
                 o += s * sq[i];
-                if (hist) hist[int64_t(i) * DV + c] = s;
+                if (hist && !parent) hist[int64_t(i) * DV + c] = s;
             }
             out[(int64_t(t) * HV + j) * DV + c] = o;
         }
@@ -105,11 +129,14 @@ __global__ void gated_delta_net_kernel(const float *conv, const float *b, const 
 // 128 rows plus the 128 k values would overflow the register file), whose partial sums are
 // added low half first; otherwise the fp32 operations are the general kernel's. The order does
 // not depend on T, so a verify step reproduces the decode steps bit for bit.
-// HIST: the per-token state copies for rollback / tree mode.
+// HIST: the per-token state copies for rollback / tree mode. parent != null (tree mode, HIST):
+// where a token's parent is not the previous token, the thread reloads its part of the column
+// from the parent's history row (which it wrote itself) or from `state` (the step's initial
+// state, which a tree step never writes).
 template <int DK, bool HIST>
 __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
         const float *conv, const float *b, const float *a, const float *ssm_a, const float *dt_bias, int HK, int HV,
-        int DV, float eps, int T, float *state, float *out, float *state_history) {
+        int DV, float eps, int T, float *state, float *out, float *state_history, const int32_t *parent) {
     // DK = 32 splits too, so the small check models run the path the 27B runs.
     constexpr int SPLIT = DK >= 32 ? 2 : 1, R = DK / SPLIT;
     __shared__ float sq[DK], sk[DK];
@@ -127,6 +154,14 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
         for (int i = 0; i < R; ++i, p += DV) s[i] = *p;
     }
     for (int t = 0; t < T; ++t) {
+        if constexpr (HIST) {
+            if (parent && parent[t] != t - 1 && active) {
+                const float *p = parent[t] < 0 ? S : state_history + (int64_t(parent[t]) * HV + j) * DK * DV +
+                                                         int64_t(part) * R * DV + c;
+#pragma unroll
+                for (int i = 0; i < R; ++i, p += DV) s[i] = *p;
+            }
+        }
         const float *row = conv + int64_t(t) * CD;
         const float *qs = row + int64_t(kh) * DK, *ks = row + int64_t(HK) * DK + int64_t(kh) * DK;
         float qn = 0.f, kn = 0.f;
@@ -177,7 +212,7 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
         }
         __syncthreads();  // sq/sk are rewritten by the next token
     }
-    if (active) {
+    if (active && !parent) {
         float *p = S;
 #pragma unroll
         for (int i = 0; i < R; ++i, p += DV) *p = s[i];
@@ -187,16 +222,16 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
 template <int DK>
 void launch_reg(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
                 const float *ssm_a, const float *dt_bias, const DeltaNetDims &dm, int T, float *state, float *out,
-                float *state_history) {
+                float *state_history, const int32_t *parent) {
     // One warp per block: 48 heads x 128 columns (two lanes each) make 384 blocks on a 27B.
     const int threads = std::min(warp, 64), columns = threads / (DK >= 32 ? 2 : 1);
     const dim3 grid(unsigned(dm.hv), unsigned((dm.dv + columns - 1) / columns));
     if (state_history)
         gated_delta_net_reg_kernel<DK, true><<<grid, threads, 0, stream>>>(
-            conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dv, dm.eps, T, state, out, state_history);
+            conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dv, dm.eps, T, state, out, state_history, parent);
     else
         gated_delta_net_reg_kernel<DK, false><<<grid, threads, 0, stream>>>(
-            conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dv, dm.eps, T, state, out, state_history);
+            conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dv, dm.eps, T, state, out, state_history, nullptr);
 }
 
 // ---- launchers ---------------------------------------------------------------------------------
@@ -207,28 +242,29 @@ constexpr int DELTA_COLUMNS = 64;  // state columns per block: a multiple of bot
 }  // namespace
 
 void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w, int T, int C, int Kc,
-               float *out) {
+               float *out, const int32_t *parent) {
     if (T < 1 || C < 1) return;
     conv_silu_kernel<<<unsigned((C + CONV_THREADS - 1) / CONV_THREADS), CONV_THREADS, 0, stream>>>(
-        x, state, w, T, C, Kc, out);
+        x, state, w, T, C, Kc, out, parent);
     LUCE_GPU_LAUNCHED();
 }
 
 void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dm, int T,
-                     float *state, float *out, float *state_history, bool registers) {
+                     float *state, float *out, float *state_history, bool registers, const int32_t *parent) {
     if (T < 1) return;
+    if (parent && !state_history) fail(LUCE_ERR_INTERNAL, "tree-mode delta rule needs the state history");
     const size_t shared = 2 * sizeof(float) * size_t(dm.dk);
     if (shared > 48 * 1024) fail(LUCE_ERR_UNSUPPORTED, "GPU DeltaNet: state dim %d is too large", dm.dk);
     if (registers && (dm.dk == 16 || dm.dk == 32 || dm.dk == 64 || dm.dk == 128)) {
         auto launch = dm.dk == 16 ? launch_reg<16> : dm.dk == 32 ? launch_reg<32> : dm.dk == 64 ? launch_reg<64>
                                                                                                  : launch_reg<128>;
-        launch(stream, warp, conv, b, a, ssm_a, dt_bias, dm, T, state, out, state_history);
+        launch(stream, warp, conv, b, a, ssm_a, dt_bias, dm, T, state, out, state_history, parent);
     } else {
         const int threads = std::max(DELTA_COLUMNS, warp);
         const dim3 grid(unsigned(dm.hv), unsigned((dm.dv + threads - 1) / threads));
         gated_delta_net_kernel<<<grid, threads, shared, stream>>>(conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dk,
-                                                                  dm.dv, dm.eps, T, state, out, state_history);
+                                                                  dm.dv, dm.eps, T, state, out, state_history, parent);
     }
     LUCE_GPU_LAUNCHED();
 }

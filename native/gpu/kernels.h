@@ -84,10 +84,10 @@ void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv,
 
 // deltanet.cu
 void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w, int T, int C, int Kc,
-               float *out);
+               float *out, const int32_t *parent = nullptr);
 void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dims, int T,
-                     float *state, float *out, float *state_history, bool registers);
+                     float *state, float *out, float *state_history, bool registers, const int32_t *parent = nullptr);
 
 // argmax.cu: writes the index into *result (device memory).
 void argmax(cudaStream_t stream, const float *x, int64_t n, int32_t *result);

@@ -29,8 +29,8 @@ void attention_mixer(Session &s, int il, int T) {
     be.rope_neox(b.k, b.pos, T, Hkv, D, hp.n_rot, hp.rope_theta);
     KvLayer &kv = s.kv[size_t(il)];
     // Tree verify: nodes are stored at their slots and see only their ancestors (session.h).
-    be.kv_store(kv, b.k, b.v, s.tree ? s.tree->slot : b.pos, T, Hkv, D);
-    be.attention(b.q, kv, b.pos, s.tree ? s.tree->mask : nullptr, T, H, Hkv, D, b.attn);
+    be.kv_store(kv, b.k, b.v, s.tree ? b.tree_slot : b.pos, T, Hkv, D);
+    be.attention(b.q, kv, b.pos, s.tree ? b.tree_mask : nullptr, T, H, Hkv, D, b.attn);
     be.mul_sigmoid(b.attn, b.qg + D, 2 * D, T * H, D);  // gate_h sits right after q_h
     be.matmul(w.o, b.attn, T, b.mix, E);
 }

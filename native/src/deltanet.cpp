@@ -27,7 +27,7 @@ void deltanet_mixer(Session &s, int il, int T) {
                                        {&w.alpha, b.a, HV}};
     be.matmuls(b.cur, T, proj, 4);
     if (st.qkv_history) be.copy(st.qkv_history, b.qkv, size_t(T) * size_t(CD) * sizeof(float));
-    const int32_t *parent = s.tree ? s.tree->parent : nullptr;  // tree verify: state from the parent
+    const int32_t *parent = s.tree ? b.tree_parent : nullptr;  // tree verify: state from the parent
     be.conv_silu(b.qkv, st.conv, w.conv.data(), T, CD, hp.ssm_conv, b.conv, parent);
     const DeltaNetDims dims{hp.ssm_hk, hp.ssm_hv, hp.ssm_dk, hp.ssm_dv, hp.rms_eps};
     be.gated_delta_net(b.conv, b.b, b.a, w.a.data(), w.dt_bias.data(), dims, T, st.ssm, b.attn,

@@ -179,9 +179,9 @@ void draft_chain(const Drafter &d, DraftHeads &heads, const float *hidden, int n
 // logits (draft_unary_logits), hidden_row [E] = h. DFlash: log-softmax of U (prev unused);
 // DFlash 2: the selector's top-k of U rescored with prev and renormalised over them; DSpark:
 // log-softmax of U + W2 W1[prev]. k <= the candidate set (DFlash 2: selector_top_k).
-// Host loops over U_row / hidden_row: only for backends whose memory the host can read
-// (Backend::tree_mode() is false on the GPU, where DDTree is refused before this runs).
-int draft_candidates(const Drafter &d, const float *U_row, const float *hidden_row, int32_t prev, int k,
-                     int32_t *ids, float *logp);
+// U_row is host memory (the speculative loop downloads the rows), hidden_row backend memory;
+// the DSpark bias and the selector's codebook rows are formed in hd's backend scratch.
+int draft_candidates(const Drafter &d, DraftHeads &hd, const float *U_row, const float *hidden_row, int32_t prev,
+                     int k, int32_t *ids, float *logp);
 
 }  // namespace luce

@@ -198,35 +198,43 @@ void draft_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_ro
     else dflash_chain(hd, n_rows, tokens, smp);
 }
 
-int draft_candidates(const Drafter &d, const float *U_row, const float *hidden_row, int32_t prev, int k,
-                     int32_t *ids, float *logp) {
-    Backend &be = *d.target->backend;
+int draft_candidates(const Drafter &d, DraftHeads &hd, const float *U_row, const float *hidden_row, int32_t prev,
+                     int k, int32_t *ids, float *logp) {
+    Backend &be = hd.be;
     const int V = d.target->hp.n_vocab;
-    thread_local std::vector<float> scores, tmp, e;
-    thread_local std::vector<int32_t> order;
+    thread_local std::vector<float> scores, tmp;
+    thread_local std::vector<int32_t> order, picked;
     order.resize(size_t(V));
     std::iota(order.begin(), order.end(), 0);
     int n = V;
-    if (d.hp.kind == DRAFT_DSPARK) {
-        e.resize(size_t(d.hp.markov_rank));
+    if (d.hp.kind == DRAFT_DSPARK) {  // U + W2 W1[prev], the bias formed in backend memory
         scores.resize(size_t(V));
-        be.get_rows(d.markov_w1, &prev, 1, e.data());
-        be.matmul(d.markov_w2, e.data(), 1, scores.data(), V);
+        be.upload(hd.tok, &prev, sizeof prev);
+        be.get_rows(d.markov_w1, hd.tok, 1, hd.e);
+        be.matmul(d.markov_w2, hd.e, 1, hd.bias, V);
+        be.download(scores.data(), hd.bias, size_t(V) * sizeof(float));
         for (int i = 0; i < V; ++i) scores[size_t(i)] += U_row[i];
     } else if (d.hp.selector_rank) {
+        // The selector's top kk of U, rescored with prev: sum_r pred[prev][r] hproj[r] succ[c][r].
         const int R = d.hp.selector_rank, kk = d.hp.selector_top_k;
         std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](int32_t a, int32_t b) {
             return U_row[a] > U_row[b] || (U_row[a] == U_row[b] && a < b);
         });
-        tmp.resize(size_t(2 * R));
-        be.matmul(d.sel_hproj, hidden_row, 1, tmp.data(), R);
-        be.get_rows(d.sel_pred, &prev, 1, tmp.data() + R);
+        picked.assign(1, prev);
+        picked.insert(picked.end(), order.begin(), order.begin() + kk);
+        be.upload(hd.ids, picked.data(), size_t(kk + 1) * sizeof(int32_t));
+        be.get_rows(d.sel_pred, hd.ids, 1, hd.pred);
+        be.get_rows(d.sel_succ, hd.ids + 1, kk, hd.succ);
+        be.matmul(d.sel_hproj, hidden_row, 1, hd.hproj, R);
+        tmp.resize(size_t(R) * size_t(kk + 2));  // hproj | pred | succ rows
+        be.download(tmp.data(), hd.hproj, size_t(R) * sizeof(float));
+        be.download(tmp.data() + R, hd.pred, size_t(R) * sizeof(float));
+        be.download(tmp.data() + 2 * R, hd.succ, size_t(kk) * size_t(R) * sizeof(float));
         scores.assign(size_t(V), -INFINITY);
-        e.resize(size_t(R));
         for (int i = 0; i < kk; ++i) {
-            be.get_rows(d.sel_succ, &order[size_t(i)], 1, e.data());
+            const float *e = tmp.data() + size_t(2 + i) * R;
             float dot = 0.f;
-            for (int r = 0; r < R; ++r) dot += tmp[size_t(R + r)] * tmp[size_t(r)] * e[size_t(r)];
+            for (int r = 0; r < R; ++r) dot += tmp[size_t(R + r)] * tmp[size_t(r)] * e[r];
             scores[size_t(order[size_t(i)])] = U_row[order[size_t(i)]] + dot;
         }
         n = kk;

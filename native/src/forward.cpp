@@ -71,6 +71,20 @@ void step_launches(Session &s, int T, bool want_logits, int logit_row0, const Hi
     be.matmul(m.output, b.cur, n_rows, b.logits, hp.n_vocab);
 }
 
+// The tree step's slots, parents and mask rows into backend memory, where kv_store, attention,
+// conv_silu and gated_delta_net read them.
+void upload_tree(Session &s, int T) {
+    Backend &be = *s.model->backend;
+    StepBuffers &b = s.buf;
+    if (!b.tree_mask) {
+        b.tree_mask = static_cast<uint8_t *>(be.alloc(size_t(MAX_STEP) * size_t(s.n_ctx)));
+        s.allocations.push_back(b.tree_mask);
+    }
+    be.upload(b.tree_slot, s.tree->slot, sizeof(int32_t) * size_t(T));
+    be.upload(b.tree_parent, s.tree->parent, sizeof(int32_t) * size_t(T));
+    be.upload(b.tree_mask, s.tree->mask, size_t(T) * size_t(s.n_ctx));
+}
+
 // Steps a graph may stand for: plain causal decode of one token, no hidden capture, no rollback
 // history attached (those change the pointers or the ops of the step). Key: session, shape.
 bool graph_key(const Session &s, int T, bool want_logits, int logit_row0, const HiddenCapture *capture,
@@ -94,6 +108,7 @@ const float *forward_rows(Session &s, const int32_t *tokens, int T, bool want_lo
     for (int t = 0; t < T; ++t) pos[t] = s.tree ? s.tree->pos[t] : s.n_past + t;
     be.upload(b.pos, pos, sizeof(int32_t) * size_t(T));
     be.upload(b.tokens, tokens, sizeof(int32_t) * size_t(T));
+    if (s.tree) upload_tree(s, T);
 
     uint64_t key = 0;
     const bool graphable = graph_key(s, T, want_logits, logit_row0, capture, key);

@@ -44,6 +44,8 @@ Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), 
         }
         buf.tokens = take<int32_t>(*this, T);
         buf.pos = take<int32_t>(*this, T);
+        buf.tree_slot = take<int32_t>(*this, T);
+        buf.tree_parent = take<int32_t>(*this, T);
         buf.x = take<float>(*this, T * E);
         buf.cur = take<float>(*this, T * E);
         buf.mix = take<float>(*this, T * E);

@@ -43,6 +43,11 @@ struct StepBuffers {
     float *b = nullptr, *a = nullptr;  // [T][HV]
     float *ff_gate = nullptr, *ff_up = nullptr;  // [T][F]
     float *logits = nullptr;   // [T][V]
+    // A DDTree verify step's cache slots and parents [T] and ancestor mask [T][n_ctx], copied
+    // from the host TreeStep into backend memory where the ops read them (the mask is allocated
+    // at the first tree step).
+    int32_t *tree_slot = nullptr, *tree_parent = nullptr;
+    uint8_t *tree_mask = nullptr;
 };
 
 // Hidden-state capture for drafters (issue 4): layer outputs (residual stream after layer il,
@@ -60,6 +65,8 @@ struct HiddenCapture {
 // (anchor position + its depth) but in cache slot n_past + t (= slot[t]); parent[t] is its parent
 // node (-1: child of the state before the step) and mask [T][n_ctx] its ancestor-only visibility.
 // Parents precede children. Null for ordinary causal steps.
+// Host arrays of a tree-verify step; forward_step copies slot, parent and mask into the step
+// buffers (StepBuffers::tree_*) before the ops that read them.
 struct TreeStep {
     const int32_t *pos = nullptr, *slot = nullptr, *parent = nullptr;
     const uint8_t *mask = nullptr;

@@ -194,8 +194,10 @@ struct TreeNode {
     float cum;   // sum of log-probabilities from the root
 };
 
-std::vector<TreeNode> build_tree(const Drafter &d, const float *U, const float *hidden, int L, int32_t anchor,
-                                 int budget) {
+// U: the proposal rows' unary logits [L][V] in host memory; hidden: their rows [L][E] in
+// backend memory.
+std::vector<TreeNode> build_tree(const Drafter &d, DraftHeads &hd, const float *U, const float *hidden, int L,
+                                 int32_t anchor, int budget) {
     const int V = d.target->hp.n_vocab, E = d.hp.n_embd, K = budget > L ? DDTREE_WIDE_K : 1;
     std::vector<TreeNode> nodes{{anchor, -1, 0, 0.f}};
     std::vector<std::vector<int32_t>> cand_ids;
@@ -206,8 +208,9 @@ std::vector<TreeNode> build_tree(const Drafter &d, const float *U, const float *
         cand_logp.resize(size_t(node) + 1);
         cand_ids[size_t(node)].resize(size_t(K));
         cand_logp[size_t(node)].resize(size_t(K));
-        const int k = draft_candidates(d, U + int64_t(row) * V, hidden + int64_t(row) * E, nodes[size_t(node)].token,
-                                       K, cand_ids[size_t(node)].data(), cand_logp[size_t(node)].data());
+        const int k = draft_candidates(d, hd, U + int64_t(row) * V, hidden + int64_t(row) * E,
+                                       nodes[size_t(node)].token, K, cand_ids[size_t(node)].data(),
+                                       cand_logp[size_t(node)].data());
         cand_ids[size_t(node)].resize(size_t(k));
         cand_logp[size_t(node)].resize(size_t(k));
     };
@@ -312,7 +315,8 @@ struct BackendBuffers {
 // plain, chain or tree steps. Where each piece of data lives:
 //   backend memory: the drafter context and heads scratch, taps [MAX_STEP][N][E] (captured device
 //   to device by forward_step), the drafter's hidden rows [B][E], DDTree's unary logits [q][V];
-//   host: the verify logits forward_step downloads (acceptance reads them), the proposals.
+//   host: the verify logits forward_step downloads (acceptance reads them), the proposals, and
+//   the copy of DDTree's unary logits the host tree builder reads.
 struct SpecLoop {
     Session &s;
     Drafter &d;
@@ -328,7 +332,7 @@ struct SpecLoop {
     Checkpoints ckpt;
     BackendBuffers dev;
     float *taps, *hidden, *row_logits;
-    std::vector<float> logits, q_probs, p_row, conf;
+    std::vector<float> logits, q_probs, p_row, conf, tree_U;
     std::vector<int32_t> block, tokens, ids, tree_pos, tree_slot, tree_parent, path, chain_rows;
     std::vector<uint8_t> tree_mask;
     HiddenCapture capture;
@@ -359,6 +363,7 @@ struct SpecLoop {
         ids.resize(size_t(V));
         for (auto *v : {&tree_pos, &tree_slot, &tree_parent}) v->resize(size_t(W));
         tree_mask.resize(p.ddtree ? size_t(W) * size_t(s.n_ctx) : 0);
+        tree_U.resize(p.ddtree ? size_t(q_max) * V : 0);
         chain_rows.resize(size_t(W));
         std::iota(chain_rows.begin(), chain_rows.end(), 0);
         capture = HiddenCapture{d.hp.target_layer_ids.data(), N, taps, true};
@@ -471,9 +476,11 @@ struct SpecLoop {
     bool tree_step(int32_t &anchor, int q, double t0) {
         const int start = s.n_past, row0 = d.hp.sample_from_anchor ? 0 : 1;
         draft_unary_logits(d, hidden + size_t(row0) * E, q, row_logits);
+        // The tree is built on the host (best-first over candidate lists), from a copy of U.
+        be.download(tree_U.data(), row_logits, size_t(q) * V * sizeof(float));
         // Nodes occupy cache slots start .. start+budget: stay inside the session's context.
         const int room = std::min(budget, s.n_ctx - start - 1);
-        std::vector<TreeNode> nodes = build_tree(d, row_logits, hidden + size_t(row0) * E, q, anchor, room);
+        std::vector<TreeNode> nodes = build_tree(d, heads, tree_U.data(), hidden + size_t(row0) * E, q, anchor, room);
         const int T = int(nodes.size());
         // Test hook: the oracle continuation goes on the tree's first-child chain.
         for (int cur = 0, depth = 1; depth <= q; ++depth) {
