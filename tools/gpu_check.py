@@ -974,7 +974,9 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
     """A whole DFlash 2 speculative step (draft, verify, rollback, bookkeeping) at block 8 on the
     synthetic pair (target from bench(), drafter from models/synthetic_drafter.py) against a plain
     step. The random drafter's proposals are all rejected (worst case: rollback every step); a
-    second run forces full acceptance through the oracle hook (no rollback, 7 drafts kept)."""
+    second run forces full acceptance through the oracle hook (no rollback, 7 drafts kept); a
+    third puts the oracle continuation on a DDTree tree's first-child chain (accepted as deep as
+    that chain goes; the step verifies the whole tree)."""
     import numpy as np
 
     from luce import Engine
@@ -1005,7 +1007,8 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
         st = plain.stats
         res["plain_ms"] = 1e3 * st["decode_seconds"] / max(1, st["generated_tokens"] - 1)
         runs = {"zero_accept": dict(max_tokens=DRAFT_BENCH_TOKENS),
-                "full_accept": dict(max_tokens=4 * DRAFT_BENCH_BLOCK + 1, oracle_tokens=None)}
+                "full_accept": dict(max_tokens=4 * DRAFT_BENCH_BLOCK + 1, oracle_tokens=None),
+                "ddtree_oracle": dict(max_tokens=4 * DRAFT_BENCH_BLOCK + 1, oracle_tokens=None, ddtree=True)}
         for name, extra in runs.items():
             if time.perf_counter() > deadline:
                 res[name] = "skipped: time budget"
@@ -1152,8 +1155,10 @@ def write_report(out: Path, report: dict) -> None:
             lines.append(f"- {db.get('error') or db.get('skipped')}")
         else:
             lines.append(f"- drafter {db['drafter_mib']} MiB; plain step {db['plain_ms']:.2f} ms")
-            for name in ("zero_accept", "full_accept"):
+            for name in ("zero_accept", "full_accept", "ddtree_oracle"):
                 r = db.get(name)
+                if r is None:
+                    continue
                 lines.append(f"- {name}: " + (r if isinstance(r, str) else
                              f"step {r['step_ms']:.2f} ms = {r['x_plain']:.2f}x plain (draft {r['draft_ms']:.2f}, "
                              f"verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms; "
