@@ -208,13 +208,6 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, Unit 
     }
 }
 
-template <int TYPE>
-__device__ __forceinline__ void load_qunit(const uint8_t *row, int u, Unit &un) {
-    RawUnit<TYPE> r;
-    fetch_unit<TYPE>(row, u, r);
-    decode_unit<TYPE>(r, u, un);
-}
-
 // acc += (this unit . token's quantized activations) from the unit's exact integer dots over its
 // two 16-element halves (lo, hi), in one fixed order of fp32 operations. Every int -> float
 // conversion below is exact (|value| < 2^24 for every type's ranges).
