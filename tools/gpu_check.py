@@ -1035,6 +1035,17 @@ def _mma_cell(m: dict) -> str:
     return f"{m['rel_err_mma']:.2e} {m['worst_mma']}" if m.get("worst_mma") else "n/a"
 
 
+def _case_table(header: str, cases: list[dict]) -> list[str]:
+    """A kernel-vs-float64 table (attention, DeltaNet), or nothing when that stage did not run."""
+    if not cases:
+        return []
+    rows = [(f"| {a['case']} | {a.get('error') or a.get('skipped')} | | | {'FAIL' if 'error' in a else '-'} |")
+            if ("error" in a or "skipped" in a) else
+            (f"| {a['case']} | {a['max_abs']:.2e} | {a['rel_err']:.2e} | {a['first_bad']} | "
+             f"{'ok' if a['ok'] else 'FAIL'} |") for a in cases]
+    return [header, "| --- | --- | --- | --- | --- |", *rows, ""]
+
+
 def write_report(out: Path, report: dict) -> None:
     (out / "gpu_report.json").write_text(json.dumps(report, indent=2, default=str))
     lines = [f"# luce GPU check — {report['date']}", "",
@@ -1056,20 +1067,10 @@ def write_report(out: Path, report: dict) -> None:
              f"(matmul tolerance {MATMUL_TOL:g} of max |x| @ |W|^T; widths {', '.join(map(str, MATMUL_WIDTHS))}; "
              f"invariance over {INVARIANCE_TOKENS} tokens)",
              "",
-             f"| attention case | max abs | rel err vs float64 (tol {ATTN_TOL:g}) | first bad [t, h, d] | ok |",
-             "| --- | --- | --- | --- | --- |",
-             *[(f"| {a['case']} | {a.get('error') or a.get('skipped')} | | | "
-                f"{'FAIL' if 'error' in a else '-'} |") if ("error" in a or "skipped" in a) else
-               (f"| {a['case']} | {a['max_abs']:.2e} | {a['rel_err']:.2e} | {a['first_bad']} | "
-                f"{'ok' if a['ok'] else 'FAIL'} |") for a in report.get("attention", [])],
-             "",
-             f"| DeltaNet case | max abs | rel err vs float64 (tol {DELTA_TOL:g}) | first bad | ok |",
-             "| --- | --- | --- | --- | --- |",
-             *[(f"| {a['case']} | {a.get('error') or a.get('skipped')} | | | "
-                f"{'FAIL' if 'error' in a else '-'} |") if ("error" in a or "skipped" in a) else
-               (f"| {a['case']} | {a['max_abs']:.2e} | {a['rel_err']:.2e} | {a['first_bad']} | "
-                f"{'ok' if a['ok'] else 'FAIL'} |") for a in report.get("deltanet", [])],
-             "",
+             *_case_table(f"| attention case | max abs | rel err vs float64 (tol {ATTN_TOL:g}) | "
+                          "first bad [t, h, d] | ok |", report.get("attention", [])),
+             *_case_table(f"| DeltaNet case | max abs | rel err vs float64 (tol {DELTA_TOL:g}) | first bad | ok |",
+                          report.get("deltanet", [])),
              "| model | rel diff vs CPU | tol | prefill vs decode (GPU) | greedy: margin-checked identical | near-tie identical | ok |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in report["checks"]:
