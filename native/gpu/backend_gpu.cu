@@ -275,19 +275,16 @@ void GpuBackend::get_rows(const Weight &w, const int32_t *ids, int T, float *out
 }
 
 // The ops whose output is a matmul's input quantize it in the same launch (act_quant.cuh), in
-// blocks of the last int8 matmul's type, and record it as the scratch's content; the matmul
-// then finds its input quantized. Off under LUCE_GPU_KERNELS=exact, before any int8 matmul ran
-// (float-weight models), and where a row of the output (`row` values: a norm's row, or the whole
-// output of an elementwise op) is not a whole number of blocks. (Like the matmul's, the scratch never grows inside a graph
-// capture: the step ran eagerly first.)
-gpu::FusedQuant GpuBackend::quantize_output(int64_t n, int64_t row) {
+// blocks of the last int8 matmul's type, and the scratch records it as its content (y, n values),
+// so the matmul then finds its input quantized. Off under LUCE_GPU_KERNELS=exact, before any int8
+// matmul ran (float-weight models), and where a row of the output (`row` values: a norm's row, or
+// the whole output of an elementwise op) is not a whole number of blocks. Like the matmul's, the
+// scratch never grows inside a graph capture: the step ran eagerly first.
+gpu::FusedQuant GpuBackend::quantize_output(const float *y, int64_t n, int64_t row) {
     if (exact_kernels_ || fused_block_ == 0 || row % fused_block_ != 0) return {};
     grow(act_scratch_, act_scratch_bytes_, size_t(gpu::act_scratch_bytes(n, 1)));
+    acts_ = {y, n, fused_block_};
     return gpu::fused_quant(gpu::act_scratch_at(act_scratch_, n, 1), fused_block_);
-}
-
-void GpuBackend::quantized_output(const gpu::FusedQuant &fq, const float *y, int64_t n) {
-    if (fq.q) acts_ = {y, n, fq.block};
 }
 
 void GpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
@@ -295,9 +292,9 @@ void GpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n
     LUCE_OP("rmsnorm");
     // Hidden-state rows only: the per-head q/k norms (dim 256 on a 27B) feed attention.
     const int64_t n = int64_t(n_rows) * dim;
-    const gpu::FusedQuant fq = y_stride == dim && dim >= FUSED_NORM_MIN_DIM ? quantize_output(n, dim) : gpu::FusedQuant{};
+    const gpu::FusedQuant fq =
+        y_stride == dim && dim >= FUSED_NORM_MIN_DIM ? quantize_output(y, n, dim) : gpu::FusedQuant{};
     gpu::rmsnorm(stream_, x, x_stride, w, n_rows, dim, eps, y, y_stride, fq);
-    quantized_output(fq, y, n);
 }
 
 void GpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim, float eps) {
@@ -307,16 +304,13 @@ void GpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_r
 
 void GpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) {
     LUCE_OP("mul_sigmoid");
-    const gpu::FusedQuant fq = quantize_output(int64_t(n_rows) * dim, int64_t(n_rows) * dim);
-    gpu::mul_sigmoid(stream_, warp_, o, g, g_stride, n_rows, dim, fq);
-    quantized_output(fq, o, int64_t(n_rows) * dim);
+    const int64_t n = int64_t(n_rows) * dim;
+    gpu::mul_sigmoid(stream_, warp_, o, g, g_stride, n_rows, dim, quantize_output(o, n, n));
 }
 
 void GpuBackend::swiglu(float *gate, const float *up, int64_t n) {
     LUCE_OP("swiglu");
-    const gpu::FusedQuant fq = quantize_output(n, n);
-    gpu::swiglu(stream_, warp_, gate, up, n, fq);
-    quantized_output(fq, gate, n);
+    gpu::swiglu(stream_, warp_, gate, up, n, quantize_output(gate, n, n));
 }
 
 void GpuBackend::add(float *x, const float *y, int64_t n) {
@@ -326,9 +320,7 @@ void GpuBackend::add(float *x, const float *y, int64_t n) {
 
 void GpuBackend::add_rmsnorm(float *x, const float *y, const float *w, int n_rows, int dim, float eps, float *out) {
     LUCE_OP("add_rmsnorm");
-    const gpu::FusedQuant fq = quantize_output(int64_t(n_rows) * dim, dim);
-    gpu::add_rmsnorm(stream_, x, y, w, n_rows, dim, eps, out, fq);
-    quantized_output(fq, out, int64_t(n_rows) * dim);
+    gpu::add_rmsnorm(stream_, x, y, w, n_rows, dim, eps, out, quantize_output(out, int64_t(n_rows) * dim, dim));
 }
 
 void GpuBackend::rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,

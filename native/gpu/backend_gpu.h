@@ -105,8 +105,8 @@ private:
         int block = 0;
     } acts_;
     int fused_block_ = 0;                    // block size ops quantize their output in: the last int8 matmul's
-    gpu::FusedQuant quantize_output(int64_t n, int64_t row);  // where an op quantizes its n outputs, or nothing
-    void quantized_output(const gpu::FusedQuant &fq, const float *y, int64_t n);
+    // Where an op quantizes its n outputs at y (recorded as the scratch's content), or nothing.
+    gpu::FusedQuant quantize_output(const float *y, int64_t n, int64_t row);
     void forget_acts() { acts_ = {}; }
     // Pinned ring the small per-step uploads (positions, token ids, masks) are staged through, so
     // the copy is a true async DMA instead of a pageable copy; wraps with one stream sync per lap.
