@@ -17,10 +17,23 @@ struct Codebook {
     uint32_t w[4];  // entries 0..15, four per word, little-endian
 };
 
-__device__ __forceinline__ Codebook iq4nl_codebook() {
-    // kvalues_iq4nl: -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113 (spec/qwen35.md §4)
-    return Codebook{{0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u}};
+// kvalues_iq4nl: -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113 (spec/qwen35.md §4).
+// Kept in (never written) device memory and read once per thread by load_codebook: from a
+// constant, ptxas re-creates the operand for every permute that needs it in a register (a tenth
+// of the decode kernel's instructions); a loaded value stays in its register.
+static __device__ Codebook iq4nl_codebook_words = {{0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u}};
+
+__device__ __forceinline__ Codebook load_codebook() { return iq4nl_codebook_words; }
+
+#if !defined(LUCE_HIP)
+// PTX prmt in its default mode: result byte i = byte (sel nibble i & 7) of the pair (a, b), or
+// that byte's sign bit repeated when the nibble's bit 3 is set.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
 }
+#endif
 
 // The eight 4-bit codes of one qs word of IQ4_XS (byte i: element i of the 16-element half in its
 // low nibble, element i + 16 in its high nibble) -> the codebook values of the four low nibbles
@@ -35,16 +48,19 @@ __device__ __forceinline__ void lookup8(const Codebook &cb, uint32_t codes, uint
         hi |= ((cb.w[ch >> 2] >> (8 * (ch & 3))) & 0xFF) << (8 * i);
     }
 #else
-    // __byte_perm reads only the low 3 bits of each selector nibble, so the packed codes select
-    // directly: entry c & 7 of entries 0-7 (w0, w1) and of entries 8-15 (w2, w3); a third permute
-    // keeps one of the two by bit 3 of the code (selector n or n + 4). Four codes per round, the
-    // results interleaved (low nibble, high nibble, ...) until the last two permutes split them.
-    const uint32_t pick = ((codes & 0x88888888u) >> 1) | 0x32103210u;
-    const uint32_t a = __byte_perm(__byte_perm(cb.w[0], cb.w[1], codes), __byte_perm(cb.w[2], cb.w[3], codes), pick);
-    const uint32_t c16 = codes >> 16, p16 = pick >> 16;
-    const uint32_t b = __byte_perm(__byte_perm(cb.w[0], cb.w[1], c16), __byte_perm(cb.w[2], cb.w[3], c16), p16);
-    lo = __byte_perm(a, b, 0x6420);
-    hi = __byte_perm(a, b, 0x7531);
+    // prmt picks byte (selector nibble & 7) of the pair (a, b); a nibble's bit 3 would ask for a
+    // sign fill instead, so the codes are masked to 3 bits once and select entry c & 7 of entries
+    // 0-7 (w0, w1) and of entries 8-15 (w2, w3); a third permute keeps one of the two by bit 3 of
+    // the code (selector n or n + 4). Four codes per round, the results interleaved (low nibble,
+    // high nibble, ...) until the last two permutes split them. (The __byte_perm intrinsic masks
+    // every selector again, which cost a fifth of the decode kernel's instructions.)
+    const uint32_t sel = codes & 0x77777777u;
+    const uint32_t pick = ((codes & 0x88888888u) >> 1) + 0x32103210u;  // one shift-and-add
+    const uint32_t a = prmt(prmt(cb.w[0], cb.w[1], sel), prmt(cb.w[2], cb.w[3], sel), pick);
+    const uint32_t s16 = sel >> 16, p16 = pick >> 16;
+    const uint32_t b = prmt(prmt(cb.w[0], cb.w[1], s16), prmt(cb.w[2], cb.w[3], s16), p16);
+    lo = prmt(a, b, 0x6420);
+    hi = prmt(a, b, 0x7531);
 #endif
 }
 
@@ -145,8 +161,9 @@ __device__ __forceinline__ void fetch_unit(const uint8_t *row, int u, RawUnit<TY
     }
 }
 
+// cb: the IQ4_NL codebook (load_codebook), used by IQ4_XS only.
 template <int TYPE>
-__device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, Unit &un) {
+__device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const Codebook &cb, Unit &un) {
     if constexpr (TYPE == GGML_Q8_0) {
         // Bytes 0-1: d; 2-33: qs. With the run's word j = word_a2(j), qs word i is the upper half
         // of word i and the lower half of word i + 1.
@@ -202,7 +219,6 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, Unit 
         un.s.sc0 = int(((r.head.y >> (4 * ib)) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32;
         un.s.d = f16_bits(r.head.x & 0xFFFF);
         const uint32_t qs[4] = {r.lo.x, r.lo.y, r.hi.x, r.hi.y};
-        const Codebook cb = iq4nl_codebook();
 #pragma unroll
         for (int i = 0; i < 4; ++i) lookup8(cb, qs[i], un.q[i], un.q[i + 4]);
     }

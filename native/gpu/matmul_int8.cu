@@ -65,7 +65,7 @@ __device__ __forceinline__ void apply_tokens(const Unit &un, int u, int t0, int 
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         const int tok = t0 + t;
-        if (tok >= T) break;
+        if (NT > 1 && tok >= T) break;  // one-token tiles: grid.y == T
         const int4 *xp = reinterpret_cast<const int4 *>(xq + int64_t(tok) * n_in + 32 * u);
         const int4 x[2] = {xp[0], xp[1]};
         const float dx = xd[int64_t(tok) * n_blocks + u / units_per_block];
@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(MATMUL_THREADS) matmul_int8_kernel(RowSegments
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+    const Codebook cb = load_codebook();
     RawUnit<TYPE> raw[UNROLL];
 #pragma unroll
     for (int i = 0; i < UNROLL; ++i)
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(MATMUL_THREADS) matmul_int8_kernel(RowSegments
             const int u = u0 + SLOTS * i;
             if (u >= n_units) break;
             Unit un;
-            decode_unit<TYPE>(raw[i], u, un);
+            decode_unit<TYPE>(raw[i], u, cb, un);
             if (u + STRIDE < n_units) fetch_unit<TYPE>(wr, u + STRIDE, raw[i]);
             apply_tokens<TYPE, NT>(un, u, t0, T, n_in, xq, xd, xs, acc);
         }

@@ -147,14 +147,14 @@ __device__ __forceinline__ void prefetch_group(const MmaArgs &p, int64_t r0, int
 }
 
 template <int TYPE, int MT, int NTILES>
-__device__ __forceinline__ void store_group(const Prefetch<TYPE, MT, NTILES> &f, uint32_t *smem) {
+__device__ __forceinline__ void store_group(const Prefetch<TYPE, MT, NTILES> &f, const Codebook &cb, uint32_t *smem) {
     using L = MmaSmem<MT, NTILES>;
 #pragma unroll
     for (int i = 0; i < f.w_entries; ++i) {
         const int e = threadIdx.x + i * MMA_THREADS;
         if (e < L::rows * SLOTS) {
             Unit un{};
-            if (f.w_unit[i] >= 0) decode_unit<TYPE>(f.w[i], f.w_unit[i], un);
+            if (f.w_unit[i] >= 0) decode_unit<TYPE>(f.w[i], f.w_unit[i], cb, un);
             uint4 *dst = reinterpret_cast<uint4 *>(smem + (e / SLOTS) * ROW_WORDS + (e % SLOTS) * UNIT_WORDS);
             const uint4 *src = reinterpret_cast<const uint4 *>(&un);
             dst[0] = src[0], dst[1] = src[1], dst[2] = src[2];
@@ -239,10 +239,11 @@ __global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
     // One group's loads in flight while the previous one is multiplied, in one register set: on
     // an H200 (2026-12-03) keeping two or four groups in flight cost registers (95 / 126 against
     // 73 for 32 rows x 16 tokens) and made that matmul slower (90 / 77 against 68 us, 17408x5120).
+    const Codebook cb = load_codebook();
     Prefetch<TYPE, MT, NTILES> next;
     prefetch_group<TYPE>(p, r0, t0, 0, next);
     for (int k = 0; k < n_groups; ++k) {
-        store_group(next, smem);
+        store_group(next, cb, smem);
         __syncthreads();
         if (k + 1 < n_groups) prefetch_group<TYPE>(p, r0, t0, k + 1, next);
         if (SLOTS * k + slot < n_units) mma_group<TYPE, MT, NTILES>(smem, SLOTS * k + slot, slot, g, tq, acc);
