@@ -21,14 +21,11 @@ namespace luce::gpu {
 // just wrote, from L2, and one round trip costs what the rest of the block's work does.
 constexpr int QUANT_MAX_PER_LANE = 8;  // 256 values / 32 lanes
 
-__device__ __forceinline__ void quantize_block_warp(const float *xb, int block, int8_t *qb, float *db, int16_t *sb) {
+// The same from values the lanes already hold: v[k] = value lane + k * warpSize of the block
+// (0 past its end), as quantize_block_warp loads them.
+__device__ __forceinline__ void quantize_values_warp(const float (&v)[QUANT_MAX_PER_LANE], int block, int8_t *qb,
+                                                     float *db, int16_t *sb) {
     const int lane = threadIdx.x % warpSize;
-    float v[QUANT_MAX_PER_LANE];
-#pragma unroll
-    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
-        const int i = lane + k * warpSize;
-        v[k] = i < block ? xb[i] : 0.f;
-    }
     float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) amax = fmaxf(amax, fabsf(v[k]));
@@ -55,6 +52,17 @@ __device__ __forceinline__ void quantize_block_warp(const float *xb, int block, 
     }
 }
 
+__device__ __forceinline__ void quantize_block_warp(const float *xb, int block, int8_t *qb, float *db, int16_t *sb) {
+    const int lane = threadIdx.x % warpSize;
+    float v[QUANT_MAX_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+        const int i = lane + k * warpSize;
+        v[k] = i < block ? xb[i] : 0.f;
+    }
+    quantize_values_warp(v, block, qb, db, sb);
+}
+
 // Where fused ops write their quantized output; q == nullptr: they do not quantize.
 struct FusedQuant {
     int8_t *q = nullptr;
@@ -65,6 +73,10 @@ struct FusedQuant {
     // Block b (flat) of the output x, by the calling warp.
     __device__ __forceinline__ void block_at(const float *x, int64_t b) const {
         quantize_block_warp(x + b * block, block, q + b * block, d + b, s16 + b * (block / 16));
+    }
+    // Block b (flat), whose values the warp's lanes hold (quantize_values_warp).
+    __device__ __forceinline__ void values_at(const float (&v)[QUANT_MAX_PER_LANE], int64_t b) const {
+        quantize_values_warp(v, block, q + b * block, d + b, s16 + b * (block / 16));
     }
 };
 

@@ -320,7 +320,7 @@ void GpuBackend::add(float *x, const float *y, int64_t n) {
 
 void GpuBackend::add_rmsnorm(float *x, const float *y, const float *w, int n_rows, int dim, float eps, float *out) {
     LUCE_OP("add_rmsnorm");
-    gpu::add_rmsnorm(stream_, x, y, w, n_rows, dim, eps, out, quantize_output(out, int64_t(n_rows) * dim, dim));
+    gpu::add_rmsnorm(stream_, warp_, x, y, w, n_rows, dim, eps, out, quantize_output(out, int64_t(n_rows) * dim, dim));
 }
 
 void GpuBackend::rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,

@@ -61,8 +61,8 @@ void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, f
 // fq.q is set: rmsnorm needs y_stride == dim; every output length a multiple of fq.block.
 void rmsnorm(cudaStream_t stream, const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
              float eps, float *y, int64_t y_stride, const FusedQuant &fq = {});
-void add_rmsnorm(cudaStream_t stream, float *x, const float *y, const float *w, int n_rows, int dim, float eps,
-                 float *out, const FusedQuant &fq = {});
+void add_rmsnorm(cudaStream_t stream, int warp, float *x, const float *y, const float *w, int n_rows, int dim,
+                 float eps, float *out, const FusedQuant &fq = {});
 void rmsnorm_gated(cudaStream_t stream, float *o, const float *w, const float *z, int n_rows, int dim,
                    float eps);
 void mul_sigmoid(cudaStream_t stream, int warp, float *o, const float *g, int64_t g_stride, int n_rows, int dim,

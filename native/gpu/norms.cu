@@ -42,24 +42,53 @@ __global__ void __launch_bounds__(WIDE_NORM_THREADS) rmsnorm_kernel(const float 
     quantize_row(fq, y, dim);
 }
 
-// x += y, then out = rmsnorm(x) * w: the same per-thread order of operations as add_kernel then
-// rmsnorm_kernel at the same block size, so the fused pass gives the same bits.
-__global__ void __launch_bounds__(WIDE_NORM_THREADS) add_rmsnorm_kernel(float *x, const float *y, const float *w, int dim, float eps, float *out,
-                                   FusedQuant fq) {
-    float *xr = x + int64_t(blockIdx.x) * dim;
-    const float *yr = y + int64_t(blockIdx.x) * dim;
-    float *o = out + int64_t(blockIdx.x) * dim;
+// x += y, then out = rmsnorm(x) * w, quantized for the next matmul when fq asks. Warp w owns the
+// row's chunks of NORM_CHUNK values w, w + n_warps, ..., lane l their values l + k * warpSize,
+// held in registers from the add to the quantization: quantize_values_warp's lane mapping, so
+// an activation block of NORM_CHUNK values is quantized straight from them (other block sizes
+// read the output back). On an H200 (2026-12-03) the earlier strided 1024-thread form, which read
+// x back after the add and the output back for the quantization, took ~11 us per decode step's
+// call: a chain of three round trips to L2 on one SM.
+constexpr int NORM_CHUNK = 256;
+constexpr int NORM_MAX_CHUNKS = 2;  // per warp: rows of up to 2 x 32 x 256 values
+
+__global__ void __launch_bounds__(WIDE_NORM_THREADS) add_rmsnorm_kernel(float *x, const float *y, const float *w,
+                                                                        int dim, float eps, float *out,
+                                                                        FusedQuant fq) {
+    const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize, n_warps = blockDim.x / warpSize;
+    const int64_t row = int64_t(blockIdx.x) * dim;
+    float v[NORM_MAX_CHUNKS][QUANT_MAX_PER_LANE];
     float ss = 0.f;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = xr[i] + yr[i];
-        xr[i] = v;
-        ss += v * v;
-    }
+#pragma unroll
+    for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
+#pragma unroll
+        for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+            const int i = (warp + c * n_warps) * NORM_CHUNK + lane + k * warpSize;
+            v[c][k] = 0.f;
+            if (k * warpSize < NORM_CHUNK && i < dim) {
+                v[c][k] = x[row + i] + y[row + i];
+                x[row + i] = v[c][k];
+                ss += v[c][k] * v[c][k];
+            }
+        }
     const float scale = 1.0f / sqrtf(block_sum(ss) / float(dim) + eps);
-#pragma unroll 4
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * scale * w[i];
-    quantize_row(fq, out, dim);
+#pragma unroll
+    for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
+#pragma unroll
+        for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+            const int i = (warp + c * n_warps) * NORM_CHUNK + lane + k * warpSize;
+            if (k * warpSize < NORM_CHUNK && i < dim) {
+                v[c][k] = v[c][k] * scale * w[i];
+                out[row + i] = v[c][k];
+            }
+        }
+    if (!fq.q) return;
+    if (fq.block != NORM_CHUNK) return quantize_row(fq, out, dim);
+#pragma unroll
+    for (int c = 0; c < NORM_MAX_CHUNKS; ++c) {
+        const int chunk = warp + c * n_warps;
+        if (chunk * NORM_CHUNK < dim) fq.values_at(v[c], row / NORM_CHUNK + chunk);
+    }
 }
 
 // o = rmsnorm(o) * w * silu(z), rows of `dim` (DeltaNet output norm).
@@ -129,11 +158,14 @@ void rmsnorm(cudaStream_t stream, const float *x, int64_t x_stride, const float 
     LUCE_GPU_LAUNCHED();
 }
 
-void add_rmsnorm(cudaStream_t stream, float *x, const float *y, const float *w, int n_rows, int dim, float eps,
-                 float *out, const FusedQuant &fq) {
+void add_rmsnorm(cudaStream_t stream, int warp, float *x, const float *y, const float *w, int n_rows, int dim,
+                 float eps, float *out, const FusedQuant &fq) {
     if (n_rows < 1) return;
     if (fq.q && dim % fq.block != 0) fail(LUCE_ERR_INTERNAL, "add_rmsnorm: cannot quantize this output");
-    add_rmsnorm_kernel<<<n_rows, norm_threads(dim), 0, stream>>>(x, y, w, dim, eps, out, fq);
+    const int chunks = (dim + NORM_CHUNK - 1) / NORM_CHUNK, max_warps = WIDE_NORM_THREADS / warp;
+    const int warps = std::min(chunks, max_warps);
+    if (chunks > warps * NORM_MAX_CHUNKS) fail(LUCE_ERR_UNSUPPORTED, "add_rmsnorm: rows of %d values", dim);
+    add_rmsnorm_kernel<<<n_rows, warps * warp, 0, stream>>>(x, y, w, dim, eps, out, fq);
     LUCE_GPU_LAUNCHED();
 }
 
