@@ -181,7 +181,15 @@ void draft_chain(const Drafter &d, DraftHeads &heads, const float *hidden, int n
 // log-softmax of U + W2 W1[prev]. k <= the candidate set (DFlash 2: selector_top_k).
 // U_row is host memory (the speculative loop downloads the rows), hidden_row backend memory;
 // the DSpark bias and the selector's codebook rows are formed in hd's backend scratch.
+// `row`: what the calls for the nodes of one proposal row share (start with an empty one per
+// row and U_row): DFlash's candidates, DFlash 2's selector pick; each costs a pass over the
+// vocabulary, which repeated per node made tree drafting ~20x a chain's on a 27B (H200).
+struct RowCandidates {
+    bool ready = false;
+    std::vector<int32_t> ids;  // DFlash: the row's best tokens; DFlash 2: the selector's top of U
+    std::vector<float> logp;   // DFlash: their log-probabilities
+};
 int draft_candidates(const Drafter &d, DraftHeads &hd, const float *U_row, const float *hidden_row, int32_t prev,
-                     int k, int32_t *ids, float *logp);
+                     int k, int32_t *ids, float *logp, RowCandidates &row);
 
 }  // namespace luce

@@ -198,63 +198,119 @@ void draft_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_ro
     else dflash_chain(hd, n_rows, tokens, smp);
 }
 
+namespace {
+
+// The k best of scores[0..n) (ids: indices), best first, ties to the lower index.
+void best_k(const float *scores, int n, int k, std::vector<int32_t> &ids) {
+    ids.resize(size_t(n));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+    });
+    ids.resize(size_t(k));
+}
+
+// The log-softmax normaliser of candidate scores (every other token's score is -inf), summed in
+// the order `by_token` (candidate positions by increasing token id): the -inf entries add exact
+// zeros, so these are the same terms in the same order as a pass over the whole vocabulary.
+float log_normaliser(const float *scores, const std::vector<int32_t> &by_token, float top) {
+    double sum = 0.0;
+    for (int32_t i : by_token) sum += std::exp(double(scores[i] - top));
+    return top + float(std::log(sum));
+}
+
+// DFlash 2: the selector's top kk of U (cached per row), rescored with prev:
+// sum_r pred[prev][r] hproj[r] succ[c][r]; every other token scores -inf.
+int selector_candidates(const Drafter &d, DraftHeads &hd, const float *U_row, const float *hidden_row, int32_t prev,
+                        int k, int32_t *ids, float *logp, RowCandidates &row) {
+    Backend &be = hd.be;
+    const int V = d.target->hp.n_vocab, R = d.hp.selector_rank, kk = d.hp.selector_top_k;
+    if (!row.ready) {
+        best_k(U_row, V, kk, row.ids);
+        row.ready = true;
+    }
+    thread_local std::vector<int32_t> picked, order, ascending;
+    thread_local std::vector<float> tmp, scores;
+    picked.assign(1, prev);
+    picked.insert(picked.end(), row.ids.begin(), row.ids.end());
+    be.upload(hd.ids, picked.data(), size_t(kk + 1) * sizeof(int32_t));
+    be.get_rows(d.sel_pred, hd.ids, 1, hd.pred);
+    be.get_rows(d.sel_succ, hd.ids + 1, kk, hd.succ);
+    be.matmul(d.sel_hproj, hidden_row, 1, hd.hproj, R);
+    tmp.resize(size_t(R) * size_t(kk + 2));  // hproj | pred | succ rows
+    be.download(tmp.data(), hd.hproj, size_t(R) * sizeof(float));
+    be.download(tmp.data() + R, hd.pred, size_t(R) * sizeof(float));
+    be.download(tmp.data() + 2 * R, hd.succ, size_t(kk) * size_t(R) * sizeof(float));
+    scores.resize(size_t(kk));  // scores of the candidates, in row.ids order
+    for (int i = 0; i < kk; ++i) {
+        const float *e = tmp.data() + size_t(2 + i) * R;
+        float dot = 0.f;
+        for (int r = 0; r < R; ++r) dot += tmp[size_t(R + r)] * tmp[size_t(r)] * e[r];
+        scores[size_t(i)] = U_row[row.ids[size_t(i)]] + dot;
+    }
+    // Best k by (score, lower token id), as over the whole vocabulary.
+    k = std::min(k, kk);
+    order.resize(size_t(kk));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        const int32_t ta = row.ids[size_t(a)], tb = row.ids[size_t(b)];
+        return scores[size_t(a)] > scores[size_t(b)] || (scores[size_t(a)] == scores[size_t(b)] && ta < tb);
+    });
+    ascending.resize(size_t(kk));
+    std::iota(ascending.begin(), ascending.end(), 0);
+    std::sort(ascending.begin(), ascending.end(),
+              [&](int32_t a, int32_t b) { return row.ids[size_t(a)] < row.ids[size_t(b)]; });
+    const float lse = log_normaliser(scores.data(), ascending, scores[size_t(order[0])]);
+    for (int i = 0; i < k; ++i) {
+        ids[i] = row.ids[size_t(order[size_t(i)])];
+        logp[i] = scores[size_t(order[size_t(i)])] - lse;
+    }
+    return k;
+}
+
+// log-softmax over the whole vocabulary of scores [V]: the k best, best first.
+int vocab_candidates(const float *scores, int V, int k, int32_t *ids, float *logp) {
+    thread_local std::vector<int32_t> order;
+    k = std::min(k, V);
+    best_k(scores, V, k, order);
+    const float top = scores[order[0]];
+    double sum = 0.0;
+    for (int i = 0; i < V; ++i) sum += std::exp(double(scores[i] - top));
+    const float lse = top + float(std::log(sum));
+    for (int i = 0; i < k; ++i) {
+        ids[i] = order[size_t(i)];
+        logp[i] = scores[order[size_t(i)]] - lse;
+    }
+    return k;
+}
+
+}  // namespace
+
 int draft_candidates(const Drafter &d, DraftHeads &hd, const float *U_row, const float *hidden_row, int32_t prev,
-                     int k, int32_t *ids, float *logp) {
+                     int k, int32_t *ids, float *logp, RowCandidates &row) {
     Backend &be = hd.be;
     const int V = d.target->hp.n_vocab;
-    thread_local std::vector<float> scores, tmp;
-    thread_local std::vector<int32_t> order, picked;
-    order.resize(size_t(V));
-    std::iota(order.begin(), order.end(), 0);
-    int n = V;
     if (d.hp.kind == DRAFT_DSPARK) {  // U + W2 W1[prev], the bias formed in backend memory
+        thread_local std::vector<float> scores;
         scores.resize(size_t(V));
         be.upload(hd.tok, &prev, sizeof prev);
         be.get_rows(d.markov_w1, hd.tok, 1, hd.e);
         be.matmul(d.markov_w2, hd.e, 1, hd.bias, V);
         be.download(scores.data(), hd.bias, size_t(V) * sizeof(float));
         for (int i = 0; i < V; ++i) scores[size_t(i)] += U_row[i];
-    } else if (d.hp.selector_rank) {
-        // The selector's top kk of U, rescored with prev: sum_r pred[prev][r] hproj[r] succ[c][r].
-        const int R = d.hp.selector_rank, kk = d.hp.selector_top_k;
-        std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](int32_t a, int32_t b) {
-            return U_row[a] > U_row[b] || (U_row[a] == U_row[b] && a < b);
-        });
-        picked.assign(1, prev);
-        picked.insert(picked.end(), order.begin(), order.begin() + kk);
-        be.upload(hd.ids, picked.data(), size_t(kk + 1) * sizeof(int32_t));
-        be.get_rows(d.sel_pred, hd.ids, 1, hd.pred);
-        be.get_rows(d.sel_succ, hd.ids + 1, kk, hd.succ);
-        be.matmul(d.sel_hproj, hidden_row, 1, hd.hproj, R);
-        tmp.resize(size_t(R) * size_t(kk + 2));  // hproj | pred | succ rows
-        be.download(tmp.data(), hd.hproj, size_t(R) * sizeof(float));
-        be.download(tmp.data() + R, hd.pred, size_t(R) * sizeof(float));
-        be.download(tmp.data() + 2 * R, hd.succ, size_t(kk) * size_t(R) * sizeof(float));
-        scores.assign(size_t(V), -INFINITY);
-        for (int i = 0; i < kk; ++i) {
-            const float *e = tmp.data() + size_t(2 + i) * R;
-            float dot = 0.f;
-            for (int r = 0; r < R; ++r) dot += tmp[size_t(R + r)] * tmp[size_t(r)] * e[r];
-            scores[size_t(order[size_t(i)])] = U_row[order[size_t(i)]] + dot;
-        }
-        n = kk;
-        std::iota(order.begin(), order.end(), 0);
-    } else {
-        scores.assign(U_row, U_row + V);
+        return vocab_candidates(scores.data(), V, k, ids, logp);
     }
-    k = std::min(k, n);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-        return scores[size_t(a)] > scores[size_t(b)] || (scores[size_t(a)] == scores[size_t(b)] && a < b);
-    });
-    // log-softmax normaliser over the candidate set (-inf entries contribute nothing)
-    const float top = scores[size_t(order[0])];
-    double sum = 0.0;
-    for (int i = 0; i < V; ++i) sum += std::exp(double(scores[size_t(i)] - top));
-    const float lse = top + float(std::log(sum));
-    for (int i = 0; i < k; ++i) {
-        ids[i] = order[size_t(i)];
-        logp[i] = scores[size_t(order[size_t(i)])] - lse;
+    if (d.hp.selector_rank) return selector_candidates(d, hd, U_row, hidden_row, prev, k, ids, logp, row);
+    // DFlash: prev does not enter, every node of the row gets the same candidates.
+    if (!row.ready || int(row.ids.size()) < std::min(k, V)) {
+        row.ids.resize(size_t(std::min(k, V)));
+        row.logp.resize(row.ids.size());
+        vocab_candidates(U_row, V, k, row.ids.data(), row.logp.data());
+        row.ready = true;
     }
+    k = std::min(k, int(row.ids.size()));
+    std::copy(row.ids.begin(), row.ids.begin() + k, ids);
+    std::copy(row.logp.begin(), row.logp.begin() + k, logp);
     return k;
 }
 

@@ -202,6 +202,7 @@ std::vector<TreeNode> build_tree(const Drafter &d, DraftHeads &hd, const float *
     std::vector<TreeNode> nodes{{anchor, -1, 0, 0.f}};
     std::vector<std::vector<int32_t>> cand_ids;
     std::vector<std::vector<float>> cand_logp;
+    std::vector<RowCandidates> rows(static_cast<size_t>(L));  // per proposal row
     auto expand = [&](int node) {  // candidates for the children of `node` (depth + 1 -> row depth)
         const int row = nodes[size_t(node)].depth;
         cand_ids.resize(size_t(node) + 1);
@@ -210,7 +211,7 @@ std::vector<TreeNode> build_tree(const Drafter &d, DraftHeads &hd, const float *
         cand_logp[size_t(node)].resize(size_t(K));
         const int k = draft_candidates(d, hd, U + int64_t(row) * V, hidden + int64_t(row) * E,
                                        nodes[size_t(node)].token, K, cand_ids[size_t(node)].data(),
-                                       cand_logp[size_t(node)].data());
+                                       cand_logp[size_t(node)].data(), rows[size_t(row)]);
         cand_ids[size_t(node)].resize(size_t(k));
         cand_logp[size_t(node)].resize(size_t(k));
     };
