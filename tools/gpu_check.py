@@ -444,9 +444,11 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     # 99 rows: ragged (not a multiple of any kernel's rows per block); 12300: also ragged, and
     # past the tensor-core kernel's switch to 32-row tiles (n_out >= 8192); Q8_0 x 480: a row
     # of 15 units, so the last group of eight is partial; IQ4_XS x 8448: the long-row decode path
-    # (n_in >= 8192). (large=False: memcheck, whose 180 s would not cover it.)
+    # (n_in >= 8192) and a row in two parts (int8_units.cuh), like Q6_K x 6144; Q8_0 x 16416 and
+    # Q5_K x 16384: rows in four parts, the first with a partial last group.
+    # (large=False: memcheck, whose 180 s would not cover it.)
     cases = [(q, 99, 512) for q in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)]
-    cases += [(Q.Q8_0, 99, 480), (Q.IQ4_XS, 40, 8448)]
+    cases += [(Q.Q8_0, 99, 480), (Q.IQ4_XS, 40, 8448), (Q.Q6_K, 40, 6144), (Q.Q8_0, 24, 16416), (Q.Q5_K, 24, 16384)]
     cases += [(Q.IQ4_XS, 12300, 512)] if large else []
     for qtype, n_rows, n_cols in cases:
         raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut, n_rows, n_cols)
@@ -783,9 +785,10 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
 
 
 # The 27B's matmul shapes (rows x cols, type of the iq4_xs mix): FFN gate/up and down, the
-# DeltaNet qkv projection, ssm_out, one DeltaNet gate (alpha/beta), and a slice of the Q5_K head.
+# DeltaNet qkv projection, ssm_out, the attention v projection, one DeltaNet gate (alpha/beta),
+# and a slice of the Q5_K head.
 KERNEL_SHAPES = (("IQ4_XS", 17408, 5120), ("IQ4_XS", 5120, 17408), ("IQ4_XS", 10240, 5120),
-                 ("Q6_K", 5120, 6144), ("IQ4_XS", 48, 5120), ("Q5_K", 32768, 5120))
+                 ("Q6_K", 5120, 6144), ("Q6_K", 1024, 5120), ("IQ4_XS", 48, 5120), ("Q5_K", 32768, 5120))
 KERNEL_REPS = 20
 
 

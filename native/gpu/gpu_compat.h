@@ -87,6 +87,15 @@ __device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
 #endif
 }
 
+// v of lane + delta (a lane past the warp's end gets its own v).
+__device__ __forceinline__ float shfl_down(float v, int delta) {
+#if defined(LUCE_HIP)
+    return __shfl_down(v, delta);
+#else
+    return __shfl_down_sync(0xffffffffu, v, delta);
+#endif
+}
+
 // Sum over the lanes of one warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = warpSize / 2; o > 0; o >>= 1) v += shfl_xor(v, o);

@@ -244,11 +244,27 @@ __device__ __forceinline__ float apply_dots(const UnitScales &us, int lo, int hi
     }
 }
 
-// The summation order of one (row, token) output, fixed by the row's length alone: unit u goes to
-// slot u % SLOTS, each slot sums its units in increasing u with apply_dots from 0, and the slots
-// meet in the tree of slot_tree. Eight slots: the dp4a kernel gives each slot a lane (eight lanes
-// read a 256-element block's eight units side by side, coalesced), the tensor-core kernel a warp.
+// The summation order of one (row, token) output, fixed by the row's length alone. The row's
+// units form groups of SLOTS (group k: units SLOTS k .. SLOTS k + SLOTS - 1) and the groups
+// PARTS runs of whole groups (row_parts, part_begin). In a part, unit u goes to slot u % SLOTS,
+// each slot sums its units in increasing u with apply_dots from 0, and the slots meet in the
+// tree of slot_tree; the parts' sums are then added left to right, ((p0 + p1) + p2) + p3.
+// Eight slots: the dp4a kernel gives each (part, slot) a lane (eight lanes read a 256-element
+// block's eight units side by side, coalesced), the tensor-core kernel each slot a warp, which
+// walks the parts in turn. Parts exist for the matrices of long rows and few of them (the 27B's
+// FFN down, ssm_out, attention output: 5120 rows): eight lanes per row were too few threads to
+// keep DRAM busy at one token.
 constexpr int SLOTS = 8;
+constexpr int MAX_PARTS = 4;
+
+// 1 part below 24 groups (6144 values), 2 below 64 (16384), 4 from there.
+__host__ __device__ constexpr int row_parts(int n_in) {
+    const int n_groups = (n_in / 32 + SLOTS - 1) / SLOTS;
+    return n_groups >= 64 ? 4 : n_groups >= 24 ? 2 : 1;
+}
+
+// The first group of part p (p == parts: the end).
+__device__ __forceinline__ int part_begin(int p, int n_groups, int parts) { return p * n_groups / parts; }
 
 __device__ __forceinline__ float slot_tree(const float (&v)[SLOTS]) {
     return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
@@ -261,6 +277,16 @@ __device__ __forceinline__ float slot_tree_lanes(float v) {
     v += shfl_xor(v, 4);
     v += shfl_xor(v, 2);
     return v + shfl_xor(v, 1);
+}
+
+// The left-to-right sum of PARTS part sums held by the lanes SLOTS apart (part p at lane
+// + SLOTS p), complete on the lanes of part 0. Every lane of the warp must call it.
+template <int PARTS>
+__device__ __forceinline__ float fold_parts_lanes(float v) {
+    float r = v;
+#pragma unroll
+    for (int p = 1; p < PARTS; ++p) r += shfl_down(v, SLOTS * p);
+    return r;
 }
 
 }  // namespace luce::gpu::int8_units

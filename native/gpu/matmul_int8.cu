@@ -81,21 +81,25 @@ constexpr int DECODE_THREADS = 64;
 
 // Each lane keeps UNROLL units in flight: it decodes one fetched unit, fetches its successor
 // (UNROLL * SLOTS units on) into the freed registers, then applies it, so DRAM always has the
-// next round's loads while the current one is computed.
-template <int TYPE, int NT, int UNROLL>
+// next round's loads while the current one is computed. A row takes SLOTS * PARTS lanes: lane
+// slot + SLOTS * part sums slot `slot` of part `part` (int8_units.cuh).
+template <int TYPE, int NT, int UNROLL, int PARTS>
 __global__ void __launch_bounds__(MATMUL_THREADS) matmul_int8_kernel(RowSegments rows, int64_t row_bytes, int n_in,
                                                                      const int8_t *xq, const float *xd,
                                                                      const int16_t *xs, int T) {
-    const int slot = threadIdx.x % SLOTS;
-    const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / SLOTS;
+    constexpr int ROW_LANES = SLOTS * PARTS;
+    const int slot = threadIdx.x % SLOTS, part = threadIdx.x / SLOTS % PARTS;
+    const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / ROW_LANES;
     // Rows past the end (the last block's) compute row 0 and store nothing: the whole group of
-    // eight lanes stays in the shuffles.
+    // lanes stays in the shuffles.
     const bool row_ok = row < rows.n_out();
     const int seg = rows.find(row_ok ? row : 0);
     const int64_t local = (row_ok ? row : 0) - rows.start(seg);
     const uint8_t *wr = rows.w[seg] + local * row_bytes;
     const int t0 = blockIdx.y * NT;
-    const int n_units = n_in / 32;
+    const int n_units = n_in / 32, n_groups = (n_units + SLOTS - 1) / SLOTS;
+    const int u_begin = SLOTS * part_begin(part, n_groups, PARTS) + slot;
+    const int u_end = min(n_units, SLOTS * part_begin(part + 1, n_groups, PARTS));
     constexpr int STRIDE = SLOTS * UNROLL;
     float acc[NT];
 #pragma unroll
@@ -104,22 +108,22 @@ __global__ void __launch_bounds__(MATMUL_THREADS) matmul_int8_kernel(RowSegments
     RawUnit<TYPE> raw[UNROLL];
 #pragma unroll
     for (int i = 0; i < UNROLL; ++i)
-        if (slot + SLOTS * i < n_units) fetch_unit<TYPE>(wr, slot + SLOTS * i, raw[i]);
-    for (int u0 = slot; u0 < n_units; u0 += STRIDE) {
+        if (u_begin + SLOTS * i < u_end) fetch_unit<TYPE>(wr, u_begin + SLOTS * i, raw[i]);
+    for (int u0 = u_begin; u0 < u_end; u0 += STRIDE) {
 #pragma unroll
         for (int i = 0; i < UNROLL; ++i) {
             const int u = u0 + SLOTS * i;
-            if (u >= n_units) break;
+            if (u >= u_end) break;
             Unit un;
             decode_unit<TYPE>(raw[i], u, cb, un);
-            if (u + STRIDE < n_units) fetch_unit<TYPE>(wr, u + STRIDE, raw[i]);
+            if (u + STRIDE < u_end) fetch_unit<TYPE>(wr, u + STRIDE, raw[i]);
             apply_tokens<TYPE, NT>(un, u, t0, T, n_in, xq, xd, xs, acc);
         }
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-        const float s = slot_tree_lanes(acc[t]);
-        if (slot == 0 && row_ok && t0 + t < T) rows.y[seg][int64_t(t0 + t) * rows.ldy[seg] + local] = s;
+        const float s = fold_parts_lanes<PARTS>(slot_tree_lanes(acc[t]));
+        if (slot == 0 && part == 0 && row_ok && t0 + t < T) rows.y[seg][int64_t(t0 + t) * rows.ldy[seg] + local] = s;
     }
 }
 
@@ -130,19 +134,29 @@ struct Int8Launch {
     const ActScratch &a;
     int T;
 
-    template <int TYPE, int NT, int UNROLL>
-    void launch() const {
-        const int threads = NT == 1 ? DECODE_THREADS : MATMUL_THREADS, rows_per_block = threads / SLOTS;
+    template <int TYPE, int NT, int UNROLL, int PARTS>
+    void launch_parts() const {
+        const int threads = NT == 1 ? DECODE_THREADS : MATMUL_THREADS, rows_per_block = threads / (SLOTS * PARTS);
         const dim3 grid(unsigned((rows.n_out() + rows_per_block - 1) / rows_per_block), unsigned((T + NT - 1) / NT));
         const int64_t row_bytes = n_in / block_elems(TYPE) * block_bytes(TYPE);
-        matmul_int8_kernel<TYPE, NT, UNROLL><<<grid, threads, 0, stream>>>(rows, row_bytes, int(n_in), a.q, a.d, a.s16,
-                                                                           T);
+        matmul_int8_kernel<TYPE, NT, UNROLL, PARTS>
+            <<<grid, threads, 0, stream>>>(rows, row_bytes, int(n_in), a.q, a.d, a.s16, T);
         LUCE_GPU_LAUNCHED();
     }
 
+    template <int TYPE, int NT, int UNROLL>
+    void launch() const {
+        switch (row_parts(int(n_in))) {
+        case 1: return launch_parts<TYPE, NT, UNROLL, 1>();
+        case 2: return launch_parts<TYPE, NT, UNROLL, 2>();
+        default: return launch_parts<TYPE, NT, UNROLL, MAX_PARTS>();
+        }
+    }
+
     // Decode keeps four units per lane in flight (eight on long rows, whose matrices have few
-    // rows: fewer lanes to spread the loads over; two for the K-quants, whose raw units are
-    // large); wider steps keep two and apply each to up to eight tokens. Wider than eight, tiles
+    // rows: fewer lanes to spread the loads over; two for Q4_K / Q5_K, whose raw units are
+    // large, four for Q6_K, whose loads are many small ones: its 27B matrices have few rows);
+    // wider steps keep two and apply each to up to eight tokens. Wider than eight, tiles
     // of eight tokens re-read the weights (from L2 mostly): the tensor-core kernel serves those
     // widths where it exists.
     template <int TYPE>
@@ -155,6 +169,8 @@ struct Int8Launch {
                 if constexpr (light) {
                     if (n_in >= 8192) launch<TYPE, 1, 8>();
                     else launch<TYPE, 1, 4>();
+                } else if constexpr (TYPE == GGML_Q6_K) {
+                    launch<TYPE, 1, 4>();
                 } else {
                     launch<TYPE, 1, 2>();
                 }

@@ -218,15 +218,58 @@ __device__ __forceinline__ void mma_group(const uint32_t *smem, int u, int slot,
     }
 }
 
-template <int TYPE, int MT, int NTILES>
+// slot_tree across the warps: ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), each step
+// adding the upper warps' partials (same fragment positions) into the lower ones through the
+// stage (free: every warp is past its last mma); warp 0's acc holds the result.
+template <int MT, int NTILES>
+__device__ __forceinline__ void slot_tree_warps(float (&acc)[MT][NTILES][4], uint32_t *smem, int slot, int lane) {
+    float *part = reinterpret_cast<float *>(smem);
+    constexpr int F = MT * NTILES * 4;
+    float(&flat)[F] = reinterpret_cast<float(&)[F]>(acc);
+#pragma unroll
+    for (int width = 4; width >= 1; width /= 2) {
+        if (slot >= width && slot < 2 * width) {
+#pragma unroll
+            for (int f = 0; f < F; ++f) part[((slot - width) * F + f) * 32 + lane] = flat[f];
+        }
+        __syncthreads();
+        if (slot < width) {
+#pragma unroll
+            for (int f = 0; f < F; ++f) flat[f] += part[(slot * F + f) * 32 + lane];
+        }
+        __syncthreads();
+    }
+}
+
+// A part of the row (int8_units.cuh) other than the last is complete: its sum goes into warp 0's
+// running sum of the parts before it (`total`, `first`: there are none), the slots start over.
+template <int MT, int NTILES>
+__device__ __forceinline__ void close_part(float (&acc)[MT][NTILES][4], uint32_t *smem, float *total, bool first,
+                                           int slot, int lane) {
+    constexpr int F = MT * NTILES * 4;
+    float(&flat)[F] = reinterpret_cast<float(&)[F]>(acc);
+    slot_tree_warps(acc, smem, slot, lane);
+    if (slot == 0) {
+#pragma unroll
+        for (int f = 0; f < F; ++f) total[f * 32 + lane] = first ? flat[f] : total[f * 32 + lane] + flat[f];
+    }
+#pragma unroll
+    for (int f = 0; f < F; ++f) flat[f] = 0.f;
+}
+
+// PARTED: rows of more than one part (row_parts): kernels for the others carry none of the
+// part bookkeeping, whose registers cost tiles of 32 x 16 a block per SM (80 -> 96 registers).
+template <int TYPE, int MT, int NTILES, bool PARTED>
 __global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
     using L = MmaSmem<MT, NTILES>;
     __shared__ __align__(16) uint32_t smem[L::words];
+    __shared__ float total[PARTED ? L::frag_words : 1];  // warp 0's sum of the finished parts
     const int lane = threadIdx.x % 32, slot = threadIdx.x / 32;
     const int g = lane / 4, tq = lane % 4;  // fragment coordinates: groupID, thread in group
     const int64_t r0 = int64_t(blockIdx.x) * L::rows;
     const int t0 = blockIdx.y * L::toks;
     const int n_units = p.n_in / 32, n_groups = (n_units + SLOTS - 1) / SLOTS;
+    const int parts = PARTED ? row_parts(p.n_in) : 1;
 
     float acc[MT][NTILES][4];
 #pragma unroll
@@ -240,44 +283,29 @@ __global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
     // an H200 (2026-12-03) keeping two or four groups in flight cost registers (95 / 126 against
     // 73 for 32 rows x 16 tokens) and made that matmul slower (90 / 77 against 68 us, 17408x5120).
     const Codebook cb = load_codebook();
+    // A part's first group is fetched after the previous part is closed: no loads live across
+    // close_part, whose registers the 64-token tile could not spare.
     Prefetch<TYPE, MT, NTILES> next;
-    prefetch_group<TYPE>(p, r0, t0, 0, next);
-    for (int k = 0; k < n_groups; ++k) {
-        store_group(next, cb, smem);
-        __syncthreads();
-        if (k + 1 < n_groups) prefetch_group<TYPE>(p, r0, t0, k + 1, next);
-        if (SLOTS * k + slot < n_units) mma_group<TYPE, MT, NTILES>(smem, SLOTS * k + slot, slot, g, tq, acc);
-        __syncthreads();  // the next store overwrites the stage
-    }
-
-    // slot_tree across the warps: ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), each step
-    // adding the upper warps' partials (same fragment positions) into the lower ones.
-    float *part = reinterpret_cast<float *>(smem);
-    constexpr int F = MT * NTILES * 4;
-#pragma unroll
-    for (int width = 4; width >= 1; width /= 2) {
-        if (slot >= width && slot < 2 * width) {
-            int f = 0;
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int j = 0; j < NTILES; ++j)
-#pragma unroll
-                    for (int c = 0; c < 4; ++c, ++f) part[((slot - width) * F + f) * 32 + lane] = acc[m][j][c];
+    for (int part = 0, k = 0; part < parts; ++part) {
+        if (part > 0) close_part(acc, smem, total, part == 1, slot, lane);
+        const int k_end = part_begin(part + 1, n_groups, parts);
+        prefetch_group<TYPE>(p, r0, t0, k, next);
+        for (; k < k_end; ++k) {
+            store_group(next, cb, smem);
+            __syncthreads();
+            if (k + 1 < k_end) prefetch_group<TYPE>(p, r0, t0, k + 1, next);
+            if (SLOTS * k + slot < n_units) mma_group<TYPE, MT, NTILES>(smem, SLOTS * k + slot, slot, g, tq, acc);
+            __syncthreads();  // the next store overwrites the stage
         }
-        __syncthreads();
-        if (slot < width) {
-            int f = 0;
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int j = 0; j < NTILES; ++j)
-#pragma unroll
-                    for (int c = 0; c < 4; ++c, ++f) acc[m][j][c] += part[(slot * F + f) * 32 + lane];
-        }
-        __syncthreads();
     }
+    slot_tree_warps(acc, smem, slot, lane);
     if (slot != 0) return;
+    if (PARTED) {
+        constexpr int F = MT * NTILES * 4;
+        float(&flat)[F] = reinterpret_cast<float(&)[F]>(acc);
+#pragma unroll
+        for (int f = 0; f < F; ++f) flat[f] = total[f * 32 + lane] + flat[f];
+    }
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -305,7 +333,8 @@ struct MmaLaunch {
         using L = MmaSmem<MT, NTILES>;
         const dim3 grid(unsigned((rows.n_out() + L::rows - 1) / L::rows), unsigned((T + L::toks - 1) / L::toks));
         const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T};
-        matmul_mma_kernel<TYPE, MT, NTILES><<<grid, MMA_THREADS, 0, stream>>>(p);
+        if (row_parts(int(n_in)) > 1) matmul_mma_kernel<TYPE, MT, NTILES, true><<<grid, MMA_THREADS, 0, stream>>>(p);
+        else matmul_mma_kernel<TYPE, MT, NTILES, false><<<grid, MMA_THREADS, 0, stream>>>(p);
         LUCE_GPU_LAUNCHED();
     }
 
