@@ -10,6 +10,8 @@
 
 namespace luce::gpu::int8_units {
 
+constexpr int SLOTS = 8;  // units summed side by side in a row (the summation order, below)
+
 // Four 4-bit codes (one per byte, 0..15) -> the four signed IQ4_NL codebook values, packed.
 // The codebook lives in registers: `__constant__` memory serialises a warp whose lanes read
 // different entries, which is every lookup here.
@@ -129,36 +131,42 @@ __device__ __forceinline__ int byte_of3(uint32_t w0, uint32_t w1, uint32_t w2, i
     return int((w >> (8 * (i % 4))) & 0xFF);
 }
 
+// The bytes of one group of SLOTS units (256 values) in a row: one block of the K and IQ types,
+// eight of Q8_0. Group k of a row starts at row + k * group_bytes.
+__host__ __device__ constexpr int group_bytes(int type) { return block_bytes(type) * (SLOTS * 32 / block_elems(type)); }
+
+// Unit j (0..SLOTS-1) of the group at g.
 template <int TYPE>
-__device__ __forceinline__ void fetch_unit(const uint8_t *row, int u, RawUnit<TYPE> &r) {
+__device__ __forceinline__ void fetch_group_unit(const uint8_t *g, int j, RawUnit<TYPE> &r) {
     if constexpr (TYPE == GGML_Q8_0) {
-        r.shift = fetch_words_a2(row + 34 * u, r.w, true);
+        r.shift = fetch_words_a2(g + 34 * j, r.w, true);
     } else if constexpr (TYPE == GGML_Q4_K || TYPE == GGML_Q5_K) {
         // 144- and 176-byte blocks from an aligned base: every field below is 16-byte aligned.
-        constexpr int BB = TYPE == GGML_Q4_K ? 144 : 176;
-        const uint8_t *b = row + BB * (u / 8);
-        const int c = (u % 8) / 2;
-        r.head = *reinterpret_cast<const uint4 *>(b);
-        const uint4 *qs = reinterpret_cast<const uint4 *>(b + (TYPE == GGML_Q4_K ? 16 : 48) + 32 * c);
+        const int c = j / 2;
+        r.head = *reinterpret_cast<const uint4 *>(g);
+        const uint4 *qs = reinterpret_cast<const uint4 *>(g + (TYPE == GGML_Q4_K ? 16 : 48) + 32 * c);
         r.qs[0] = qs[0], r.qs[1] = qs[1];
         if constexpr (TYPE == GGML_Q5_K) {
-            const uint4 *qh = reinterpret_cast<const uint4 *>(b + 16);
+            const uint4 *qh = reinterpret_cast<const uint4 *>(g + 16);
             r.qh[0] = qh[0], r.qh[1] = qh[1];
         }
     } else if constexpr (TYPE == GGML_Q6_K) {
         // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d. Sub-block j (half h = j / 4, quarter k = j % 4).
-        const uint8_t *b = row + 210 * (u / 8);
-        const int j = u % 8, h = j / 4, k = j % 4;
-        r.shift = fetch_words_a2(b + 64 * h + 32 * (k % 2), r.ql, false);  // inside the block either way
-        fetch_words_a2(b + 128 + 32 * h, r.qh, false);
-        r.sc = u16_at(b + 192 + 8 * h + 2 * k);
-        r.d = u16_at(b + 208);
+        const int h = j / 4, k = j % 4;
+        r.shift = fetch_words_a2(g + 64 * h + 32 * (k % 2), r.ql, false);  // inside the block either way
+        fetch_words_a2(g + 128 + 32 * h, r.qh, false);
+        r.sc = u16_at(g + 192 + 8 * h + 2 * k);
+        r.d = u16_at(g + 208);
     } else if constexpr (TYPE == GGML_IQ4_XS) {
-        const uint8_t *b = row + 136 * (u / 8);  // 8-byte aligned: 8-byte loads
-        const uint2 *q2 = reinterpret_cast<const uint2 *>(b + 8 + 16 * (u % 8));
-        r.head = *reinterpret_cast<const uint2 *>(b);
+        const uint2 *q2 = reinterpret_cast<const uint2 *>(g + 8 + 16 * j);  // 8-byte aligned: 8-byte loads
+        r.head = *reinterpret_cast<const uint2 *>(g);
         r.lo = q2[0], r.hi = q2[1];
     }
+}
+
+template <int TYPE>
+__device__ __forceinline__ void fetch_unit(const uint8_t *row, int u, RawUnit<TYPE> &r) {
+    fetch_group_unit<TYPE>(row + int64_t(group_bytes(TYPE)) * (u / SLOTS), u % SLOTS, r);
 }
 
 // cb: the IQ4_NL codebook (load_codebook), used by IQ4_XS only.
@@ -254,7 +262,6 @@ __device__ __forceinline__ float apply_dots(const UnitScales &us, int lo, int hi
 // walks the parts in turn. Parts exist for the matrices of long rows and few of them (the 27B's
 // FFN down, ssm_out, attention output: 5120 rows): eight lanes per row were too few threads to
 // keep DRAM busy at one token.
-constexpr int SLOTS = 8;
 constexpr int MAX_PARTS = 4;
 
 // 1 part below 24 groups (6144 values), 2 below 64 (16384), 4 from there.
