@@ -453,10 +453,11 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     for qtype, n_rows, n_cols in cases:
         raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut, n_rows, n_cols)
         block = ACT_BLOCK.get(qtype.name, 0)
-        # "fast": the dp4a int8 kernel forced for every width, "mma": the tensor-core one forced
-        # (LUCE_GPU_MATMUL); worst = [width, token, row] of the largest error.
-        err = {"exact": 0.0, "fast": 0.0, "mma": 0.0}
-        worst = {"fast": None, "mma": None}
+        # "fast": the dp4a int8 kernel forced for every width; "frag" / "staged": one tensor-core
+        # kernel forced (per-warp fragments up to 32 tokens and the staged one past that / the
+        # staged one; LUCE_GPU_MATMUL); worst = [width, token, row] of the largest error.
+        err = {"exact": 0.0, "fast": 0.0, "frag": 0.0, "staged": 0.0}
+        worst = {"fast": None, "frag": None, "staged": None}
         kernels_differ = []
         for T in MATMUL_WIDTHS:
             x = rng.standard_normal((T, n_cols)).astype(np.float32)
@@ -466,24 +467,24 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
             err["exact"] = max(err["exact"], float(np.abs(y - x.astype(np.float64) @ w.T).max()) / scale)
             xs = quantized_activations(x, block) if block else x.astype(np.float64)
             ys = {}
-            for kind in ("fast", "mma") if block and dut == "gpu" else ("fast",):
+            for kind in ("fast", "frag", "staged") if block and dut == "gpu" else ("fast",):
                 with kernels("fast"), env(LUCE_GPU_MATMUL="dp4a" if kind == "fast" else kind):
                     ys[kind] = y = run(int(qtype), raw, n_rows, n_cols, x)
                 e, at = _worst(y, xs @ w.T, scale, T)
                 if worst[kind] is None or e > err[kind]:
                     err[kind], worst[kind] = e, at
-            if "mma" in ys and not np.array_equal(ys["fast"], ys["mma"]):
-                kernels_differ.append(T)
+            kernels_differ += [f"{T} ({kind})" for kind in ("frag", "staged")
+                               if kind in ys and not np.array_equal(ys["fast"], ys[kind])]
         x = rng.standard_normal((INVARIANCE_TOKENS if invariance else 0, n_cols)).astype(np.float32)
         with kernels("fast"):
             singles = [run(int(qtype), raw, n_rows, n_cols, x[t:t + 1])[0] for t in range(len(x))]
             varying = [W for W in INVARIANCE_WIDTHS if W <= len(x)
                        and not np.array_equal(run(int(qtype), raw, n_rows, n_cols, x[:W]), np.stack(singles[:W]))]
-        ok = (err["exact"] <= MATMUL_TOL and err["fast"] <= MATMUL_TOL and err["mma"] <= MATMUL_TOL and not varying
-              and not kernels_differ)
+        ok = max(err.values()) <= MATMUL_TOL and not varying and not kernels_differ
         rows.append({"type": qtype.name, "rows": n_rows, "cols": n_cols, "rel_err": err["exact"],
-                     "rel_err_fast": err["fast"], "worst_fast": worst["fast"], "rel_err_mma": err["mma"],
-                     "worst_mma": worst["mma"], "invariance_broken_at": varying, "kernels_differ_at": kernels_differ,
+                     "rel_err_fast": err["fast"], "worst_fast": worst["fast"], "rel_err_frag": err["frag"],
+                     "worst_frag": worst["frag"], "rel_err_staged": err["staged"], "worst_staged": worst["staged"],
+                     "invariance_broken_at": varying, "kernels_differ_at": kernels_differ,
                      "ok": ok or (dut == "cpu" and (qtype in (Q.F32, Q.F16, Q.BF16) or
                                                      (err["fast"] <= MATMUL_TOL and err["exact"] <= MATMUL_TOL)))})
     return rows
@@ -786,15 +787,16 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
 
 # The 27B's matmul shapes (rows x cols, type of the iq4_xs mix): FFN gate/up and down, the
 # DeltaNet qkv projection, ssm_out, the attention v projection, one DeltaNet gate (alpha/beta),
-# and a slice of the Q5_K head.
+# a slice of the Q5_K head, and the Q8_0 drafter's FFN gate/up.
 KERNEL_SHAPES = (("IQ4_XS", 17408, 5120), ("IQ4_XS", 5120, 17408), ("IQ4_XS", 10240, 5120),
-                 ("Q6_K", 5120, 6144), ("Q6_K", 1024, 5120), ("IQ4_XS", 48, 5120), ("Q5_K", 32768, 5120))
+                 ("Q6_K", 5120, 6144), ("Q6_K", 1024, 5120), ("IQ4_XS", 48, 5120), ("Q5_K", 32768, 5120),
+                 ("Q8_0", 17408, 5120))
 KERNEL_REPS = 20
 
 
 def bench_matmul_kernels(dut: str, deadline: float) -> list[dict]:
     """Device time of one quantized matmul kernel (activations already quantized) per 27B shape and
-    width: the default choice by width, and the dp4a and tensor-core kernels forced. GB/s counts
+    width: the default choice by width, and the dp4a and the two tensor-core kernels forced. GB/s counts
     the weight bytes once per call."""
     import numpy as np
     from gguf.constants import GGMLQuantizationType as Q
@@ -816,7 +818,7 @@ def bench_matmul_kernels(dut: str, deadline: float) -> list[dict]:
                 break
             x = rng.standard_normal((T, n_cols)).astype(np.float32)
             row = {"type": type_name, "rows": n_rows, "cols": n_cols, "T": T}
-            for kind in ("auto", "dp4a", "mma"):
+            for kind in ("auto", "dp4a", "frag", "staged"):
                 with kernels("fast"), env(LUCE_GPU_MATMUL=None if kind == "auto" else kind):
                     _, us = run(int(qtype), raw, n_rows, n_cols, x, timing_reps=KERNEL_REPS)
                 row[kind] = {"us": us, "GBps": raw.nbytes / us / 1e3}
@@ -1034,8 +1036,10 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
 # report
 
 def _mma_cell(m: dict) -> str:
-    """The tensor-core kernel's error, or n/a where it was not run (float types, the CPU dry run)."""
-    return f"{m['rel_err_mma']:.2e} {m['worst_mma']}" if m.get("worst_mma") else "n/a"
+    """The tensor-core kernels' errors, or n/a where they were not run (float types, the CPU dry run)."""
+    if not m.get("worst_frag"):
+        return "n/a"
+    return f"{m['rel_err_frag']:.2e} {m['worst_frag']}; staged {m.get('rel_err_staged', 0):.2e}"
 
 
 def _case_table(header: str, cases: list[dict]) -> list[str]:
@@ -1058,7 +1062,7 @@ def write_report(out: Path, report: dict) -> None:
              f"fast (int8-activation) kernels (max |gpu-cpu| / max |cpu|); GPU prefill vs GPU decode "
              f"{SELF_TOL:g} (exact) / the model's tolerance (fast); margin factor {MARGIN_FACTOR:g}", "",
              f"| weight type | rows x cols | exact: rel err vs gguf.quants x fp32 | fast: rel err vs int8-activation "
-             f"oracle [width, token, row of worst] | tensor-core (LUCE_GPU_MATMUL=mma): same | widths where row != 1-token row | "
+             f"oracle [width, token, row of worst] | tensor-core (LUCE_GPU_MATMUL=frag; staged): same | widths where row != 1-token row | "
              f"widths where dp4a != tensor-core bits | ok |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |",
              *[(f"| {m['type']} | error: {m['error']} | | | | | | FAIL |" if "error" in m else
@@ -1114,15 +1118,16 @@ def write_report(out: Path, report: dict) -> None:
     ks = report.get("kernels")
     if ks:
         lines += ["", f"## Matmul kernels: device time per call, {KERNEL_REPS} calls (activations quantized once)", "",
-                  "| type | rows x cols | T | default: us (GB/s of weights) | x T=1 | dp4a forced | tensor-core forced |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+                  "| type | rows x cols | T | default: us (GB/s of weights) | x T=1 | dp4a forced | fragment tensor-core "
+                  "forced | staged tensor-core forced |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for k in ks:
             if "error" in k:
-                lines.append(f"| error: {k['error']} | | | | | | |")
+                lines.append(f"| error: {k['error']} | | | | | | | |")
                 continue
             cell = lambda r: f"{r['us']:.1f} ({r['GBps']:.0f})"  # noqa: E731
             lines.append(f"| {k['type']} | {k['rows']} x {k['cols']} | {k['T']} | {cell(k['auto'])} | "
-                         f"{k['x_width1']:.2f} | {cell(k['dp4a'])} | {cell(k['mma'])} |")
+                         f"{k['x_width1']:.2f} | {cell(k['dp4a'])} | {cell(k['frag'])} | {cell(k['staged'])} |")
     b = report.get("bench")
     if b:
         lines += ["", f"## Bench: synthetic {b['shape']} {b['mix']} ({b.get('file_gib')} GiB)", ""]

@@ -76,12 +76,18 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     LUCE_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     // Switches, read once per backend (docs/gpu.md lists them).
     exact_kernels_ = env_is("LUCE_GPU_KERNELS", "exact");
-    // The dp4a and tensor-core int8 kernels give the same bits, so the width alone picks one:
-    // tensor cores from MMA_MIN_TOKENS up where the device has them. LUCE_GPU_MATMUL=dp4a|mma
-    // forces one kernel for every width (checks and measurements).
-    if (gpu::mma_matmul_supported(prop.major)) mma_min_tokens_ = MMA_MIN_TOKENS;
-    if (env_is("LUCE_GPU_MATMUL", "dp4a")) mma_min_tokens_ = NO_MMA;
-    else if (env_is("LUCE_GPU_MATMUL", "mma") && gpu::mma_matmul_supported(prop.major)) mma_min_tokens_ = 1;
+    // The dp4a and tensor-core int8 kernels give the same bits, so the width (and the weights)
+    // pick one: tensor cores from MMA_MIN_TOKENS up where the device has them, fragments staged
+    // per warp where gpu::mma_frag_serves says that measured faster, column groups staged per
+    // block otherwise. LUCE_GPU_MATMUL=dp4a|mma forces dp4a or the tensor cores for every
+    // width; =frag|staged also forces one tensor-core kernel (checks and measurements).
+    const bool mma = gpu::mma_matmul_supported(prop.major);
+    const char *choice = std::getenv("LUCE_GPU_MATMUL");
+    const std::string forced = choice ? choice : "";
+    if (mma) mma_min_tokens_ = MMA_MIN_TOKENS;
+    if (forced == "dp4a") mma_min_tokens_ = NO_MMA;
+    else if (mma && (forced == "mma" || forced == "frag" || forced == "staged")) mma_min_tokens_ = 1;
+    mma_kernel_ = forced == "frag" ? MmaKernel::frag : forced == "staged" ? MmaKernel::staged : MmaKernel::by_shape;
     attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
     delta_registers_ = !env_is("LUCE_GPU_DELTANET_REG", "0");
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
@@ -257,8 +263,12 @@ void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int 
             rows.end[i] = rows.start(i) + out[i].w->n_out;
             rows.n = i + 1;
         }
-        if (T >= mma_min_tokens_) gpu::matmul_mma(stream_, w0.type, w0.n_in, rows, T, a);
-        else gpu::matmul_int8(stream_, w0.type, w0.n_in, rows, T, a);
+        const bool frag = T <= gpu::MMA_FRAG_MAX_TOKENS &&
+                          (mma_kernel_ == MmaKernel::frag ||
+                           (mma_kernel_ == MmaKernel::by_shape && gpu::mma_frag_serves(w0.type, w0.n_in, T)));
+        if (T < mma_min_tokens_) gpu::matmul_int8(stream_, w0.type, w0.n_in, rows, T, a);
+        else if (frag) gpu::matmul_mma_frag(stream_, w0.type, w0.n_in, rows, T, a);
+        else gpu::matmul_mma(stream_, w0.type, w0.n_in, rows, T, a);
         acts_ = {x, T * w0.n_in, block};
         fused_block_ = block;
     }

@@ -96,6 +96,8 @@ private:
     std::unique_ptr<gpu::OpProfile> profile_;  // LUCE_GPU_PROFILE=FILE (op_profile.h)
     static constexpr int NO_MMA = 1 << 30;
     int mma_min_tokens_ = NO_MMA;            // widths served by the tensor-core int8 matmul (sm_80+)
+    enum class MmaKernel { by_shape, frag, staged };
+    MmaKernel mma_kernel_ = MmaKernel::by_shape;  // which tensor-core kernel serves a width
     bool exact_kernels_ = false;             // LUCE_GPU_KERNELS=exact: fp32 activations for every type
     void *act_scratch_ = nullptr;            // int8 activations of the quantized matmuls, grown on demand
     size_t act_scratch_bytes_ = 0;

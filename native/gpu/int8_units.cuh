@@ -131,6 +131,29 @@ __device__ __forceinline__ int byte_of3(uint32_t w0, uint32_t w1, uint32_t w2, i
     return int((w >> (8 * (i % 4))) & 0xFF);
 }
 
+// The scales of sub-block j of a Q4_K / Q5_K block from its first 16 bytes (f16 d, f16 dmin,
+// u8 scales[12]): 6-bit scale and min (spec/qwen35.md §4, get_scale_min_k4).
+__device__ __forceinline__ void k_quant_scales(const uint4 &head, int j, UnitScales &s) {
+    const uint32_t s0 = head.y, s1 = head.z, s2 = head.w;  // scales[0..11]
+    if (j < 4) {
+        s.sc0 = byte_of3(s0, s1, s2, j) & 63;
+        s.sc1 = byte_of3(s0, s1, s2, j + 4) & 63;
+    } else {
+        s.sc0 = (byte_of3(s0, s1, s2, j + 4) & 0xF) | ((byte_of3(s0, s1, s2, j - 4) >> 6) << 4);
+        s.sc1 = (byte_of3(s0, s1, s2, j + 4) >> 4) | ((byte_of3(s0, s1, s2, j) >> 6) << 4);
+    }
+    s.d = f16_bits(head.x & 0xFFFF);
+    s.dmin = f16_bits(head.x >> 16);
+}
+
+// The scale of sub-block ib of an IQ4_XS block from its first 8 bytes (f16 d, u16 scales_h,
+// u8 scales_l[4]): d * (ls - 32), ls = 4 bits of scales_l | 2 bits of scales_h.
+__device__ __forceinline__ void iq4_xs_scales(const uint2 &head, int ib, UnitScales &s) {
+    const uint32_t scales_h = head.x >> 16;
+    s.sc0 = int(((head.y >> (4 * ib)) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32;
+    s.d = f16_bits(head.x & 0xFFFF);
+}
+
 // The bytes of one group of SLOTS units (256 values) in a row: one block of the K and IQ types,
 // eight of Q8_0. Group k of a row starts at row + k * group_bytes.
 __host__ __device__ constexpr int group_bytes(int type) { return block_bytes(type) * (SLOTS * 32 / block_elems(type)); }
@@ -185,16 +208,7 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
         // Sub-block j = nibble hi = j % 2 of qs[32c + l], c = j / 2; Q5_K's 5th bit is bit j of
         // qh[l]; scale and min: 6-bit fields of scales[12] (spec/qwen35.md §4, get_scale_min_k4).
         const int j = u % 8, hi = j % 2;
-        const uint32_t s0 = r.head.y, s1 = r.head.z, s2 = r.head.w;  // scales[0..11]
-        if (j < 4) {
-            un.s.sc0 = byte_of3(s0, s1, s2, j) & 63;
-            un.s.sc1 = byte_of3(s0, s1, s2, j + 4) & 63;
-        } else {
-            un.s.sc0 = (byte_of3(s0, s1, s2, j + 4) & 0xF) | ((byte_of3(s0, s1, s2, j - 4) >> 6) << 4);
-            un.s.sc1 = (byte_of3(s0, s1, s2, j + 4) >> 4) | ((byte_of3(s0, s1, s2, j) >> 6) << 4);
-        }
-        un.s.d = f16_bits(r.head.x & 0xFFFF);
-        un.s.dmin = f16_bits(r.head.x >> 16);
+        k_quant_scales(r.head, j, un.s);
         const uint32_t qs[8] = {r.qs[0].x, r.qs[0].y, r.qs[0].z, r.qs[0].w, r.qs[1].x, r.qs[1].y, r.qs[1].z, r.qs[1].w};
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -222,10 +236,7 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
     } else if constexpr (TYPE == GGML_IQ4_XS) {
         // Sub-block ib: element l < 16 = low nibble of qs[16ib + l], element l + 16 = its high
         // nibble; scale d * (ls - 32), ls = 4 bits of scales_l | 2 bits of scales_h.
-        const int ib = u % 8;
-        const uint32_t scales_h = r.head.x >> 16;
-        un.s.sc0 = int(((r.head.y >> (4 * ib)) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32;
-        un.s.d = f16_bits(r.head.x & 0xFFFF);
+        iq4_xs_scales(r.head, u % 8, un.s);
         const uint32_t qs[4] = {r.lo.x, r.lo.y, r.hi.x, r.hi.y};
 #pragma unroll
         for (int i = 0; i < 4; ++i) lookup8(cb, qs[i], un.q[i], un.q[i + 4]);

@@ -55,6 +55,12 @@ void matmul_int8(cudaStream_t stream, int type, int64_t n_in, const RowSegments 
 // HIP: unsupported.
 bool mma_matmul_supported(int cc_major);
 void matmul_mma(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a);
+// matmul_mma_frag.cu: the same on the tensor cores for T <= MMA_FRAG_MAX_TOKENS, each warp
+// staging its own units as fragments (no block-wide waits); matmul_mma stages column groups per
+// block. Same bits as both others; mma_frag_serves: where it measured faster on an H200.
+constexpr int MMA_FRAG_MAX_TOKENS = 32;
+bool mma_frag_serves(int type, int64_t n_in, int T);
+void matmul_mma_frag(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a);
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);
 
 // norms.cu. The ops that feed a matmul can quantize their output for it (act_quant.cuh) when

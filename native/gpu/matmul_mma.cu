@@ -19,8 +19,8 @@
 // memory, the weights dequantized to int8 by decode_unit (eight consecutive threads read one row's
 // eight units: coalesced), and each warp multiplies its unit with m16n8k32 (m16n8k16 twice for
 // Q6_K, whose halves have their own scales). The next group's loads are in flight meanwhile.
-#include "int8_units.cuh"
 #include "kernels.h"
+#include "mma_int8.cuh"
 #include "quant_blocks.cuh"
 
 namespace luce::gpu {
@@ -30,9 +30,9 @@ namespace luce::gpu {
 namespace {
 
 using namespace int8_units;
+using namespace mma_int8;
 
 constexpr int MMA_THREADS = SLOTS * 32;  // warp s: slot s
-constexpr int MMA_NTILE = 8;             // the mma's N: tokens per n-tile
 constexpr int MMA_MAX_NTILES = 4;        // tokens per pass up to 32 (verify widths)
 constexpr int PREFILL_NTILES = 8;        // past 32 tokens: 64 per pass
 
@@ -40,7 +40,6 @@ constexpr int PREFILL_NTILES = 8;        // past 32 tokens: 64 per pass
 // weights, 4 of scales); a row's eight units plus 4 words of padding put the fragment reads of a
 // warp (row g, word tq: bank 4g + 12s + tq) on 32 different banks. A token's 256 int8 activations
 // are 64 words plus 4 of padding for the same reason (bank 4g + 8s + tq).
-constexpr int UNIT_WORDS = 12;
 constexpr int ROW_WORDS = SLOTS * UNIT_WORDS + 4;
 constexpr int TOK_WORDS = SLOTS * 8 + 4;
 
@@ -55,31 +54,6 @@ struct MmaSmem {
     static constexpr int words = w_words + x_words + s_words > reduce_words ? w_words + x_words + s_words
                                                                            : reduce_words;
 };
-static_assert(UNIT_WORDS * 4 == sizeof(Unit), "a staged unit is a Unit");
-
-// D = A (16x32 s8, row) x B (32x8 s8, col), fresh accumulator.
-__device__ __forceinline__ void mma_k32(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
-                                        int (&d)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-#else
-    __trap();  // the host never launches this below sm_80 (mma_matmul_supported)
-#endif
-}
-
-// D = A (16x16 s8, row) x B (16x8 s8, col): Q6_K needs the dot of each 16-element half.
-__device__ __forceinline__ void mma_k16(uint32_t a0, uint32_t a1, uint32_t b0, int (&d)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a0), "r"(a1), "r"(b0), "r"(0));
-#else
-    __trap();
-#endif
-}
 
 // What one thread carries from global memory to the stage: (row, unit) weight entries e = tid,
 // tid + 256, ... of rows x 8 units (raw: decoded when stored), and (token, 16-byte chunk)
@@ -94,16 +68,6 @@ struct Prefetch {
     int4 x[x_entries];
     float dx[s_entries];
     uint32_t sums[s_entries];  // the two 16-sums of the unit, int16 each
-};
-
-struct MmaArgs {
-    RowSegments rows;
-    int64_t row_bytes;
-    int n_in;
-    const int8_t *xq;
-    const float *xd;
-    const int16_t *xs;
-    int T;
 };
 
 // Loads group k (units 8k .. 8k + 7) of the block's rows r0.. and tokens t0.. into registers;
@@ -209,35 +173,9 @@ __device__ __forceinline__ void mma_group(const uint32_t *smem, int u, int slot,
 #pragma unroll
                 for (int c = 0; c < 4; ++c) hi[c] = 0;
             }
-            const UnitScales sa = reinterpret_cast<const Unit *>(ra)->s, sb = reinterpret_cast<const Unit *>(rb)->s;
-#pragma unroll
-            for (int c = 0; c < 4; ++c)  // C fragment: row g (c < 2) or g + 8, token 2 tq + c % 2
-                acc[m][j][c] = apply_dots<TYPE>(c < 2 ? sa : sb, lo[c], hi[c], dx[c % 2], sum_lo[c % 2],
-                                                sum_hi[c % 2], acc[m][j][c]);
+            apply_frag<TYPE>(lo, hi, reinterpret_cast<const Unit *>(ra)->s, reinterpret_cast<const Unit *>(rb)->s, dx,
+                             sum_lo, sum_hi, acc[m][j]);
         }
-    }
-}
-
-// slot_tree across the warps: ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), each step
-// adding the upper warps' partials (same fragment positions) into the lower ones through the
-// stage (free: every warp is past its last mma); warp 0's acc holds the result.
-template <int MT, int NTILES>
-__device__ __forceinline__ void slot_tree_warps(float (&acc)[MT][NTILES][4], uint32_t *smem, int slot, int lane) {
-    float *part = reinterpret_cast<float *>(smem);
-    constexpr int F = MT * NTILES * 4;
-    float(&flat)[F] = reinterpret_cast<float(&)[F]>(acc);
-#pragma unroll
-    for (int width = 4; width >= 1; width /= 2) {
-        if (slot >= width && slot < 2 * width) {
-#pragma unroll
-            for (int f = 0; f < F; ++f) part[((slot - width) * F + f) * 32 + lane] = flat[f];
-        }
-        __syncthreads();
-        if (slot < width) {
-#pragma unroll
-            for (int f = 0; f < F; ++f) flat[f] += part[(slot * F + f) * 32 + lane];
-        }
-        __syncthreads();
     }
 }
 
@@ -248,7 +186,7 @@ __device__ __forceinline__ void close_part(float (&acc)[MT][NTILES][4], uint32_t
                                            int slot, int lane) {
     constexpr int F = MT * NTILES * 4;
     float(&flat)[F] = reinterpret_cast<float(&)[F]>(acc);
-    slot_tree_warps(acc, smem, slot, lane);
+    slot_tree_warps(flat, reinterpret_cast<float *>(smem), slot, lane);
     if (slot == 0) {
 #pragma unroll
         for (int f = 0; f < F; ++f) total[f * 32 + lane] = first ? flat[f] : total[f * 32 + lane] + flat[f];
@@ -298,11 +236,11 @@ __global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
             __syncthreads();  // the next store overwrites the stage
         }
     }
-    slot_tree_warps(acc, smem, slot, lane);
+    constexpr int F = MT * NTILES * 4;
+    float(&flat)[F] = reinterpret_cast<float(&)[F]>(acc);
+    slot_tree_warps(flat, reinterpret_cast<float *>(smem), slot, lane);
     if (slot != 0) return;
     if (PARTED) {
-        constexpr int F = MT * NTILES * 4;
-        float(&flat)[F] = reinterpret_cast<float(&)[F]>(acc);
 #pragma unroll
         for (int f = 0; f < F; ++f) flat[f] = total[f * 32 + lane] + flat[f];
     }

@@ -1,0 +1,275 @@
+// matmul_mma_frag.cu — y = W x for quantized W with int8 activations on the tensor cores at
+// verify widths (up to 32 tokens), each warp turning its own units into mma fragments.
+//
+// Why: the staged kernel (matmul_mma.cu) decodes a column group of its rows into shared memory,
+// waits for the whole block, multiplies, waits again, with one group in flight per block. Here
+// each lane fetches and decodes whole units as the dp4a kernel does (16-byte loads, two to four
+// units in flight per lane, so DRAM stays busy), writes them to its warp's own slice of shared
+// memory and reads them back in the m16n8k32 fragment layout: a warp waits only for itself
+// until the block's final sum. (Loading each thread's fragment bytes straight from memory was
+// tried first, 2026-12-04: four bytes per row and unit per thread kept too little in flight,
+// ~0.9 TB/s at any width.)
+//
+// Exactness: warp (pair, part) holds slots 2 pair and 2 pair + 1 of part `part`: each sums its
+// units 8 k + slot in increasing k with apply_dots; the block then meets the slots in slot_tree's
+// order and the parts left to right (int8_units.cuh), the dp4a and staged kernels' order, so all
+// three give the same bits for every (row, token).
+//
+// Work split: a block of 4 * PARTS warps owns 16 rows x 8 * NTILES tokens; lane (r, h) of a warp
+// fetches row r's unit of slot 2 pair + h, and each group's activations are loaded one group ahead.
+#include "kernels.h"
+#include "mma_int8.cuh"
+#include "quant_blocks.cuh"
+
+namespace luce::gpu {
+
+#if !defined(LUCE_HIP)
+
+namespace {
+
+using namespace int8_units;
+using namespace mma_int8;
+
+// Each lane fetches and decodes whole units, as the dp4a kernel does (16-byte loads, several
+// units in flight per lane); the warp re-lays them out as fragments through its own slice of
+// shared memory. A lane is (row r = lane % 16, unit h = lane / 16 of the warp's slot pair).
+constexpr int WARP_SLOTS = 2;                    // slots per warp
+constexpr int PAIR_WARPS = SLOTS / WARP_SLOTS;   // warps per part
+// A row's two units plus 4 words: the fragment reads of a warp (row g, word tq) fall on bank
+// 28 g + tq mod 32, all different.
+constexpr int STAGE_ROW_WORDS = WARP_SLOTS * UNIT_WORDS + 4;
+constexpr int STAGE_WORDS = 16 * STAGE_ROW_WORDS;
+
+// Q6_K and the K-quants apply the activations' 16-sums (their zero points); Q8_0 and IQ4_XS do not.
+__host__ __device__ constexpr bool uses_sums(int type) { return type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K; }
+
+// One group's activation operands for the warp's two units: the B fragments of each n-tile's
+// token g, and the C columns' (tokens 2 tq, 2 tq + 1) scales and 16-sums.
+template <int NTILES>
+struct ActLoads {
+    uint32_t x[WARP_SLOTS][NTILES][2];
+    float dx[WARP_SLOTS][NTILES][2];
+    uint32_t sums[WARP_SLOTS][NTILES][2];  // the unit's two 16-sums, int16 each
+};
+
+// Per-thread activation offsets (tokens past T clamped to the last: values nobody stores).
+template <int NTILES>
+struct ActOffsets {
+    int64_t x[NTILES];      // token g's activations, at element 4 tq
+    int dx[NTILES][2];      // the C columns' tokens' first scale
+    int sums[NTILES][2];    // and first 16-sum
+};
+
+template <int TYPE, int NTILES>
+__device__ __forceinline__ void fetch_acts(const MmaArgs &p, const ActOffsets<NTILES> &o, int u0, ActLoads<NTILES> &l) {
+    constexpr int units_per_block = act_block_of(TYPE) / 32;  // a compile-time divisor
+#pragma unroll
+    for (int h = 0; h < WARP_SLOTS; ++h) {
+        const int u = u0 + h;
+#pragma unroll
+        for (int j = 0; j < NTILES; ++j) {
+            const int8_t *xp = p.xq + o.x[j] + 32 * u;
+            l.x[h][j][0] = *reinterpret_cast<const uint32_t *>(xp);
+            l.x[h][j][1] = *reinterpret_cast<const uint32_t *>(xp + 16);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                l.dx[h][j][c] = p.xd[o.dx[j][c] + u / units_per_block];
+                if constexpr (uses_sums(TYPE))
+                    l.sums[h][j][c] = *reinterpret_cast<const uint32_t *>(p.xs + o.sums[j][c] + 2 * u);
+            }
+        }
+    }
+}
+
+// acc[h] += the staged unit h of the pair for the tile's 16 rows and the tokens.
+template <int TYPE, int NTILES>
+__device__ __forceinline__ void multiply_staged(const uint32_t *stage, const ActLoads<NTILES> &l, int h, int g, int tq,
+                                                float (&acc)[NTILES][4]) {
+    const uint32_t *ra = stage + g * STAGE_ROW_WORDS + UNIT_WORDS * h, *rb = ra + 8 * STAGE_ROW_WORDS;
+    const UnitScales sa = reinterpret_cast<const Unit *>(ra)->s, sb = reinterpret_cast<const Unit *>(rb)->s;
+    const uint32_t a0 = ra[tq], a1 = rb[tq], a2 = ra[tq + 4], a3 = rb[tq + 4];
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j) {
+        int lo[4], hi[4] = {0, 0, 0, 0};
+        if constexpr (TYPE == GGML_Q6_K) {
+            mma_k16(a0, a1, l.x[h][j][0], lo);
+            mma_k16(a2, a3, l.x[h][j][1], hi);
+        } else {
+            mma_k32(a0, a1, a2, a3, l.x[h][j][0], l.x[h][j][1], lo);
+        }
+        int sum_lo[2] = {0, 0}, sum_hi[2] = {0, 0};
+        if constexpr (uses_sums(TYPE)) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) sum_lo[c] = int16_t(l.sums[h][j][c] & 0xFFFF), sum_hi[c] = int16_t(l.sums[h][j][c] >> 16);
+        }
+        apply_frag<TYPE>(lo, hi, sa, sb, l.dx[h][j], sum_lo, sum_hi, acc[j]);
+    }
+}
+
+template <int TYPE, int NTILES, int UNROLL, int PARTS>
+__global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kernel(MmaArgs p) {
+    __shared__ __align__(16) uint32_t stages[PAIR_WARPS * PARTS][STAGE_WORDS];
+    __shared__ float red[PARTS][SLOTS][4][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp % PAIR_WARPS, part = warp / PAIR_WARPS;
+    const int g = lane / 4, tq = lane % 4;  // fragment coordinates: groupID, thread in group
+    const int r = lane % 16, h = lane / 16; // what this lane fetches: row r, unit h of the pair
+    const int64_t r0 = int64_t(blockIdx.x) * 16;
+    const int t0 = blockIdx.y * MMA_NTILE * NTILES;
+    uint32_t *stage = stages[warp];
+
+    const int64_t row = min(r0 + r, p.rows.n_out() - 1);  // rows past n_out: computed, not stored
+    const int seg = p.rows.find(row);
+    const uint8_t *wr = p.rows.w[seg] + (row - p.rows.start(seg)) * p.row_bytes;
+    ActOffsets<NTILES> o;
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j) {  // offsets: T * n_in < 2^31 (launcher)
+        o.x[j] = int64_t(min(t0 + MMA_NTILE * j + g, p.T - 1)) * p.n_in + 4 * tq;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int tok = min(t0 + MMA_NTILE * j + 2 * tq + c, p.T - 1);
+            o.dx[j][c] = tok * (p.n_in / act_block_of(TYPE));
+            o.sums[j][c] = tok * (p.n_in / 16);
+        }
+    }
+    float acc[WARP_SLOTS][NTILES][4];
+#pragma unroll
+    for (int s = 0; s < WARP_SLOTS; ++s)
+#pragma unroll
+        for (int j = 0; j < NTILES; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[s][j][c] = 0.f;
+
+    const int n_units = p.n_in / 32, n_groups = (n_units + SLOTS - 1) / SLOTS;
+    const int k_begin = part_begin(part, n_groups, PARTS), k_end = part_begin(part + 1, n_groups, PARTS);
+    const int slot = WARP_SLOTS * pair + h;  // this lane's unit in each group
+    const Codebook cb = load_codebook();
+    RawUnit<TYPE> raw[UNROLL];
+#pragma unroll
+    for (int i = 0; i < UNROLL; ++i) {
+        const int k = k_begin + i;
+        if (k < k_end && SLOTS * k + slot < n_units) fetch_group_unit<TYPE>(wr + int64_t(group_bytes(TYPE)) * k, slot, raw[i]);
+    }
+    ActLoads<NTILES> acts;
+    if (k_begin < k_end) fetch_acts<TYPE>(p, o, SLOTS * k_begin + WARP_SLOTS * pair, acts);
+    for (int k0 = k_begin; k0 < k_end; k0 += UNROLL) {
+#pragma unroll
+        for (int i = 0; i < UNROLL; ++i) {
+            const int k = k0 + i;
+            if (k >= k_end) break;
+            Unit un{};
+            if (SLOTS * k + slot < n_units) decode_unit<TYPE>(raw[i], SLOTS * k + slot, cb, un);
+            const int kn = k + UNROLL;
+            if (kn < k_end && SLOTS * kn + slot < n_units)
+                fetch_group_unit<TYPE>(wr + int64_t(group_bytes(TYPE)) * kn, slot, raw[i]);
+            uint4 *dst = reinterpret_cast<uint4 *>(stage + r * STAGE_ROW_WORDS + UNIT_WORDS * h);
+            const uint4 *src = reinterpret_cast<const uint4 *>(&un);
+            dst[0] = src[0], dst[1] = src[1], dst[2] = src[2];
+            const ActLoads<NTILES> cur = acts;
+            if (k + 1 < k_end) fetch_acts<TYPE>(p, o, SLOTS * (k + 1) + WARP_SLOTS * pair, acts);
+            __syncwarp();
+#pragma unroll
+            for (int s = 0; s < WARP_SLOTS; ++s)  // warp-uniform: a last group may end mid-pair
+                if (SLOTS * k + WARP_SLOTS * pair + s < n_units) multiply_staged<TYPE>(stage, cur, s, g, tq, acc[s]);
+            __syncwarp();  // the next store overwrites the stage
+        }
+    }
+
+    // slot_tree over the block's eight slots of each part, then the parts left to right: one
+    // n-tile at a time through shared memory (every thread takes part).
+    for (int j = 0; j < NTILES; ++j) {
+        __syncthreads();  // the previous n-tile's sums are read
+#pragma unroll
+        for (int s = 0; s < WARP_SLOTS; ++s)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) red[part][WARP_SLOTS * pair + s][c][lane] = acc[s][j][c];
+        __syncthreads();
+        for (int e = threadIdx.x; e < 4 * 32; e += blockDim.x) {
+            const int c = e / 32, l = e % 32;  // C fragment element c at lane l
+            float total = 0.f;
+#pragma unroll
+            for (int q = 0; q < PARTS; ++q) {
+                float v[SLOTS];
+#pragma unroll
+                for (int s = 0; s < SLOTS; ++s) v[s] = red[q][s][c][l];
+                total = q == 0 ? slot_tree(v) : total + slot_tree(v);
+            }
+            const int64_t out_row = r0 + l / 4 + (c < 2 ? 0 : 8);
+            const int tok = t0 + MMA_NTILE * j + 2 * (l % 4) + c % 2;
+            if (out_row < p.rows.n_out() && tok < p.T) {
+                const int os = p.rows.find(out_row);
+                p.rows.y[os][int64_t(tok) * p.rows.ldy[os] + out_row - p.rows.start(os)] = total;
+            }
+        }
+    }
+}
+
+struct FragLaunch {
+    cudaStream_t stream;
+    int64_t n_in;
+    const RowSegments &rows;
+    const ActScratch &a;
+    int T;
+
+    template <int TYPE, int NTILES, int UNROLL, int PARTS>
+    void launch_with() const {
+        const int toks = MMA_NTILE * NTILES;
+        const dim3 grid(unsigned((rows.n_out() + 15) / 16), unsigned((T + toks - 1) / toks));
+        const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T};
+        matmul_mma_frag_kernel<TYPE, NTILES, UNROLL, PARTS><<<grid, PAIR_WARPS * 32 * PARTS, 0, stream>>>(p);
+        LUCE_GPU_LAUNCHED();
+    }
+
+    // Units in flight per lane as the dp4a kernel's decode: four, two for the large raw units of
+    // the K-quants and Q6_K. Rows of several parts put each part on its own four warps.
+    template <int TYPE, int NTILES>
+    void launch() const {
+        constexpr int UNROLL = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 2;
+        switch (row_parts(int(n_in))) {
+        case 1: return launch_with<TYPE, NTILES, UNROLL, 1>();
+        case 2: return launch_with<TYPE, NTILES, UNROLL, 2>();
+        default: return launch_with<TYPE, NTILES, UNROLL, MAX_PARTS>();
+        }
+    }
+
+    template <int TYPE>
+    void operator()() const {
+        if constexpr (act_block_of(TYPE) == 0) {
+            fail(LUCE_ERR_INTERNAL, "mma matmul called for float type %d", TYPE);
+        } else {
+            if (T <= 8) launch<TYPE, 1>();
+            else if (T <= 16) launch<TYPE, 2>();
+            else launch<TYPE, 4>();
+        }
+    }
+};
+
+}  // namespace
+
+// From the kernel bench of an H200 (2026-12-04, gpu_check's "Matmul kernels", fragment vs
+// staged kernel): IQ4_XS faster at 8 tokens (17408x5120 53 vs 59 us, 5120x17408 63 vs 74) and
+// 17-32 (107 vs 117, 130 vs 175), at 9-16 only on rows of several parts (79 vs 89; 17408x5120:
+// 75 vs 65); Q6_K and Q5_K slower (their raw units are large: two in flight per lane).
+bool mma_frag_serves(int type, int64_t n_in, int T) {
+    if (type != GGML_IQ4_XS || T > MMA_FRAG_MAX_TOKENS) return false;
+    return T <= 8 || T > 16 || row_parts(int(n_in)) > 1;
+}
+
+void matmul_mma_frag(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a) {
+    const int block = act_block_of(type);
+    if (block == 0 || n_in % block != 0 || n_in > INT32_MAX || T < 1 || T > MMA_FRAG_MAX_TOKENS || int64_t(T) * n_in > INT32_MAX || rows.n < 1)
+        fail(LUCE_ERR_INTERNAL, "matmul_mma_frag: type %d, n_in %lld, T %d", type, (long long)n_in, T);
+    FragLaunch launch{stream, n_in, rows, a, T};
+    if (!dispatch_type(type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU matmul for ggml type %d", type);
+}
+
+#else  // HIP keeps the dp4a kernel (matmul_int8.cu)
+
+bool mma_frag_serves(int, int64_t, int) { return false; }
+
+void matmul_mma_frag(cudaStream_t, int type, int64_t, const RowSegments &, int, const ActScratch &) {
+    fail(LUCE_ERR_UNSUPPORTED, "matmul_mma_frag: no tensor-core int8 matmul on HIP (type %d)", type);
+}
+
+#endif
+
+}  // namespace luce::gpu
