@@ -165,17 +165,31 @@ __device__ __forceinline__ void mma_group(const uint32_t *smem, int u, int slot,
             const uint32_t *ra = smem + (16 * m + g) * ROW_WORDS + UNIT_WORDS * slot;
             const uint32_t *rb = ra + 8 * ROW_WORDS;
             int lo[4], hi[4];
-            if constexpr (TYPE == GGML_Q6_K) {
-                mma_k16(ra[tq], rb[tq], b0, lo);
-                mma_k16(ra[tq + 4], rb[tq + 4], b1, hi);
-            } else {
-                mma_k32(ra[tq], rb[tq], ra[tq + 4], rb[tq + 4], b0, b1, lo);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) hi[c] = 0;
-            }
+            mma_unit<TYPE>(ra[tq], rb[tq], ra[tq + 4], rb[tq + 4], b0, b1, lo, hi);
             apply_frag<TYPE>(lo, hi, reinterpret_cast<const Unit *>(ra)->s, reinterpret_cast<const Unit *>(rb)->s, dx,
                              sum_lo, sum_hi, acc[m][j]);
         }
+    }
+}
+
+// slot_tree across the block's eight warps (warp slot s holds slot s's partials, same fragment
+// positions in every warp): ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), each step adding
+// the upper warps' partials into the lower ones through `red` (4 * F * 32 floats per part); slot
+// 0's v holds the result. Every thread of the block must call it.
+template <int F>
+__device__ __forceinline__ void slot_tree_warps(float (&v)[F], float *red, int slot, int lane) {
+#pragma unroll
+    for (int width = 4; width >= 1; width /= 2) {
+        if (slot >= width && slot < 2 * width) {
+#pragma unroll
+            for (int f = 0; f < F; ++f) red[((slot - width) * F + f) * 32 + lane] = v[f];
+        }
+        __syncthreads();
+        if (slot < width) {
+#pragma unroll
+            for (int f = 0; f < F; ++f) v[f] += red[(slot * F + f) * 32 + lane];
+        }
+        __syncthreads();
     }
 }
 
@@ -209,13 +223,7 @@ __global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
     const int n_units = p.n_in / 32, n_groups = (n_units + SLOTS - 1) / SLOTS;
     const int parts = PARTED ? row_parts(p.n_in) : 1;
 
-    float acc[MT][NTILES][4];
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int j = 0; j < NTILES; ++j)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[m][j][c] = 0.f;
+    float acc[MT][NTILES][4] = {};
 
     // One group's loads in flight while the previous one is multiplied, in one register set: on
     // an H200 (2026-12-03) keeping two or four groups in flight cost registers (95 / 126 against
@@ -249,14 +257,8 @@ __global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
 #pragma unroll
         for (int j = 0; j < NTILES; ++j)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int64_t row = r0 + 16 * m + g + (c < 2 ? 0 : 8);
-                const int tok = t0 + MMA_NTILE * j + 2 * tq + c % 2;
-                if (row < p.rows.n_out() && tok < p.T) {
-                    const int seg = p.rows.find(row);
-                    p.rows.y[seg][int64_t(tok) * p.rows.ldy[seg] + row - p.rows.start(seg)] = acc[m][j][c];
-                }
-            }
+            for (int c = 0; c < 4; ++c)  // C fragment: row g (c < 2) or g + 8, token 2 tq + c % 2
+                store_output(p, r0 + 16 * m + g + (c < 2 ? 0 : 8), t0 + MMA_NTILE * j + 2 * tq + c % 2, acc[m][j][c]);
 }
 
 struct MmaLaunch {

@@ -90,13 +90,8 @@ __device__ __forceinline__ void multiply_staged(const uint32_t *stage, const Act
     const uint32_t a0 = ra[tq], a1 = rb[tq], a2 = ra[tq + 4], a3 = rb[tq + 4];
 #pragma unroll
     for (int j = 0; j < NTILES; ++j) {
-        int lo[4], hi[4] = {0, 0, 0, 0};
-        if constexpr (TYPE == GGML_Q6_K) {
-            mma_k16(a0, a1, l.x[h][j][0], lo);
-            mma_k16(a2, a3, l.x[h][j][1], hi);
-        } else {
-            mma_k32(a0, a1, a2, a3, l.x[h][j][0], l.x[h][j][1], lo);
-        }
+        int lo[4], hi[4];
+        mma_unit<TYPE>(a0, a1, a2, a3, l.x[h][j][0], l.x[h][j][1], lo, hi);
         int sum_lo[2] = {0, 0}, sum_hi[2] = {0, 0};
         if constexpr (uses_sums(TYPE)) {
 #pragma unroll
@@ -131,13 +126,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
             o.sums[j][c] = tok * (p.n_in / 16);
         }
     }
-    float acc[WARP_SLOTS][NTILES][4];
-#pragma unroll
-    for (int s = 0; s < WARP_SLOTS; ++s)
-#pragma unroll
-        for (int j = 0; j < NTILES; ++j)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[s][j][c] = 0.f;
+    float acc[WARP_SLOTS][NTILES][4] = {};
 
     const int n_units = p.n_in / 32, n_groups = (n_units + SLOTS - 1) / SLOTS;
     const int k_begin = part_begin(part, n_groups, PARTS), k_end = part_begin(part + 1, n_groups, PARTS);
@@ -193,12 +182,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
                 for (int s = 0; s < SLOTS; ++s) v[s] = red[q][s][c][l];
                 total = q == 0 ? slot_tree(v) : total + slot_tree(v);
             }
-            const int64_t out_row = r0 + l / 4 + (c < 2 ? 0 : 8);
-            const int tok = t0 + MMA_NTILE * j + 2 * (l % 4) + c % 2;
-            if (out_row < p.rows.n_out() && tok < p.T) {
-                const int os = p.rows.find(out_row);
-                p.rows.y[os][int64_t(tok) * p.rows.ldy[os] + out_row - p.rows.start(os)] = total;
-            }
+            store_output(p, r0 + l / 4 + (c < 2 ? 0 : 8), t0 + MMA_NTILE * j + 2 * (l % 4) + c % 2, total);
         }
     }
 }
@@ -219,8 +203,9 @@ struct FragLaunch {
         LUCE_GPU_LAUNCHED();
     }
 
-    // Units in flight per lane as the dp4a kernel's decode: four, two for the large raw units of
-    // the K-quants and Q6_K. Rows of several parts put each part on its own four warps.
+    // Units in flight per lane: four, two for the large raw units of the K-quants and Q6_K (for
+    // IQ4_XS, two and eight measured within 10% of four, neither better throughout: H200,
+    // 2026-12-04). Rows of several parts put each part on its own four warps.
     template <int TYPE, int NTILES>
     void launch() const {
         constexpr int UNROLL = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 2;

@@ -1,7 +1,7 @@
 // mma_int8.cuh — what the two tensor-core int8 matmuls share (matmul_mma.cu stages 256-element
-// column groups through shared memory, for prefill widths; matmul_mma_frag.cu loads each thread's
-// fragment straight from memory, for verify widths): the mma instructions and int8_units.cuh's
-// summation order across warps. CUDA sm_80+ only; HIP keeps the dp4a kernel.
+// column groups per block, for prefill widths; matmul_mma_frag.cu stages each warp's own units,
+// for verify widths): the launch arguments, the mma of one staged unit, the scales applied to its
+// C fragments, and the output store. CUDA sm_80+ only; HIP keeps the dp4a kernel.
 #pragma once
 
 #include "int8_units.cuh"
@@ -52,6 +52,23 @@ __device__ __forceinline__ void mma_k16(uint32_t a0, uint32_t a1, uint32_t b0, i
 #endif
 }
 
+// The integer dots of one unit for 16 rows x 8 tokens: A = the rows' fragment words (a0, a1:
+// elements 4 tq.. of rows g, g + 8; a2, a3: elements 16 + 4 tq..), B = the token's (b0, b1).
+// Q6_K keeps each 16-element half's dot apart (lo, hi) for its two sub-scales; the other types
+// leave hi at zero.
+template <int TYPE>
+__device__ __forceinline__ void mma_unit(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
+                                         int (&lo)[4], int (&hi)[4]) {
+    if constexpr (TYPE == GGML_Q6_K) {
+        mma_k16(a0, a1, b0, lo);
+        mma_k16(a2, a3, b1, hi);
+    } else {
+        mma_k32(a0, a1, a2, a3, b0, b1, lo);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) hi[c] = 0;
+    }
+}
+
 // acc (C fragments: row g or g + 8 of the tile, tokens 2 tq, 2 tq + 1) += one unit's integer
 // dots for the rows' scales a (row g) and b (row g + 8) and the two tokens' dx and 16-sums.
 template <int TYPE>
@@ -63,24 +80,12 @@ __device__ __forceinline__ void apply_frag(const int (&lo)[4], const int (&hi)[4
         acc[c] = apply_dots<TYPE>(c < 2 ? a : b, lo[c], hi[c], dx[c % 2], sum_lo[c % 2], sum_hi[c % 2], acc[c]);
 }
 
-// slot_tree across the eight warps of one part (warp slot s holds slot s's partials, same fragment
-// positions in every warp): ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), each step adding
-// the upper warps' partials into the lower ones through `red` (4 * F * 32 floats per part); slot
-// 0's v holds the result. Every thread of the block must call it.
-template <int F>
-__device__ __forceinline__ void slot_tree_warps(float (&v)[F], float *red, int slot, int lane) {
-#pragma unroll
-    for (int width = 4; width >= 1; width /= 2) {
-        if (slot >= width && slot < 2 * width) {
-#pragma unroll
-            for (int f = 0; f < F; ++f) red[((slot - width) * F + f) * 32 + lane] = v[f];
-        }
-        __syncthreads();
-        if (slot < width) {
-#pragma unroll
-            for (int f = 0; f < F; ++f) v[f] += red[(slot * F + f) * 32 + lane];
-        }
-        __syncthreads();
+
+// y[token][row] = v for an output inside the launch (rows past n_out, tokens past T: padding).
+__device__ __forceinline__ void store_output(const MmaArgs &p, int64_t row, int tok, float v) {
+    if (row < p.rows.n_out() && tok < p.T) {
+        const int seg = p.rows.find(row);
+        p.rows.y[seg][int64_t(tok) * p.rows.ldy[seg] + row - p.rows.start(seg)] = v;
     }
 }
 
