@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -131,3 +132,39 @@ def test_bad_luce_gpu_value_stops_configure(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "LUCE_GPU must be auto, cuda, hip or off (got 'metal')" in proc.stderr
+
+
+def _kernels(source: str):
+    """(name, parameter names, body) of every __global__ function in a CUDA/HIP source."""
+    for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(", source):
+        i, depth = m.end(), 1
+        while depth:  # past the parameter list
+            depth += {"(": 1, ")": -1}.get(source[i], 0)
+            i += 1
+        params = [re.findall(r"\w+", p)[-1] for p in source[m.end():i - 1].split(",") if p.strip()]
+        start = source.index("{", i) + 1
+        i, depth = start, 1
+        while depth:
+            depth += {"{": 1, "}": -1}.get(source[i], 0)
+            i += 1
+        yield m.group(1), params, source[start:i - 1]
+
+
+def test_every_kernel_waits_for_its_inputs_before_anything_else():
+    """Programmatic dependent launch (gpu_compat.h) lets a kernel start while the one before it
+    still runs: a kernel that returned or wrote through one of its parameters before
+    wait_for_inputs() would race its predecessor on the GPU. Checked on the sources, since CI has
+    no GPU to show the race (tools/gpu_check.py shows the results are right on an H200)."""
+    kernels = {}
+    for path in sorted((REPO / "native" / "gpu").glob("*.cu")):
+        for name, params, body in _kernels(path.read_text()):
+            kernels[f"{path.name}:{name}"] = params, body
+    assert len(kernels) >= 30, sorted(kernels)  # every op family's kernels were found
+    for where, (params, body) in kernels.items():
+        head, sep, _ = body.partition("wait_for_inputs();")
+        assert sep, f"{where} never calls wait_for_inputs()"
+        code = re.sub(r"//[^\n]*", "", head)
+        assert not re.search(r"\breturn\b", code), f"{where} may return before wait_for_inputs()"
+        for name in params:  # p[i] = ..., p.y[i] = ..., *p = ..., p->f = ...
+            store = rf"\b{name}(\.[\w.]+)?\s*\[[^;]*\]\s*=[^=]|(^|[;{{(\s])\*\s*{name}\s*=[^=]|\b{name}\s*->\s*\w+\s*=[^=]"
+            assert not re.search(store, code), f"{where} writes through {name} before wait_for_inputs()"

@@ -511,16 +511,18 @@ GRAPH_STEPS = 24  # one-token steps compared between graph replay and eager laun
 
 
 def check_graphs(path: Path, dut: str, threads: int) -> dict:
-    """Step graphs (the default) against eager launches (LUCE_GPU_GRAPHS=0) on one fixture model: the logits of
-    a prefill and GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the
-    tokens of a greedy generation (the device-argmax path)."""
+    """Step graphs (the default) against eager launches (LUCE_GPU_GRAPHS=0), each with programmatic
+    dependent launch (the default on sm_90+), against eager launches without it (LUCE_GPU_PDL=0,
+    every kernel waiting for the whole previous one) on one fixture model: the logits of a prefill
+    and GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the tokens of a
+    greedy generation (the device-argmax path)."""
     import numpy as np
 
     from luce import Engine
     from luce.binding import check, ffi, lib
 
-    def run(graphs: str):
-        with env(LUCE_GPU_GRAPHS=graphs):
+    def run(graphs: str, pdl: str = "1"):
+        with env(LUCE_GPU_GRAPHS=graphs, LUCE_GPU_PDL=pdl):
             eng = Engine(path, device=dut, threads=threads)
         try:
             L, session, V = lib(), eng._session, eng.info.n_vocab
@@ -538,27 +540,29 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
         finally:
             eng.close()
 
+    serial_rows, serial_tokens = run("0", pdl="0")
     eager_rows, eager_tokens = run("0")
     graph_rows, graph_tokens = run("1")
-    diff = np.argwhere(eager_rows != graph_rows)
+    diff = np.argwhere((eager_rows != graph_rows) | (serial_rows != graph_rows))
     res = {"model": path.name, "steps": GRAPH_STEPS, "identical_logits": not len(diff),
-           "max_abs": float(np.abs(eager_rows - graph_rows).max()),
+           "max_abs": float(max(np.abs(eager_rows - graph_rows).max(), np.abs(serial_rows - graph_rows).max())),
            "first_diff": diff[0].tolist() if len(diff) else None,
-           "identical_tokens": eager_tokens == graph_tokens}
+           "identical_tokens": serial_tokens == eager_tokens == graph_tokens}
     res["ok"] = res["identical_logits"] and res["identical_tokens"]
     return res
 
 
-def bench_eager_decode(path: Path, dut: str, threads: int, deadline: float) -> dict | str:
-    """Plain greedy decode of the bench model with step graphs off (LUCE_GPU_GRAPHS=0): what the
-    graphs of the main decode bench save."""
+def bench_decode_with(path: Path, dut: str, threads: int, deadline: float, **switches: str) -> dict | str:
+    """Plain greedy decode of the bench model with these switches (docs/gpu.md), e.g. step graphs off
+    (LUCE_GPU_GRAPHS=0) or programmatic dependent launch off (LUCE_GPU_PDL=0): what the main
+    decode bench gains from each."""
     import numpy as np
 
     from luce import Engine
 
     if time.perf_counter() > deadline:
         return "skipped: time budget"
-    with env(LUCE_GPU_GRAPHS="0"):
+    with env(**switches):
         eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
     try:
         ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 16).astype(np.int32)
@@ -776,10 +780,11 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
         res["device_memory_used_mib"] = device_memory_used_mib()
     finally:
         eng.close()
-    try:
-        res["decode_eager"] = bench_eager_decode(path, dut, threads, deadline)
-    except Exception as e:
-        res["decode_eager"] = f"error: {type(e).__name__}: {e}"
+    for key, switches in (("decode_eager", {"LUCE_GPU_GRAPHS": "0"}), ("decode_no_pdl", {"LUCE_GPU_PDL": "0"})):
+        try:
+            res[key] = bench_decode_with(path, dut, threads, deadline, **switches)
+        except Exception as e:
+            res[key] = f"error: {type(e).__name__}: {e}"
     if profile_path is not None and dut == "gpu" and time.perf_counter() < deadline:
         res["profile"] = profile_steps(path, threads, ids, profile_path)
     return res
@@ -1090,7 +1095,8 @@ def write_report(out: Path, report: dict) -> None:
                      f"{'ok' if c['ok'] else 'FAIL'} |")
     g = report.get("graphs")
     if g:
-        lines.append(f"\n- step graphs (default) vs eager (LUCE_GPU_GRAPHS=0), {g.get('model')}: " + (
+        lines.append(f"\n- step graphs (default) vs eager (LUCE_GPU_GRAPHS=0) vs eager without programmatic "
+                     f"dependent launch (LUCE_GPU_PDL=0), {g.get('model')}: " + (
             f"error: {g['error']}" if "error" in g else
             f"logits of prefill + {g['steps']} one-token steps bitwise identical: {g['identical_logits']} "
             f"(max abs diff {g['max_abs']:.2e}, first diff {g['first_diff']}); greedy tokens identical: "
@@ -1141,10 +1147,12 @@ def write_report(out: Path, report: dict) -> None:
         if d:
             lines.append(f"- decode (step graphs): {d['tok_s']:.1f} tok/s, {d['ms_per_token']:.2f} ms/token"
                          + (f", {100 * d['fraction_of_floor']:.0f}% of the floor" if "fraction_of_floor" in d else ""))
-        dg = b.get("decode_eager")
-        if dg:
-            lines.append("- decode without step graphs (LUCE_GPU_GRAPHS=0): " + (
-                f"{dg['tok_s']:.1f} tok/s, {dg['ms_per_token']:.2f} ms/token" if isinstance(dg, dict) else dg))
+        for key, what in (("decode_eager", "without step graphs (LUCE_GPU_GRAPHS=0)"),
+                          ("decode_no_pdl", "without programmatic dependent launch (LUCE_GPU_PDL=0)")):
+            dg = b.get(key)
+            if dg:
+                lines.append(f"- decode {what}: " + (
+                    f"{dg['tok_s']:.1f} tok/s, {dg['ms_per_token']:.2f} ms/token" if isinstance(dg, dict) else dg))
         for n, p in (b.get("prefill") or {}).items():
             lines.append(f"- prefill {n}: " + (f"{p['tok_s']:.0f} tok/s ({p['seconds']:.2f} s)" if isinstance(p, dict) else p))
         if b.get("verify"):

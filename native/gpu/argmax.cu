@@ -17,6 +17,7 @@ __device__ __forceinline__ bool better(float v, int64_t i, float best_v, int64_t
 }
 
 __global__ void argmax_kernel(const float *x, int64_t n, int32_t *result) {
+    wait_for_inputs();
     __shared__ float sv[ARGMAX_THREADS];
     __shared__ int64_t si[ARGMAX_THREADS];
     float best_v = -INFINITY;
@@ -42,8 +43,7 @@ __global__ void argmax_kernel(const float *x, int64_t n, int32_t *result) {
 // ---- launchers ---------------------------------------------------------------------------------
 
 void argmax(cudaStream_t stream, const float *x, int64_t n, int32_t *result) {
-    argmax_kernel<<<1, ARGMAX_THREADS, 0, stream>>>(x, n, result);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(argmax_kernel, 1, ARGMAX_THREADS, 0, stream, x, n, result);
 }
 
 }  // namespace luce::gpu

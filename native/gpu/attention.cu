@@ -24,6 +24,7 @@ namespace {
 // One thread per (t, h, i < n_rot/2): rotates the pair (i, i + n_rot/2).
 __global__ void rope_neox_kernel(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
                                  float theta) {
+    wait_for_inputs();
     const int half = n_rot / 2;
     const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (idx >= int64_t(T) * n_head * half) return;
@@ -43,6 +44,7 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int T, int n_head
 // One thread per (t, h, d): cache[h][pos[t]][d] = k[t][h][d] (and v).
 __global__ void kv_store_kernel(float *kc, float *vc, int n_ctx, const float *k, const float *v,
                                 const int32_t *pos, int T, int n_head_kv, int head_dim) {
+    wait_for_inputs();
     const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (idx >= int64_t(T) * n_head_kv * head_dim) return;
     const int d = int(idx % head_dim);
@@ -88,6 +90,7 @@ __device__ __forceinline__ void attend_keys(const float *qh, float *sq, const fl
 __global__ void attention_kernel(const float *q, const float *kc, const float *vc, int n_ctx,
                                  const int32_t *pos, const uint8_t *mask, int n_head, int group,
                                  int head_dim, float scale, float *out) {
+    wait_for_inputs();
     extern __shared__ float smem[];
     const int h = blockIdx.x, t = blockIdx.y, D = head_dim;
     const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize, W = blockDim.x / warpSize;
@@ -123,6 +126,7 @@ __global__ void attention_kernel(const float *q, const float *kc, const float *v
 __global__ void attention_split_kernel(const float *q, const float *kc, const float *vc, int n_ctx,
                                        const int32_t *pos, const uint8_t *mask, int n_head, int group,
                                        int head_dim, float scale, int chunk, float *part) {
+    wait_for_inputs();
     extern __shared__ float smem[];
     const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z, n_split = gridDim.z, D = head_dim;
     const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize, W = blockDim.x / warpSize;
@@ -157,6 +161,7 @@ __global__ void attention_split_kernel(const float *q, const float *kc, const fl
 
 // Second pass: block (h, t) merges its n_split partials exactly as the warps were merged.
 __global__ void attention_merge_kernel(const float *part, int n_split, int n_head, int head_dim, float *out) {
+    wait_for_inputs();
     const int h = blockIdx.x, t = blockIdx.y, D = head_dim;
     const float *src = part + (int64_t(t) * n_head + h) * n_split * (D + 2);
     float M = -INFINITY;
@@ -190,8 +195,8 @@ void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_h
                int n_rot, float theta) {
     const int64_t n = int64_t(T) * n_head * (n_rot / 2);
     if (n < 1) return;
-    rope_neox_kernel<<<blocks_for(n), ELEMENT_THREADS, 0, stream>>>(x, pos, T, n_head, head_dim, n_rot, theta);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(rope_neox_kernel, blocks_for(n), ELEMENT_THREADS, 0, stream, x, pos, T, n_head, head_dim, n_rot,
+                  theta);
 }
 
 // The GPU kernels read an f32 cache only so far; the f16 cache is a CPU-backend option.
@@ -204,10 +209,8 @@ void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, 
     const int64_t n = int64_t(T) * n_head_kv * head_dim;
     if (n < 1) return;
     require_f32_cache(kv);
-    kv_store_kernel<<<blocks_for(n), ELEMENT_THREADS, 0, stream>>>(static_cast<float *>(kv.k),
-                                                                    static_cast<float *>(kv.v), kv.n_ctx, k, v, pos, T,
-                                                                    n_head_kv, head_dim);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(kv_store_kernel, blocks_for(n), ELEMENT_THREADS, 0, stream, static_cast<float *>(kv.k),
+                  static_cast<float *>(kv.v), kv.n_ctx, k, v, pos, T, n_head_kv, head_dim);
 }
 
 // Splits over the KV length: chunks of at least SPLIT_MIN_KEYS keys, and about SPLIT_TARGET_BLOCKS
@@ -249,18 +252,15 @@ void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv,
         const int chunk = (kv.n_ctx + n_split - 1) / n_split;
         auto *part = static_cast<float *>(scratch);
         const dim3 grid{unsigned(n_head), unsigned(T), unsigned(n_split)};
-        attention_split_kernel<<<grid, ATTENTION_THREADS, shared, stream>>>(q, kc, vc, kv.n_ctx, pos, mask, n_head,
-                                                                            group, head_dim, scale, chunk, part);
-        LUCE_GPU_LAUNCHED();
-        attention_merge_kernel<<<dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, 0, stream>>>(
-            part, n_split, n_head, head_dim, out);
-        LUCE_GPU_LAUNCHED();
+        launch_kernel(attention_split_kernel, grid, ATTENTION_THREADS, shared, stream, q, kc, vc, kv.n_ctx, pos, mask,
+                      n_head, group, head_dim, scale, chunk, part);
+        launch_kernel(attention_merge_kernel, dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, 0, stream, part,
+                      n_split, n_head, head_dim, out);
         return;
     }
     const dim3 grid{unsigned(n_head), unsigned(T)};
-    attention_kernel<<<grid, ATTENTION_THREADS, shared, stream>>>(q, kc, vc, kv.n_ctx, pos, mask, n_head, group,
-                                                                  head_dim, scale, out);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(attention_kernel, grid, ATTENTION_THREADS, shared, stream, q, kc, vc, kv.n_ctx, pos, mask, n_head,
+                  group, head_dim, scale, out);
 }
 
 }  // namespace luce::gpu

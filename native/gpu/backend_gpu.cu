@@ -89,6 +89,10 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     else if (mma && (forced == "mma" || forced == "frag" || forced == "staged")) mma_min_tokens_ = 1;
     mma_kernel_ = forced == "frag" ? MmaKernel::frag : forced == "staged" ? MmaKernel::staged : MmaKernel::by_shape;
     attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
+    // Programmatic dependent launch (gpu_compat.h): Hopper and later, unless LUCE_GPU_PDL=0.
+#if !defined(LUCE_HIP)
+    gpu::dependent_launch = prop.major >= 9 && !env_is("LUCE_GPU_PDL", "0");
+#endif
     delta_registers_ = !env_is("LUCE_GPU_DELTANET_REG", "0");
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
         profile_ = std::make_unique<gpu::OpProfile>(prof);

@@ -41,6 +41,7 @@ __device__ __forceinline__ float tree_tap(const float *x, const float *state, co
 // CONV_TOKEN_LANES tokens (y); the state advances after every thread has read the old one.
 __global__ void conv_silu_kernel(const float *x, float *state, const float *w, int T, int C, int Kc,
                                  float *out, const int32_t *parent) {
+    wait_for_inputs();
     const int S = Kc - 1, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c < C) {
         const float *wc = w + int64_t(c) * Kc;
@@ -73,6 +74,7 @@ __global__ void gated_delta_net_kernel(const float *conv, const float *b, const 
                                        const float *ssm_a, const float *dt_bias, int HK, int HV, int DK,
                                        int DV, float eps, int T, float *state, float *out,
                                        float *state_history, const int32_t *parent) {
+    wait_for_inputs();
     extern __shared__ float smem[];
     float *sq = smem, *sk = smem + DK;
     const int j = blockIdx.x, kh = j % HK;  // tiled GGUF order (spec §3.4 item 5)
@@ -141,6 +143,7 @@ template <int DK, bool HIST>
 __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
         const float *conv, const float *b, const float *a, const float *ssm_a, const float *dt_bias, int HK, int HV,
         int DV, float eps, int T, float *state, float *out, float *state_history, const int32_t *parent) {
+    wait_for_inputs();
     // DK = 32 splits too, so the small check models run the path the 27B runs.
     constexpr int SPLIT = DK >= 32 ? 2 : 1, R = DK / SPLIT;
     __shared__ float sq[DK], sk[DK];
@@ -257,11 +260,11 @@ void launch_reg(cudaStream_t stream, int warp, const float *conv, const float *b
     const int threads = std::min(warp, 64), columns = threads / (DK >= 32 ? 2 : 1);
     const dim3 grid(unsigned(dm.hv), unsigned((dm.dv + columns - 1) / columns));
     if (state_history)
-        gated_delta_net_reg_kernel<DK, true><<<grid, threads, 0, stream>>>(
-            conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dv, dm.eps, T, state, out, state_history, parent);
+        launch_kernel(gated_delta_net_reg_kernel<DK, true>, grid, threads, 0, stream, conv, b, a, ssm_a, dt_bias, dm.hk,
+                      dm.hv, dm.dv, dm.eps, T, state, out, state_history, parent);
     else
-        gated_delta_net_reg_kernel<DK, false><<<grid, threads, 0, stream>>>(
-            conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dv, dm.eps, T, state, out, state_history, nullptr);
+        launch_kernel(gated_delta_net_reg_kernel<DK, false>, grid, threads, 0, stream, conv, b, a, ssm_a, dt_bias,
+                      dm.hk, dm.hv, dm.dv, dm.eps, T, state, out, state_history, nullptr);
 }
 
 // ---- launchers ---------------------------------------------------------------------------------
@@ -277,9 +280,8 @@ void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w
                float *out, const int32_t *parent) {
     if (T < 1 || C < 1) return;
     const dim3 block(CONV_CHANNELS, unsigned(std::min(T, CONV_TOKEN_LANES)));
-    conv_silu_kernel<<<unsigned((C + CONV_CHANNELS - 1) / CONV_CHANNELS), block, 0, stream>>>(x, state, w, T, C, Kc,
-                                                                                             out, parent);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(conv_silu_kernel, unsigned((C + CONV_CHANNELS - 1) / CONV_CHANNELS), block, 0, stream, x, state, w, T,
+                  C, Kc, out, parent);
 }
 
 void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
@@ -296,10 +298,9 @@ void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const flo
     } else {
         const int threads = std::max(DELTA_COLUMNS, warp);
         const dim3 grid(unsigned(dm.hv), unsigned((dm.dv + threads - 1) / threads));
-        gated_delta_net_kernel<<<grid, threads, shared, stream>>>(conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dk,
-                                                                  dm.dv, dm.eps, T, state, out, state_history, parent);
+        launch_kernel(gated_delta_net_kernel, grid, threads, shared, stream, conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv,
+                      dm.dk, dm.dv, dm.eps, T, state, out, state_history, parent);
     }
-    LUCE_GPU_LAUNCHED();
 }
 
 }  // namespace luce::gpu

@@ -32,6 +32,7 @@ unsigned blocks(int64_t n) { return unsigned((n + ELEMENTWISE - 1) / ELEMENTWISE
 
 __global__ void rope_table_kernel(float *x, const int32_t *pos, int T, int n_head, int head_dim,
                                   const float *inv_freq, float mscale) {
+    wait_for_inputs();
     const int half = head_dim / 2;
     const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (idx >= int64_t(T) * n_head * half) return;
@@ -48,6 +49,7 @@ __global__ void rope_table_kernel(float *x, const int32_t *pos, int T, int n_hea
 
 __global__ void dyn_conv_kernel(const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B,
                                 int E, int K, int group, float *out) {
+    wait_for_inputs();
     const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (idx >= int64_t(B) * E) return;
     const int c = int(idx % E), t = int(idx / E), G = E / group;
@@ -59,6 +61,7 @@ __global__ void dyn_conv_kernel(const float *base, const float *dyn, int64_t dyn
 }
 
 __global__ void softcap_kernel(float *x, int64_t n, float mult, float cap) {
+    wait_for_inputs();
     const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (i >= n) return;
     float v = x[i];
@@ -93,6 +96,7 @@ __device__ void block_best(float &v, int64_t &i) {
 }
 
 __global__ void argmax_rows_kernel(const float *x, int64_t n, int32_t *out) {
+    wait_for_inputs();
     const float *row = x + int64_t(blockIdx.x) * n;
     float bv = -INFINITY;
     int64_t bi = -1;
@@ -129,6 +133,7 @@ __device__ void select_k(const float *vals, const int32_t *ids, int64_t base, in
 
 // Pass 1: grid (n_chunk, n_rows); chunk c of row r -> cand [r][c][k].
 __global__ void topk_chunks_kernel(const float *x, int64_t n, int k, int32_t *cand_ids, float *cand_vals) {
+    wait_for_inputs();
     const int64_t c0 = int64_t(blockIdx.x) * TOPK_CHUNK;
     const int64_t len = n - c0 < TOPK_CHUNK ? n - c0 : TOPK_CHUNK;
     const int64_t slot = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * k;
@@ -138,12 +143,14 @@ __global__ void topk_chunks_kernel(const float *x, int64_t n, int k, int32_t *ca
 // Pass 2: one block per row over its n_chunk * k candidates.
 __global__ void topk_merge_kernel(const int32_t *cand_ids, const float *cand_vals, int64_t n_cand, int k,
                                   int32_t *ids, float *vals) {
+    wait_for_inputs();
     const int64_t r = blockIdx.x;
     select_k(cand_vals + r * n_cand, cand_ids + r * n_cand, 0, n_cand, k, ids + r * k, vals + r * k);
 }
 
 __global__ void selector_pairs_kernel(const float *hproj, const float *pred, const float *succ, int n_rows, int k,
                                       int R, float *out) {
+    wait_for_inputs();
     const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (idx >= int64_t(n_rows) * k * k) return;
     const int b = int(idx % k), a = int(idx / k % k), t = int(idx / (int64_t(k) * k));
@@ -155,6 +162,7 @@ __global__ void selector_pairs_kernel(const float *hproj, const float *pred, con
 
 __global__ void confidence_kernel(const float *h, const float *e, const float *w, float b, int E, int R,
                                   float *out) {
+    wait_for_inputs();
     float z = 0.f;
     for (int i = threadIdx.x; i < E + R; i += blockDim.x) z += w[i] * (i < E ? h[i] : e[i - E]);
     z = block_sum(z);
@@ -163,6 +171,7 @@ __global__ void confidence_kernel(const float *h, const float *e, const float *w
 
 __global__ void copy_rows_kernel(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                                  int64_t width) {
+    wait_for_inputs();
     float *d = dst + blockIdx.x * dst_stride;
     const float *s = src + blockIdx.x * src_stride;
     for (int64_t i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
@@ -176,8 +185,7 @@ void rope_table(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_
                 const float *inv_freq, float mscale) {
     const int64_t n = int64_t(T) * n_head * (head_dim / 2);
     if (n < 1) return;
-    rope_table_kernel<<<blocks(n), ELEMENTWISE, 0, stream>>>(x, pos, T, n_head, head_dim, inv_freq, mscale);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(rope_table_kernel, blocks(n), ELEMENTWISE, 0, stream, x, pos, T, n_head, head_dim, inv_freq, mscale);
 }
 
 void dyn_conv(cudaStream_t stream, const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B,
@@ -185,20 +193,17 @@ void dyn_conv(cudaStream_t stream, const float *base, const float *dyn, int64_t 
     const int64_t n = int64_t(B) * E;
     if (n < 1) return;
     if (group < 1 || E % group) fail(LUCE_ERR_INTERNAL, "dyn_conv: group %d does not divide %d", group, E);
-    dyn_conv_kernel<<<blocks(n), ELEMENTWISE, 0, stream>>>(base, dyn, dyn_stride, in, B, E, K, group, out);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(dyn_conv_kernel, blocks(n), ELEMENTWISE, 0, stream, base, dyn, dyn_stride, in, B, E, K, group, out);
 }
 
 void softcap(cudaStream_t stream, float *x, int64_t n, float mult, float cap) {
     if (n < 1 || (mult == 1.f && cap <= 0.f)) return;
-    softcap_kernel<<<blocks(n), ELEMENTWISE, 0, stream>>>(x, n, mult, cap);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(softcap_kernel, blocks(n), ELEMENTWISE, 0, stream, x, n, mult, cap);
 }
 
 void argmax_rows(cudaStream_t stream, const float *x, int n_rows, int64_t n, int32_t *out) {
     if (n_rows < 1 || n < 1) return;
-    argmax_rows_kernel<<<unsigned(n_rows), SELECT_THREADS, 0, stream>>>(x, n, out);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(argmax_rows_kernel, unsigned(n_rows), SELECT_THREADS, 0, stream, x, n, out);
 }
 
 int64_t topk_scratch_bytes(int n_rows, int64_t n, int k) {
@@ -213,25 +218,22 @@ void topk_rows(cudaStream_t stream, const float *x, int n_rows, int64_t n, int k
     const int64_t n_chunk = (n + TOPK_CHUNK - 1) / TOPK_CHUNK, n_cand = n_chunk * k;
     auto *cand_ids = static_cast<int32_t *>(scratch);
     auto *cand_vals = reinterpret_cast<float *>(cand_ids + int64_t(n_rows) * n_cand);
-    topk_chunks_kernel<<<dim3(unsigned(n_chunk), unsigned(n_rows)), SELECT_THREADS, 0, stream>>>(x, n, k, cand_ids,
-                                                                                                 cand_vals);
-    LUCE_GPU_LAUNCHED();
-    topk_merge_kernel<<<unsigned(n_rows), SELECT_THREADS, 0, stream>>>(cand_ids, cand_vals, n_cand, k, ids, vals);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(topk_chunks_kernel, dim3(unsigned(n_chunk), unsigned(n_rows)), SELECT_THREADS, 0, stream, x, n, k,
+                  cand_ids, cand_vals);
+    launch_kernel(topk_merge_kernel, unsigned(n_rows), SELECT_THREADS, 0, stream, cand_ids, cand_vals, n_cand, k, ids,
+                  vals);
 }
 
 void selector_pairs(cudaStream_t stream, const float *hproj, const float *pred, const float *succ, int n_rows,
                     int k, int R, float *out) {
     const int64_t n = int64_t(n_rows) * k * k;
     if (n < 1) return;
-    selector_pairs_kernel<<<blocks(n), ELEMENTWISE, 0, stream>>>(hproj, pred, succ, n_rows, k, R, out);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(selector_pairs_kernel, blocks(n), ELEMENTWISE, 0, stream, hproj, pred, succ, n_rows, k, R, out);
 }
 
 void confidence(cudaStream_t stream, const float *h, const float *e, const float *w, float b, int E, int R,
                 float *out) {
-    confidence_kernel<<<1, SELECT_THREADS, 0, stream>>>(h, e, w, b, E, R, out);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(confidence_kernel, 1, SELECT_THREADS, 0, stream, h, e, w, b, E, R, out);
 }
 
 void copy_rows(cudaStream_t stream, void *dst, int64_t dst_stride, const void *src, int64_t src_stride,
@@ -239,10 +241,8 @@ void copy_rows(cudaStream_t stream, void *dst, int64_t dst_stride, const void *s
     if (n_rows < 1 || width < 1) return;
     if (width % 4 || dst_stride % 4 || src_stride % 4)
         fail(LUCE_ERR_INTERNAL, "copy_rows: widths and strides must be multiples of 4 bytes");
-    copy_rows_kernel<<<unsigned(n_rows), ELEMENTWISE, 0, stream>>>(static_cast<float *>(dst), dst_stride / 4,
-                                                                    static_cast<const float *>(src), src_stride / 4,
-                                                                    width / 4);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(copy_rows_kernel, unsigned(n_rows), ELEMENTWISE, 0, stream, static_cast<float *>(dst), dst_stride / 4,
+                  static_cast<const float *>(src), src_stride / 4, width / 4);
 }
 
 }  // namespace luce::gpu

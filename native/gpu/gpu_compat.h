@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #if defined(LUCE_HIP)
 #include <hip/hip_fp16.h>
@@ -122,10 +123,60 @@ __device__ __forceinline__ float block_sum(float v) {
     return s;
 }
 
+// ---- Programmatic dependent launch ---------------------------------------------------------------
+// Why: a decode step is ~700 kernels, most of them a few microseconds long; between two of them
+// the GPU drains one grid and only then schedules the next. With programmatic dependent launch
+// (CUDA, sm_90+) each kernel is launched with a programmatic edge to the one before it: its
+// blocks are scheduled while that one still runs, and do what does not depend on it (the matmuls
+// fetch their first weights) before they wait for it.
+//
+// The contract every kernel keeps: wait_for_inputs() is called by every thread, before any read
+// of memory an earlier kernel wrote and before any write (an earlier kernel may still read what
+// would be overwritten), and before any early return (a grid that exits without waiting would
+// let its successors run ahead of its own predecessor). Only immutable data (weights, constants)
+// is read before it. tests/test_gpu_build.py checks that every kernel calls it.
+//
+// It waits for the previous grid to complete and its writes to be visible, then lets the next
+// grid launch: one grid ahead at most, so waiting blocks never hold a whole GPU. No-op on HIP,
+// below sm_90, and for kernels launched without the attribute.
+__device__ __forceinline__ void wait_for_inputs() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LUCE_HIP)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 // torch.nn.functional.softplus with its default threshold (as the CPU backend).
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// Whether launch_kernel asks for programmatic dependent launch: set once by the GPU backend from
+// the device (compute capability >= 9) and LUCE_GPU_PDL (docs/gpu.md).
+inline bool dependent_launch = false;
+
+// kernel<<<grid, block, shared, stream>>>(args...), with a programmatic edge to the stream's
+// previous kernel where dependent_launch is on; the launch configuration is checked at once.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                   Args &&...args) {
+#if defined(LUCE_HIP)
+    hipLaunchKernelGGL(kernel, grid, block, shared, stream, std::forward<Args>(args)...);
+#else
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = dependent_launch ? 1 : 0;
+    LUCE_GPU_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+#endif
+    LUCE_GPU_LAUNCHED();
+}
 
 }  // namespace luce::gpu
 

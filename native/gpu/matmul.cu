@@ -18,6 +18,7 @@ namespace {
 template <int TYPE, int NT>
 __global__ void matmul_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int64_t n_out,
                               const float *x, int T, float *y, int64_t ldy) {
+    wait_for_inputs();
     const int lane = threadIdx.x % warpSize;
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x / warpSize) + threadIdx.x / warpSize;
     if (r >= n_out) return;  // whole warps leave together: no block-level sync below
@@ -64,6 +65,7 @@ __global__ void matmul_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int
 template <int TYPE>
 __global__ void get_rows_kernel(const uint8_t *w, int64_t row_bytes, int n_in, const int32_t *ids,
                                 float *out) {
+    wait_for_inputs();
     const int t = blockIdx.y;
     const int u = blockIdx.x * blockDim.x + threadIdx.x;
     if (32 * u >= n_in) return;
@@ -100,12 +102,11 @@ struct MatmulLaunch {
         const unsigned blocks = unsigned((w.n_out + rows_per_block - 1) / rows_per_block);
         const auto *wd = static_cast<const uint8_t *>(w.data);
         if (T == 1)
-            matmul_kernel<TYPE, 1><<<blocks, MATMUL_THREADS, 0, stream>>>(
-                wd, weight_row_bytes(w), int(w.n_in), w.n_out, x, T, y, ldy);
+            launch_kernel(matmul_kernel<TYPE, 1>, blocks, MATMUL_THREADS, 0, stream, wd, weight_row_bytes(w),
+                          int(w.n_in), w.n_out, x, T, y, ldy);
         else
-            matmul_kernel<TYPE, 16><<<blocks, MATMUL_THREADS, 0, stream>>>(
-                wd, weight_row_bytes(w), int(w.n_in), w.n_out, x, T, y, ldy);
-        LUCE_GPU_LAUNCHED();
+            launch_kernel(matmul_kernel<TYPE, 16>, blocks, MATMUL_THREADS, 0, stream, wd, weight_row_bytes(w),
+                          int(w.n_in), w.n_out, x, T, y, ldy);
     }
 };
 
@@ -120,9 +121,8 @@ struct GetRowsLaunch {
     void operator()() const {
         const int n_units = int((w.n_in + 31) / 32);
         const dim3 grid(unsigned((n_units + GET_ROWS_THREADS - 1) / GET_ROWS_THREADS), unsigned(T));
-        get_rows_kernel<TYPE><<<grid, GET_ROWS_THREADS, 0, stream>>>(
-            static_cast<const uint8_t *>(w.data), weight_row_bytes(w), int(w.n_in), ids, out);
-        LUCE_GPU_LAUNCHED();
+        launch_kernel(get_rows_kernel<TYPE>, grid, GET_ROWS_THREADS, 0, stream, static_cast<const uint8_t *>(w.data),
+                      weight_row_bytes(w), int(w.n_in), ids, out);
     }
 };
 

@@ -53,6 +53,7 @@ __device__ __forceinline__ float apply_unit(const Unit &un, const int4 (&x)[2], 
 
 // One activation block per thread block of one warp (act_quant.cuh).
 __global__ void quantize_acts_kernel(const float *x, int block, FusedQuant out) {
+    wait_for_inputs();
     out.block_at(x, blockIdx.x);
 }
 
@@ -109,6 +110,7 @@ __global__ void __launch_bounds__(MATMUL_THREADS) matmul_int8_kernel(RowSegments
 #pragma unroll
     for (int i = 0; i < UNROLL; ++i)
         if (u_begin + SLOTS * i < u_end) fetch_unit<TYPE>(wr, u_begin + SLOTS * i, raw[i]);
+    wait_for_inputs();  // the first weights are on their way while the previous kernel finishes
     for (int u0 = u_begin; u0 < u_end; u0 += STRIDE) {
 #pragma unroll
         for (int i = 0; i < UNROLL; ++i) {
@@ -139,9 +141,8 @@ struct Int8Launch {
         const int threads = NT == 1 ? DECODE_THREADS : MATMUL_THREADS, rows_per_block = threads / (SLOTS * PARTS);
         const dim3 grid(unsigned((rows.n_out() + rows_per_block - 1) / rows_per_block), unsigned((T + NT - 1) / NT));
         const int64_t row_bytes = n_in / block_elems(TYPE) * block_bytes(TYPE);
-        matmul_int8_kernel<TYPE, NT, UNROLL, PARTS>
-            <<<grid, threads, 0, stream>>>(rows, row_bytes, int(n_in), a.q, a.d, a.s16, T);
-        LUCE_GPU_LAUNCHED();
+        launch_kernel(matmul_int8_kernel<TYPE, NT, UNROLL, PARTS>, grid, threads, 0, stream, rows, row_bytes, int(n_in),
+                      a.q, a.d, a.s16, T);
     }
 
     template <int TYPE, int NT, int UNROLL>
@@ -202,9 +203,8 @@ ActScratch act_scratch_at(void *base, int64_t n_in, int T) {
 
 void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int T, int block, const ActScratch &a) {
     if (block <= 0 || n_in % block != 0) fail(LUCE_ERR_INTERNAL, "quantize_acts: block %d, n_in %d", block, n_in);
-    quantize_acts_kernel<<<unsigned(int64_t(T) * (n_in / block)), warp, 0, stream>>>(x, block,
-                                                                                   fused_quant(a, block));
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(quantize_acts_kernel, unsigned(int64_t(T) * (n_in / block)), warp, 0, stream, x, block,
+                  fused_quant(a, block));
 }
 
 void matmul_int8(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a) {

@@ -224,6 +224,7 @@ __global__ void __launch_bounds__(MMA_THREADS) matmul_mma_kernel(MmaArgs p) {
     const int parts = PARTED ? row_parts(p.n_in) : 1;
 
     float acc[MT][NTILES][4] = {};
+    wait_for_inputs();  // each group's loads take activations with the weights
 
     // One group's loads in flight while the previous one is multiplied, in one register set: on
     // an H200 (2026-12-03) keeping two or four groups in flight cost registers (95 / 126 against
@@ -273,9 +274,9 @@ struct MmaLaunch {
         using L = MmaSmem<MT, NTILES>;
         const dim3 grid(unsigned((rows.n_out() + L::rows - 1) / L::rows), unsigned((T + L::toks - 1) / L::toks));
         const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T};
-        if (row_parts(int(n_in)) > 1) matmul_mma_kernel<TYPE, MT, NTILES, true><<<grid, MMA_THREADS, 0, stream>>>(p);
-        else matmul_mma_kernel<TYPE, MT, NTILES, false><<<grid, MMA_THREADS, 0, stream>>>(p);
-        LUCE_GPU_LAUNCHED();
+        if (row_parts(int(n_in)) > 1) launch_kernel(matmul_mma_kernel<TYPE, MT, NTILES, true>, grid, MMA_THREADS, 0,
+                                                    stream, p);
+        else launch_kernel(matmul_mma_kernel<TYPE, MT, NTILES, false>, grid, MMA_THREADS, 0, stream, p);
     }
 
     // Row tiles of 32 rows, 16 for matrices of fewer than 8192 rows so that those still spread

@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
         const int k = k_begin + i;
         if (k < k_end && SLOTS * k + slot < n_units) fetch_group_unit<TYPE>(wr + int64_t(group_bytes(TYPE)) * k, slot, raw[i]);
     }
+    wait_for_inputs();  // the first weights are on their way while the previous kernel finishes
     ActLoads<NTILES> acts;
     if (k_begin < k_end) fetch_acts<TYPE>(p, o, SLOTS * k_begin + WARP_SLOTS * pair, acts);
     for (int k0 = k_begin; k0 < k_end; k0 += UNROLL) {
@@ -199,8 +200,7 @@ struct FragLaunch {
         const int toks = MMA_NTILE * NTILES;
         const dim3 grid(unsigned((rows.n_out() + 15) / 16), unsigned((T + toks - 1) / toks));
         const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T};
-        matmul_mma_frag_kernel<TYPE, NTILES, UNROLL, PARTS><<<grid, PAIR_WARPS * 32 * PARTS, 0, stream>>>(p);
-        LUCE_GPU_LAUNCHED();
+        launch_kernel(matmul_mma_frag_kernel<TYPE, NTILES, UNROLL, PARTS>, grid, PAIR_WARPS * 32 * PARTS, 0, stream, p);
     }
 
     // Units in flight per lane: four, two for the large raw units of the K-quants and Q6_K (for

@@ -31,6 +31,7 @@ __device__ __forceinline__ void quantize_row(const FusedQuant &fq, const float *
 
 __global__ void __launch_bounds__(WIDE_NORM_THREADS) rmsnorm_kernel(const float *x, int64_t x_stride, const float *w, int dim, float eps,
                                float *y, int64_t y_stride, FusedQuant fq) {
+    wait_for_inputs();
     const float *xr = x + blockIdx.x * x_stride;
     float *yr = y + blockIdx.x * y_stride;
     float ss = 0.f;
@@ -55,6 +56,7 @@ constexpr int NORM_MAX_CHUNKS = 2;  // per warp: rows of up to 2 x 32 x 256 valu
 __global__ void __launch_bounds__(WIDE_NORM_THREADS) add_rmsnorm_kernel(float *x, const float *y, const float *w,
                                                                         int dim, float eps, float *out,
                                                                         FusedQuant fq) {
+    wait_for_inputs();
     const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize, n_warps = blockDim.x / warpSize;
     const int64_t row = int64_t(blockIdx.x) * dim;
     float v[NORM_MAX_CHUNKS][QUANT_MAX_PER_LANE];
@@ -93,6 +95,7 @@ __global__ void __launch_bounds__(WIDE_NORM_THREADS) add_rmsnorm_kernel(float *x
 
 // o = rmsnorm(o) * w * silu(z), rows of `dim` (DeltaNet output norm).
 __global__ void rmsnorm_gated_kernel(float *o, const float *w, const float *z, int dim, float eps) {
+    wait_for_inputs();
     float *orow = o + int64_t(blockIdx.x) * dim;
     const float *zr = z + int64_t(blockIdx.x) * dim;
     float ss = 0.f;
@@ -117,6 +120,7 @@ struct Swiglu {
 
 template <class Op>
 __global__ void elementwise_kernel(Op op, int64_t n) {
+    wait_for_inputs();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         op(i);
 }
@@ -126,6 +130,7 @@ __global__ void elementwise_kernel(Op op, int64_t n) {
 // quantize_block_warp reads back on the same lane (no barrier needed).
 template <class Op>
 __global__ void elementwise_quant_kernel(Op op, const float *out, int64_t n_blocks, FusedQuant fq) {
+    wait_for_inputs();
     const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / warpSize;
     if (b >= n_blocks) return;  // whole warps
     for (int i = threadIdx.x % warpSize; i < fq.block; i += warpSize) op(b * fq.block + i);
@@ -133,6 +138,7 @@ __global__ void elementwise_quant_kernel(Op op, const float *out, int64_t n_bloc
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
+    wait_for_inputs();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         x[i] += y[i];
 }
@@ -154,8 +160,7 @@ void rmsnorm(cudaStream_t stream, const float *x, int64_t x_stride, const float 
              float eps, float *y, int64_t y_stride, const FusedQuant &fq) {
     if (n_rows < 1) return;
     if (fq.q && (y_stride != dim || dim % fq.block != 0)) fail(LUCE_ERR_INTERNAL, "rmsnorm: cannot quantize this output");
-    rmsnorm_kernel<<<n_rows, norm_threads(dim), 0, stream>>>(x, x_stride, w, dim, eps, y, y_stride, fq);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(rmsnorm_kernel, n_rows, norm_threads(dim), 0, stream, x, x_stride, w, dim, eps, y, y_stride, fq);
 }
 
 void add_rmsnorm(cudaStream_t stream, int warp, float *x, const float *y, const float *w, int n_rows, int dim,
@@ -165,15 +170,13 @@ void add_rmsnorm(cudaStream_t stream, int warp, float *x, const float *y, const 
     const int chunks = (dim + NORM_CHUNK - 1) / NORM_CHUNK, max_warps = WIDE_NORM_THREADS / warp;
     const int warps = std::min(chunks, max_warps);
     if (chunks > warps * NORM_MAX_CHUNKS) fail(LUCE_ERR_UNSUPPORTED, "add_rmsnorm: rows of %d values", dim);
-    add_rmsnorm_kernel<<<n_rows, warps * warp, 0, stream>>>(x, y, w, dim, eps, out, fq);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(add_rmsnorm_kernel, n_rows, warps * warp, 0, stream, x, y, w, dim, eps, out, fq);
 }
 
 void rmsnorm_gated(cudaStream_t stream, float *o, const float *w, const float *z, int n_rows, int dim,
                    float eps) {
     if (n_rows < 1) return;
-    rmsnorm_gated_kernel<<<n_rows, NORM_THREADS, 0, stream>>>(o, w, z, dim, eps);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(rmsnorm_gated_kernel, n_rows, NORM_THREADS, 0, stream, o, w, z, dim, eps);
 }
 
 // op over n values of `out`, quantized afterwards when fq asks for it.
@@ -181,14 +184,13 @@ template <class Op>
 void launch_elementwise(cudaStream_t stream, int warp, Op op, const float *out, int64_t n, const FusedQuant &fq) {
     if (n < 1) return;
     if (!fq.q) {
-        elementwise_kernel<<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(op, n);
+        launch_kernel(elementwise_kernel<Op>, elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream, op, n);
     } else {
         if (n % fq.block != 0) fail(LUCE_ERR_INTERNAL, "elementwise op: %lld values in blocks of %d", (long long)n, fq.block);
         const int64_t n_blocks = n / fq.block, per_launch_block = ELEMENTWISE_THREADS / warp;
-        elementwise_quant_kernel<<<unsigned((n_blocks + per_launch_block - 1) / per_launch_block), ELEMENTWISE_THREADS, 0,
-                                   stream>>>(op, out, n_blocks, fq);
+        launch_kernel(elementwise_quant_kernel<Op>, unsigned((n_blocks + per_launch_block - 1) / per_launch_block),
+                      ELEMENTWISE_THREADS, 0, stream, op, out, n_blocks, fq);
     }
-    LUCE_GPU_LAUNCHED();
 }
 
 void mul_sigmoid(cudaStream_t stream, int warp, float *o, const float *g, int64_t g_stride, int n_rows, int dim,
@@ -202,8 +204,7 @@ void swiglu(cudaStream_t stream, int warp, float *gate, const float *up, int64_t
 
 void add(cudaStream_t stream, float *x, const float *y, int64_t n) {
     if (n < 1) return;
-    add_kernel<<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(x, y, n);
-    LUCE_GPU_LAUNCHED();
+    launch_kernel(add_kernel, elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream, x, y, n);
 }
 
 }  // namespace luce::gpu
