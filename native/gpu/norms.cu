@@ -50,28 +50,45 @@ __global__ void __launch_bounds__(WIDE_NORM_THREADS) rmsnorm_kernel(const float 
 // read the output back). On an H200 (2026-12-03) the earlier strided 1024-thread form, which read
 // x back after the add and the output back for the quantization, took ~11 us per decode step's
 // call: a chain of three round trips to L2 on one SM.
+//
+// Every load is issued before the first store: x, y, w and out may alias as far as the compiler
+// knows, so a store between two loads would make each load wait for the one before (the add's
+// stores of x sat between the loads of x and y, the output's between those of w). The weights
+// are loaded before wait_for_inputs(): they do not depend on the previous kernel.
 constexpr int NORM_CHUNK = 256;
-constexpr int NORM_MAX_CHUNKS = 2;  // per warp: rows of up to 2 x 32 x 256 values
+// 768 threads at most, so the 32 values a lane holds stay in registers (1024 spilled).
+constexpr int ADD_NORM_THREADS = 768;
+constexpr int NORM_MAX_CHUNKS = 2;  // per warp: rows of up to 2 x 24 x 256 values (wave32)
 
-__global__ void __launch_bounds__(WIDE_NORM_THREADS) add_rmsnorm_kernel(float *x, const float *y, const float *w,
+__global__ void __launch_bounds__(ADD_NORM_THREADS) add_rmsnorm_kernel(float *x, const float *y, const float *w,
                                                                         int dim, float eps, float *out,
                                                                         FusedQuant fq) {
-    wait_for_inputs();
     const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize, n_warps = blockDim.x / warpSize;
     const int64_t row = int64_t(blockIdx.x) * dim;
-    float v[NORM_MAX_CHUNKS][QUANT_MAX_PER_LANE];
+    float v[NORM_MAX_CHUNKS][QUANT_MAX_PER_LANE], wv[NORM_MAX_CHUNKS][QUANT_MAX_PER_LANE];
+#pragma unroll
+    for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
+#pragma unroll
+        for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+            const int i = (warp + c * n_warps) * NORM_CHUNK + lane + k * warpSize;
+            wv[c][k] = k * warpSize < NORM_CHUNK && i < dim ? w[i] : 0.f;
+        }
+    wait_for_inputs();
+#pragma unroll
+    for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
+#pragma unroll
+        for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+            const int i = (warp + c * n_warps) * NORM_CHUNK + lane + k * warpSize;
+            v[c][k] = k * warpSize < NORM_CHUNK && i < dim ? x[row + i] + y[row + i] : 0.f;
+        }
     float ss = 0.f;
 #pragma unroll
     for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
 #pragma unroll
         for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
             const int i = (warp + c * n_warps) * NORM_CHUNK + lane + k * warpSize;
-            v[c][k] = 0.f;
-            if (k * warpSize < NORM_CHUNK && i < dim) {
-                v[c][k] = x[row + i] + y[row + i];
-                x[row + i] = v[c][k];
-                ss += v[c][k] * v[c][k];
-            }
+            if (k * warpSize < NORM_CHUNK && i < dim) x[row + i] = v[c][k];
+            ss += v[c][k] * v[c][k];  // zero past the row
         }
     const float scale = 1.0f / sqrtf(block_sum(ss) / float(dim) + eps);
 #pragma unroll
@@ -80,7 +97,7 @@ __global__ void __launch_bounds__(WIDE_NORM_THREADS) add_rmsnorm_kernel(float *x
         for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
             const int i = (warp + c * n_warps) * NORM_CHUNK + lane + k * warpSize;
             if (k * warpSize < NORM_CHUNK && i < dim) {
-                v[c][k] = v[c][k] * scale * w[i];
+                v[c][k] = v[c][k] * scale * wv[c][k];
                 out[row + i] = v[c][k];
             }
         }
@@ -104,37 +121,47 @@ __global__ void rmsnorm_gated_kernel(float *o, const float *w, const float *z, i
     for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = orow[i] * scale * w[i] * silu(zr[i]);
 }
 
+// The elementwise ops: op(i) is output value i, computed from loads only (the kernels store it).
 struct MulSigmoid {
-    float *o;
+    const float *o;
     const float *g;
     int64_t g_stride;
     int dim;
-    __device__ void operator()(int64_t i) const { o[i] *= sigmoid(g[(i / dim) * g_stride + i % dim]); }
+    __device__ float operator()(int64_t i) const { return o[i] * sigmoid(g[(i / dim) * g_stride + i % dim]); }
 };
 
 struct Swiglu {
-    float *gate;
+    const float *gate;
     const float *up;
-    __device__ void operator()(int64_t i) const { gate[i] = silu(gate[i]) * up[i]; }
+    __device__ float operator()(int64_t i) const { return silu(gate[i]) * up[i]; }
 };
 
+// out[i] = op(i) for the n values (out may be one of op's inputs: each value is read before it is
+// written, by the same thread).
 template <class Op>
-__global__ void elementwise_kernel(Op op, int64_t n) {
+__global__ void elementwise_kernel(Op op, float *out, int64_t n) {
     wait_for_inputs();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        op(i);
+        out[i] = op(i);
 }
 
-// The same op, one warp per activation block of the output `out`, which it then quantizes for
-// the next matmul: lane l computes the values l, l + warpSize, ... of its block, the ones
-// quantize_block_warp reads back on the same lane (no barrier needed).
+// The same, one warp per activation block of `out`, which it then quantizes for the next matmul
+// from the values its lanes hold (lane l: values l, l + warpSize, ...). Every value is computed
+// before the first store, so the loads go out together instead of one round trip per value.
 template <class Op>
-__global__ void elementwise_quant_kernel(Op op, const float *out, int64_t n_blocks, FusedQuant fq) {
+__global__ void elementwise_quant_kernel(Op op, float *out, int64_t n_blocks, FusedQuant fq) {
     wait_for_inputs();
     const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / warpSize;
     if (b >= n_blocks) return;  // whole warps
-    for (int i = threadIdx.x % warpSize; i < fq.block; i += warpSize) op(b * fq.block + i);
-    fq.block_at(out, b);
+    const int lane = threadIdx.x % warpSize;
+    float v[QUANT_MAX_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k)
+        v[k] = lane + k * warpSize < fq.block ? op(b * fq.block + lane + k * warpSize) : 0.f;
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k)
+        if (lane + k * warpSize < fq.block) out[b * fq.block + lane + k * warpSize] = v[k];
+    fq.values_at(v, b);
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
@@ -167,7 +194,7 @@ void add_rmsnorm(cudaStream_t stream, int warp, float *x, const float *y, const 
                  float eps, float *out, const FusedQuant &fq) {
     if (n_rows < 1) return;
     if (fq.q && dim % fq.block != 0) fail(LUCE_ERR_INTERNAL, "add_rmsnorm: cannot quantize this output");
-    const int chunks = (dim + NORM_CHUNK - 1) / NORM_CHUNK, max_warps = WIDE_NORM_THREADS / warp;
+    const int chunks = (dim + NORM_CHUNK - 1) / NORM_CHUNK, max_warps = ADD_NORM_THREADS / warp;
     const int warps = std::min(chunks, max_warps);
     if (chunks > warps * NORM_MAX_CHUNKS) fail(LUCE_ERR_UNSUPPORTED, "add_rmsnorm: rows of %d values", dim);
     launch_kernel(add_rmsnorm_kernel, n_rows, warps * warp, 0, stream, x, y, w, dim, eps, out, fq);
@@ -181,10 +208,10 @@ void rmsnorm_gated(cudaStream_t stream, float *o, const float *w, const float *z
 
 // op over n values of `out`, quantized afterwards when fq asks for it.
 template <class Op>
-void launch_elementwise(cudaStream_t stream, int warp, Op op, const float *out, int64_t n, const FusedQuant &fq) {
+void launch_elementwise(cudaStream_t stream, int warp, Op op, float *out, int64_t n, const FusedQuant &fq) {
     if (n < 1) return;
     if (!fq.q) {
-        launch_kernel(elementwise_kernel<Op>, elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream, op, n);
+        launch_kernel(elementwise_kernel<Op>, elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream, op, out, n);
     } else {
         if (n % fq.block != 0) fail(LUCE_ERR_INTERNAL, "elementwise op: %lld values in blocks of %d", (long long)n, fq.block);
         const int64_t n_blocks = n / fq.block, per_launch_block = ELEMENTWISE_THREADS / warp;
