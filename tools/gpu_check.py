@@ -456,8 +456,10 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
         # "fast": the dp4a int8 kernel forced for every width; "frag" / "staged": one tensor-core
         # kernel forced (per-warp fragments up to 32 tokens and the staged one past that / the
         # staged one; LUCE_GPU_MATMUL); worst = [width, token, row] of the largest error.
-        err = {"exact": 0.0, "fast": 0.0, "frag": 0.0, "staged": 0.0}
-        worst = {"fast": None, "frag": None, "staged": None}
+        # "gemm": the prefill GEMM forced (its own summation order: held to the oracle only; types
+        # it does not serve fall back to the others).
+        err = {"exact": 0.0, "fast": 0.0, "frag": 0.0, "staged": 0.0, "gemm": 0.0}
+        worst = {"fast": None, "frag": None, "staged": None, "gemm": None}
         kernels_differ = []
         for T in MATMUL_WIDTHS:
             x = rng.standard_normal((T, n_cols)).astype(np.float32)
@@ -467,7 +469,7 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
             err["exact"] = max(err["exact"], float(np.abs(y - x.astype(np.float64) @ w.T).max()) / scale)
             xs = quantized_activations(x, block) if block else x.astype(np.float64)
             ys = {}
-            for kind in ("fast", "frag", "staged") if block and dut == "gpu" else ("fast",):
+            for kind in ("fast", "frag", "staged", "gemm") if block and dut == "gpu" else ("fast",):
                 with kernels("fast"), env(LUCE_GPU_MATMUL="dp4a" if kind == "fast" else kind):
                     ys[kind] = y = run(int(qtype), raw, n_rows, n_cols, x)
                 e, at = _worst(y, xs @ w.T, scale, T)
@@ -484,6 +486,7 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
         rows.append({"type": qtype.name, "rows": n_rows, "cols": n_cols, "rel_err": err["exact"],
                      "rel_err_fast": err["fast"], "worst_fast": worst["fast"], "rel_err_frag": err["frag"],
                      "worst_frag": worst["frag"], "rel_err_staged": err["staged"], "worst_staged": worst["staged"],
+                     "rel_err_gemm": err["gemm"], "worst_gemm": worst["gemm"],
                      "invariance_broken_at": varying, "kernels_differ_at": kernels_differ,
                      "ok": ok or (dut == "cpu" and (qtype in (Q.F32, Q.F16, Q.BF16) or
                                                      (err["fast"] <= MATMUL_TOL and err["exact"] <= MATMUL_TOL)))})
@@ -756,7 +759,13 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
             check(L.luce_session_reset(session))
             dt = eval_(ids[:n], 1)
             res["prefill"][str(n)] = {"seconds": dt, "tok_s": n / dt}
+        # Verify widths on an engine without the prefill GEMM: session_eval is prompt prefill,
+        # while speculative decoding verifies with the kernels that keep decode's bits.
         log("verify widths")
+        eng.close()
+        with env(LUCE_GPU_PREFILL_GEMM="0"):
+            eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
+        session = eng._session
         check(L.luce_session_reset(session))
         eval_(ids[:512], 1)
         res["verify"] = {}
@@ -801,8 +810,8 @@ KERNEL_REPS = 20
 
 def bench_matmul_kernels(dut: str, deadline: float) -> list[dict]:
     """Device time of one quantized matmul kernel (activations already quantized) per 27B shape and
-    width: the default choice by width, and the dp4a and the two tensor-core kernels forced. GB/s counts
-    the weight bytes once per call."""
+    width: the default choice by width, and the dp4a, the two tensor-core kernels and the prefill GEMM
+    forced. GB/s counts the weight bytes once per call."""
     import numpy as np
     from gguf.constants import GGMLQuantizationType as Q
 
@@ -823,7 +832,7 @@ def bench_matmul_kernels(dut: str, deadline: float) -> list[dict]:
                 break
             x = rng.standard_normal((T, n_cols)).astype(np.float32)
             row = {"type": type_name, "rows": n_rows, "cols": n_cols, "T": T}
-            for kind in ("auto", "dp4a", "frag", "staged"):
+            for kind in ("auto", "dp4a", "frag", "staged", "gemm"):
                 with kernels("fast"), env(LUCE_GPU_MATMUL=None if kind == "auto" else kind):
                     _, us = run(int(qtype), raw, n_rows, n_cols, x, timing_reps=KERNEL_REPS)
                 row[kind] = {"us": us, "GBps": raw.nbytes / us / 1e3}
@@ -851,8 +860,9 @@ def profile_steps(path: Path, threads: int, ids, profile_path: Path) -> str:
         with Engine(path, device="gpu", threads=threads, ctx_size=1024) as eng:
             greedy(eng, ids[:16], 8)
         with open(profile_path, "a") as f:
-            f.write("\n## verify: 64-token prompt, then 3 steps of 16 tokens with 16 logits rows (prefill included)\n")
-        with Engine(path, device="gpu", threads=threads, ctx_size=1024) as eng:
+            f.write("\n## verify: 64-token prompt, then 3 steps of 16 tokens with 16 logits rows (prefill included; "
+                    "LUCE_GPU_PREFILL_GEMM=0, as speculative verify steps)\n")
+        with env(LUCE_GPU_PREFILL_GEMM="0"), Engine(path, device="gpu", threads=threads, ctx_size=1024) as eng:
             L, V = lib(), eng.info.n_vocab
             logits = np.empty((16, V), dtype=np.float32)
             toks = np.ascontiguousarray(ids[:64 + 48], dtype=np.int32)
@@ -1044,7 +1054,8 @@ def _mma_cell(m: dict) -> str:
     """The tensor-core kernels' errors, or n/a where they were not run (float types, the CPU dry run)."""
     if not m.get("worst_frag"):
         return "n/a"
-    return f"{m['rel_err_frag']:.2e} {m['worst_frag']}; staged {m.get('rel_err_staged', 0):.2e}"
+    return (f"{m['rel_err_frag']:.2e} {m['worst_frag']}; staged {m.get('rel_err_staged', 0):.2e}; "
+            f"prefill gemm {m.get('rel_err_gemm', 0):.2e} {m.get('worst_gemm')}")
 
 
 def _case_table(header: str, cases: list[dict]) -> list[str]:
@@ -1125,15 +1136,16 @@ def write_report(out: Path, report: dict) -> None:
     if ks:
         lines += ["", f"## Matmul kernels: device time per call, {KERNEL_REPS} calls (activations quantized once)", "",
                   "| type | rows x cols | T | default: us (GB/s of weights) | x T=1 | dp4a forced | fragment tensor-core "
-                  "forced | staged tensor-core forced |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "forced | staged tensor-core forced | prefill GEMM forced |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for k in ks:
             if "error" in k:
-                lines.append(f"| error: {k['error']} | | | | | | | |")
+                lines.append(f"| error: {k['error']} | | | | | | | | |")
                 continue
             cell = lambda r: f"{r['us']:.1f} ({r['GBps']:.0f})"  # noqa: E731
             lines.append(f"| {k['type']} | {k['rows']} x {k['cols']} | {k['T']} | {cell(k['auto'])} | "
-                         f"{k['x_width1']:.2f} | {cell(k['dp4a'])} | {cell(k['frag'])} | {cell(k['staged'])} |")
+                         f"{k['x_width1']:.2f} | {cell(k['dp4a'])} | {cell(k['frag'])} | {cell(k['staged'])} | "
+                         f"{cell(k['gemm'])} |")
     b = report.get("bench")
     if b:
         lines += ["", f"## Bench: synthetic {b['shape']} {b['mix']} ({b.get('file_gib')} GiB)", ""]

@@ -24,6 +24,7 @@ constexpr size_t STAGING_BYTES = size_t(1) << 20;
 constexpr size_t STAGED_MAX = 64 << 10;
 // Widths from which the quantized matmuls run on the tensor cores (CUDA sm_80+).
 constexpr int MMA_MIN_TOKENS = 8;
+constexpr int GEMM_MIN_TOKENS = 16;  // prefill chunks of fewer tokens keep the contract kernels
 // Norm rows at least this wide quantize their output for the next matmul (hidden states).
 constexpr int FUSED_NORM_MIN_DIM = 1024;
 
@@ -84,10 +85,21 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     const bool mma = gpu::mma_matmul_supported(prop.major);
     const char *choice = std::getenv("LUCE_GPU_MATMUL");
     const std::string forced = choice ? choice : "";
+    // Prefill steps (set_prefill) use the prefill GEMM from GEMM_MIN_TOKENS up unless
+    // LUCE_GPU_PREFILL_GEMM=0; LUCE_GPU_MATMUL=gemm forces it for every width it serves, prefill
+    // or not (checks and measurements).
     if (mma) mma_min_tokens_ = MMA_MIN_TOKENS;
-    if (forced == "dp4a") mma_min_tokens_ = NO_MMA;
-    else if (mma && (forced == "mma" || forced == "frag" || forced == "staged")) mma_min_tokens_ = 1;
-    mma_kernel_ = forced == "frag" ? MmaKernel::frag : forced == "staged" ? MmaKernel::staged : MmaKernel::by_shape;
+    if (mma && !env_is("LUCE_GPU_PREFILL_GEMM", "0")) gemm_min_tokens_ = GEMM_MIN_TOKENS;
+    if (forced == "dp4a") {
+        mma_min_tokens_ = gemm_min_tokens_ = NO_MMA;
+    } else if (mma && (forced == "mma" || forced == "frag" || forced == "staged")) {
+        mma_min_tokens_ = 1;
+        gemm_min_tokens_ = NO_MMA;
+    } else if (mma && forced == "gemm") {
+        gemm_min_tokens_ = 1;
+    }
+    mma_kernel_ = forced == "frag" ? MmaKernel::frag : forced == "staged" ? MmaKernel::staged
+                : forced == "gemm" ? MmaKernel::gemm : MmaKernel::by_shape;
     attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
     // Programmatic dependent launch (gpu_compat.h): Hopper and later, unless LUCE_GPU_PDL=0.
 #if !defined(LUCE_HIP)
@@ -270,7 +282,10 @@ void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int 
         const bool frag = T <= gpu::MMA_FRAG_MAX_TOKENS &&
                           (mma_kernel_ == MmaKernel::frag ||
                            (mma_kernel_ == MmaKernel::by_shape && gpu::mma_frag_serves(w0.type, w0.n_in, T)));
-        if (T < mma_min_tokens_) gpu::matmul_int8(stream_, w0.type, w0.n_in, rows, T, a);
+        const bool gemm = (prefill_ || mma_kernel_ == MmaKernel::gemm) && T >= gemm_min_tokens_ &&
+                          gpu::gemm_serves(w0.type, w0.n_in);
+        if (gemm) gpu::matmul_gemm(stream_, w0.type, w0.n_in, rows, T, a);
+        else if (T < mma_min_tokens_) gpu::matmul_int8(stream_, w0.type, w0.n_in, rows, T, a);
         else if (frag) gpu::matmul_mma_frag(stream_, w0.type, w0.n_in, rows, T, a);
         else gpu::matmul_mma(stream_, w0.type, w0.n_in, rows, T, a);
         acts_ = {x, T * w0.n_in, block};

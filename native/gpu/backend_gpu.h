@@ -73,6 +73,7 @@ public:
     bool graph_end(uint64_t key) override;
     void graph_abort() override;
     void graph_clear() override;
+    void set_prefill(bool on) override { prefill_ = on; }
 
     // Mean device time of `reps` back-to-back matmuls, microseconds (the test hook's timing).
     float time_matmul(const Weight &w, const float *x, int T, float *y, int reps);
@@ -96,8 +97,10 @@ private:
     std::unique_ptr<gpu::OpProfile> profile_;  // LUCE_GPU_PROFILE=FILE (op_profile.h)
     static constexpr int NO_MMA = 1 << 30;
     int mma_min_tokens_ = NO_MMA;            // widths served by the tensor-core int8 matmul (sm_80+)
-    enum class MmaKernel { by_shape, frag, staged };
+    enum class MmaKernel { by_shape, frag, staged, gemm };
     MmaKernel mma_kernel_ = MmaKernel::by_shape;  // which tensor-core kernel serves a width
+    bool prefill_ = false;                   // set_prefill: matmul_gemm may serve (gemm_min_tokens_ up)
+    int gemm_min_tokens_ = NO_MMA;
     bool exact_kernels_ = false;             // LUCE_GPU_KERNELS=exact: fp32 activations for every type
     void *act_scratch_ = nullptr;            // int8 activations of the quantized matmuls, grown on demand
     size_t act_scratch_bytes_ = 0;

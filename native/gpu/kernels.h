@@ -61,6 +61,12 @@ void matmul_mma(cudaStream_t stream, int type, int64_t n_in, const RowSegments &
 constexpr int MMA_FRAG_MAX_TOKENS = 32;
 bool mma_frag_serves(int type, int64_t n_in, int T);
 void matmul_mma_frag(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a);
+// matmul_gemm.cu: prefill only (Backend::set_prefill): the tensor cores on 128-row x 64-token
+// tiles, each 256-element group summed in int32 before one fp32 step, so NOT the bits of the three
+// kernels above (within the fast path's tolerance of them). CUDA sm_80+; gemm_serves: the types
+// and shapes it has (IQ4_XS).
+bool gemm_serves(int type, int64_t n_in);
+void matmul_gemm(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a);
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);
 
 // norms.cu. The ops that feed a matmul can quantize their output for it (act_quant.cuh) when

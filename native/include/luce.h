@@ -101,7 +101,9 @@ luce_status luce_session_reset(luce_session *session);
 int32_t luce_session_n_past(const luce_session *session);
 
 /* Appends tokens to the session (prefill in chunks). If logits is not NULL it receives the
-   logits of the last n_logit_rows positions, row-major [n_logit_rows][n_vocab]. */
+   logits of the last n_logit_rows positions, row-major [n_logit_rows][n_vocab]. On a GPU the
+   chunks may run the prefill GEMM (docs/gpu.md), whose rows can differ in the last bits from
+   one-token evals of the same tokens; luce_generate's speculative verify steps never use it. */
 luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
                               float *logits, int32_t n_logit_rows);
 

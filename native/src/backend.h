@@ -177,6 +177,25 @@ public:
     virtual void graph_abort() {}
     // Forget every recorded graph (the buffers they point into are going away).
     virtual void graph_clear() {}
+
+    // Prefill (GPU, docs/gpu.md) -------------------------------------------------------------
+    // Between set_prefill(true) and set_prefill(false) the steps ingest a prompt: their rows need
+    // not be bit-identical to one-token steps of the same tokens (verify steps, which must be,
+    // never run inside), so a backend may use kernels with another summation order for them.
+    // The default (CPU) ignores it. PrefillScope below pairs the two calls.
+    virtual void set_prefill(bool /*on*/) {}
+};
+
+// The steps of a prompt's prefill, for the scope's lifetime (Backend::set_prefill).
+class PrefillScope {
+public:
+    explicit PrefillScope(Backend &be) : be_(be) { be_.set_prefill(true); }
+    ~PrefillScope() { be_.set_prefill(false); }
+    PrefillScope(const PrefillScope &) = delete;
+    PrefillScope &operator=(const PrefillScope &) = delete;
+
+private:
+    Backend &be_;
 };
 
 }  // namespace luce

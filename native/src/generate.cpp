@@ -55,6 +55,7 @@ void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n
     }
     const int first_logit = n - n_logit_rows;  // global index of the first row wanted
     const int64_t V = hp.n_vocab;
+    const PrefillScope prefill(*s.model->backend);
     for (int c0 = 0; c0 < n; c0 += MAX_STEP) {
         const int T = std::min(MAX_STEP, n - c0);
         const int row0 = std::max(0, first_logit - c0);

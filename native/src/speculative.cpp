@@ -395,10 +395,13 @@ struct SpecLoop {
 
     // Prefill in MAX_STEP chunks, capturing taps for the drafter context; returns the first token.
     int32_t prefill(const int32_t *prompt, int n_prompt) {
-        for (int c0 = 0; c0 < n_prompt; c0 += MAX_STEP) {
-            const int T = std::min(MAX_STEP, n_prompt - c0);
-            forward_step(s, prompt + c0, T, logits.data(), T - 1, &capture);
-            draft_append_context(d, ctx, taps, T);
+        {
+            const PrefillScope scope(be);
+            for (int c0 = 0; c0 < n_prompt; c0 += MAX_STEP) {
+                const int T = std::min(MAX_STEP, n_prompt - c0);
+                forward_step(s, prompt + c0, T, logits.data(), T - 1, &capture);
+                draft_append_context(d, ctx, taps, T);
+            }
         }
         return p.max_tokens > 0 ? choose(logits.data()) : -1;
     }
