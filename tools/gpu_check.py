@@ -806,6 +806,7 @@ KERNEL_SHAPES = (("IQ4_XS", 17408, 5120), ("IQ4_XS", 5120, 17408), ("IQ4_XS", 10
                  ("Q6_K", 5120, 6144), ("Q6_K", 1024, 5120), ("IQ4_XS", 48, 5120), ("Q5_K", 32768, 5120),
                  ("Q8_0", 17408, 5120))
 KERNEL_REPS = 20
+KERNEL_WIDTHS = VERIFY_WIDTHS + (64,)  # 64: a prefill chunk (MAX_STEP), where the prefill GEMM runs
 
 
 def bench_matmul_kernels(dut: str, deadline: float) -> list[dict]:
@@ -827,7 +828,7 @@ def bench_matmul_kernels(dut: str, deadline: float) -> list[dict]:
         qtype = Q[type_name]
         block_elems, _ = synth.GGML_QUANT_SIZES[qtype]
         raw = synth.random_blocks(qtype, n_rows * n_cols // block_elems, rng, 0.05).reshape(n_rows, -1)
-        for T in VERIFY_WIDTHS:
+        for T in KERNEL_WIDTHS:
             if time.perf_counter() > deadline:
                 break
             x = rng.standard_normal((T, n_cols)).astype(np.float32)

@@ -69,6 +69,7 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     cudaDeviceProp prop;
     LUCE_GPU_CHECK(cudaGetDeviceProperties(&prop, device_index));
     warp_ = prop.warpSize;
+    n_sm_ = prop.multiProcessorCount;
 #if defined(LUCE_HIP)
     name_ = std::string("hip:") + prop.name;
 #else
@@ -284,7 +285,11 @@ void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int 
                            (mma_kernel_ == MmaKernel::by_shape && gpu::mma_frag_serves(w0.type, w0.n_in, T)));
         const bool gemm = (prefill_ || mma_kernel_ == MmaKernel::gemm) && T >= gemm_min_tokens_ &&
                           gpu::gemm_serves(w0.type, w0.n_in);
-        if (gemm) gpu::matmul_gemm(stream_, w0.type, w0.n_in, rows, T, a);
+        if (gemm) {
+            const int splits = gpu::gemm_splits(rows.n_out(), w0.n_in, T, n_sm_);
+            if (splits > 1) grow(gemm_scratch_, gemm_scratch_bytes_, sizeof(float) * size_t(splits * T * rows.n_out()));
+            gpu::matmul_gemm(stream_, w0.type, w0.n_in, rows, T, a, splits, static_cast<float *>(gemm_scratch_));
+        }
         else if (T < mma_min_tokens_) gpu::matmul_int8(stream_, w0.type, w0.n_in, rows, T, a);
         else if (frag) gpu::matmul_mma_frag(stream_, w0.type, w0.n_in, rows, T, a);
         else gpu::matmul_mma(stream_, w0.type, w0.n_in, rows, T, a);

@@ -126,6 +126,9 @@ private:
     std::map<uint64_t, int> graph_seen_;
     bool attn_split_ = true;
     bool delta_registers_ = true;  // LUCE_GPU_DELTANET_REG=0: DeltaNet state stays in device memory
+    void *gemm_scratch_ = nullptr;           // the prefill GEMM's split partials, grown on demand
+    size_t gemm_scratch_bytes_ = 0;
+    int n_sm_ = 1;                           // the device's SMs (CUs): the prefill GEMM's splits
     void *attn_scratch_ = nullptr;
     size_t attn_scratch_bytes_ = 0;
     void *topk_scratch_ = nullptr;           // drafter top-k candidates, grown on demand

@@ -16,10 +16,17 @@
 // m16n8k16 per unit), its weights staged as q - 32 so no activation sums are needed.
 // Deterministic: a fixed order, no atomics; a token's outputs do not depend on its tile or on T.
 //
+// Split K: a tile's groups are cut into `splits` runs of whole groups (blockIdx.z), each written
+// to a scratch slice, and a second kernel adds the slices in order (deterministic): the 27B's
+// 5120-row matrices make 40 tiles, a third of an H200's SMs, and 17408 rows make 136 on its 132
+// SMs, whose second round runs 4 tiles (ncu: 1.03 waves, busiest SM 48% above the mean).
+//
 // Pipeline: per group the block stages its 128 rows' eight units (decoded to int8 as the other
 // kernels decode them, sub-scales as bytes, the block scale) and its 64 tokens' 256 activations
 // and scale in shared memory; the next group's loads are in flight in registers meanwhile.
 // IQ4_XS and Q6_K (the 27B's body and its ssm_out / attn_v); the staged kernel serves the others.
+#include <algorithm>
+
 #include "kernels.h"
 #include "mma_int8.cuh"
 
@@ -189,14 +196,16 @@ __device__ __forceinline__ void multiply_group(const uint32_t *smem, int wm, int
         }
 }
 
+// partial == null: y itself; else slice z of the split partials, [splits][T][n_out].
 template <int TYPE>
-__global__ void __launch_bounds__(GEMM_THREADS) matmul_gemm_kernel(MmaArgs p) {
+__global__ void __launch_bounds__(GEMM_THREADS) matmul_gemm_kernel(MmaArgs p, float *partial) {
     extern __shared__ __align__(16) uint32_t smem[];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp % 4, wn = warp / 4;
     const int g = lane / 4, tq = lane % 4;  // fragment coordinates: groupID, thread in group
     const int64_t r0 = int64_t(blockIdx.x) * GEMM_ROWS;
     const int t0 = blockIdx.y * GEMM_TOKS;
-    const int n_groups = p.n_in / GROUP;
+    const int n_all = p.n_in / GROUP, splits = gridDim.z;
+    const int k_begin = int(blockIdx.z) * n_all / splits, k_end = (int(blockIdx.z) + 1) * n_all / splits;
 
     GemmRows<TYPE> wr;
 #pragma unroll
@@ -207,58 +216,101 @@ __global__ void __launch_bounds__(GEMM_THREADS) matmul_gemm_kernel(MmaArgs p) {
     }
     const Codebook cb = load_codebook();
     GemmLoads<TYPE> f;
-    fetch_weights<TYPE>(wr, 0, f);
+    fetch_weights<TYPE>(wr, k_begin, f);
     wait_for_inputs();  // the first weights are on their way while the previous kernel finishes
-    fetch_acts<TYPE>(p, t0, 0, f);
+    fetch_acts<TYPE>(p, t0, k_begin, f);
 
     float acc[MT][NT][4] = {};
-    for (int k = 0; k < n_groups; ++k) {
+    for (int k = k_begin; k < k_end; ++k) {
         stage_group<TYPE>(wr, f, k, cb, smem);
         __syncthreads();
-        if (k + 1 < n_groups) {
+        if (k + 1 < k_end) {
             fetch_weights<TYPE>(wr, k + 1, f);
             fetch_acts<TYPE>(p, t0, k + 1, f);
         }
         multiply_group<TYPE>(smem, wm, wn, g, tq, acc);
         __syncthreads();  // the next stage overwrites this one
     }
+    const int64_t n_out = p.rows.n_out();
+    float *slice = partial ? partial + int64_t(blockIdx.z) * p.T * n_out : nullptr;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int c = 0; c < 4; ++c)
-                store_output(p, r0 + WARP_ROWS * wm + 16 * m + g + (c < 2 ? 0 : 8),
-                             t0 + WARP_TOKS * wn + MMA_NTILE * j + 2 * tq + c % 2, acc[m][j][c]);
+            for (int c = 0; c < 4; ++c) {
+                const int64_t row = r0 + WARP_ROWS * wm + 16 * m + g + (c < 2 ? 0 : 8);
+                const int tok = t0 + WARP_TOKS * wn + MMA_NTILE * j + 2 * tq + c % 2;
+                if (!slice) store_output(p, row, tok, acc[m][j][c]);
+                else if (row < n_out && tok < p.T) slice[int64_t(tok) * n_out + row] = acc[m][j][c];
+            }
+}
+
+// y = the split partials added in slice order, one thread per output.
+__global__ void gemm_reduce_kernel(MmaArgs p, const float *partial, int splits) {
+    wait_for_inputs();
+    const int64_t n_out = p.rows.n_out(), i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_out * p.T) return;
+    float v = partial[i];
+    for (int z = 1; z < splits; ++z) v += partial[int64_t(z) * p.T * n_out + i];
+    store_output(p, i % n_out, int(i / n_out), v);
 }
 
 template <int TYPE>
-void launch_gemm(cudaStream_t stream, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a) {
+void launch_gemm(cudaStream_t stream, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a, int splits,
+                 float *partial) {
     // More than 48 KB of shared memory is an opt-in, once per kernel (thread-safe static init).
     static const cudaError_t opt_in = cudaFuncSetAttribute(
         matmul_gemm_kernel<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(GemmSmem::bytes));
     LUCE_GPU_CHECK(opt_in);
-    const dim3 grid(unsigned((rows.n_out() + GEMM_ROWS - 1) / GEMM_ROWS), unsigned((T + GEMM_TOKS - 1) / GEMM_TOKS));
+    const dim3 grid(unsigned((rows.n_out() + GEMM_ROWS - 1) / GEMM_ROWS), unsigned((T + GEMM_TOKS - 1) / GEMM_TOKS),
+                    unsigned(splits));
     const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T};
-    launch_kernel(matmul_gemm_kernel<TYPE>, grid, GEMM_THREADS, GemmSmem::bytes, stream, p);
+    launch_kernel(matmul_gemm_kernel<TYPE>, grid, GEMM_THREADS, GemmSmem::bytes, stream, p, splits > 1 ? partial : nullptr);
+    if (splits > 1) {
+        const int64_t n = rows.n_out() * T;
+        launch_kernel(gemm_reduce_kernel, unsigned((n + 255) / 256), 256, 0, stream, p, partial, splits);
+    }
 }
+
+// The tiles one SM runs at a time (registers and shared memory: one block of 8 warps).
+constexpr int GEMM_BLOCKS_PER_SM = 1;
+constexpr int GEMM_MAX_SPLITS = 8, GEMM_MIN_SPLIT_GROUPS = 4;
 
 }  // namespace
 
+// Rounds of tiles the SMs run, per split, plus a twentieth of a tile per split for writing and
+// adding the partials (a rough price, enough to stop at a few splits): the smallest wins.
+int gemm_splits(int64_t n_out, int64_t n_in, int T, int n_sm) {
+    const int64_t tiles = (n_out + GEMM_ROWS - 1) / GEMM_ROWS * ((T + GEMM_TOKS - 1) / GEMM_TOKS);
+    const int64_t slots = int64_t(std::max(1, n_sm)) * GEMM_BLOCKS_PER_SM;
+    int best = 1;
+    double best_cost = 1e30;
+    for (int s = 1; s <= GEMM_MAX_SPLITS && n_in / GROUP / s >= GEMM_MIN_SPLIT_GROUPS; ++s) {
+        const double cost = double((tiles * s + slots - 1) / slots) / s + 0.05 * s;
+        if (cost < best_cost) best = s, best_cost = cost;
+    }
+    return best;
+}
+
 bool gemm_serves(int type, int64_t n_in) { return (type == GGML_IQ4_XS || type == GGML_Q6_K) && n_in % GROUP == 0; }
 
-void matmul_gemm(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a) {
-    if (!gemm_serves(type, n_in) || n_in > INT32_MAX || T < 1 || int64_t(T) * n_in > INT32_MAX || rows.n < 1)
-        fail(LUCE_ERR_INTERNAL, "matmul_gemm: type %d, n_in %lld, T %d", type, (long long)n_in, T);
-    if (type == GGML_Q6_K) launch_gemm<GGML_Q6_K>(stream, n_in, rows, T, a);
-    else launch_gemm<GGML_IQ4_XS>(stream, n_in, rows, T, a);
+void matmul_gemm(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a,
+                 int splits, float *partial) {
+    if (!gemm_serves(type, n_in) || n_in > INT32_MAX || T < 1 || int64_t(T) * n_in > INT32_MAX || rows.n < 1 ||
+        splits < 1 || splits > GEMM_MAX_SPLITS || (splits > 1 && !partial))
+        fail(LUCE_ERR_INTERNAL, "matmul_gemm: type %d, n_in %lld, T %d, %d splits", type, (long long)n_in, T, splits);
+    if (type == GGML_Q6_K) launch_gemm<GGML_Q6_K>(stream, n_in, rows, T, a, splits, partial);
+    else launch_gemm<GGML_IQ4_XS>(stream, n_in, rows, T, a, splits, partial);
 }
 
 #else  // HIP keeps the dp4a kernel (matmul_int8.cu)
 
 bool gemm_serves(int, int64_t) { return false; }
 
-void matmul_gemm(cudaStream_t, int type, int64_t, const RowSegments &, int, const ActScratch &) {
+int gemm_splits(int64_t, int64_t, int, int) { return 1; }
+
+void matmul_gemm(cudaStream_t, int type, int64_t, const RowSegments &, int, const ActScratch &, int, float *) {
     fail(LUCE_ERR_UNSUPPORTED, "matmul_gemm: no tensor-core int8 matmul on HIP (type %d)", type);
 }
 
