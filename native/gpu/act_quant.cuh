@@ -21,17 +21,36 @@ namespace luce::gpu {
 // just wrote, from L2, and one round trip costs what the rest of the block's work does.
 constexpr int QUANT_MAX_PER_LANE = 8;  // 256 values / 32 lanes
 
+// The fragment-order copy of a block (for matmul_mma_frag.cu's verify widths): the activations
+// of 8-token tiles laid out as the m16n8k32 B fragments are read, so a warp loads a unit's
+// fragments for 8 tokens as 256 contiguous bytes (one 8-byte load per lane) instead of 8 rows'
+// 4-byte pieces. Tile tile, unit u, token g of the tile: 32 bytes at ((tile * n_units + u) * 8 +
+// g) * 32, the unit's words in the order 0 4 1 5 2 6 3 7 (lane tq's b0 and b1 side by side); the
+// scale of activation block b at (tile * n_blocks + b) * 8 + g, the two 16-sums of unit u at
+// ((tile * n_units + u) * 8 + g) * 2. FragDst points at the block's first unit, for its token.
+struct FragDst {
+    int8_t *q = nullptr;  // null: no copy
+    float *d = nullptr;
+    int16_t *s = nullptr;
+};
+
+// Byte e (0..31) of a unit in the fragment order: word e / 4 = 4 w + tq goes to word 2 tq + w.
+__device__ __forceinline__ int frag_byte(int e) { return ((e % 16) / 4) * 8 + (e / 16) * 4 + e % 4; }
+
 // The same from values the lanes already hold: v[k] = value lane + k * warpSize of the block
 // (0 past its end), as quantize_block_warp loads them.
 __device__ __forceinline__ void quantize_values_warp(const float (&v)[QUANT_MAX_PER_LANE], int block, int8_t *qb,
-                                                     float *db, int16_t *sb) {
+                                                     float *db, int16_t *sb, const FragDst &frag = {}) {
     const int lane = threadIdx.x % warpSize;
     float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) amax = fmaxf(amax, fabsf(v[k]));
     amax = warp_max(amax);
     const float id = amax > 0.f ? 127.f / amax : 0.f;
-    if (lane == 0) *db = amax / 127.f;
+    if (lane == 0) {
+        *db = amax / 127.f;
+        if (frag.q) *frag.d = amax / 127.f;
+    }
 #pragma unroll
     for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
         const int i = lane + k * warpSize;
@@ -41,6 +60,7 @@ __device__ __forceinline__ void quantize_values_warp(const float (&v)[QUANT_MAX_
             const float r = rintf(v[k] * id);
             const int8_t q = r >= -127.f && r <= 127.f ? int8_t(r) : int8_t(0);
             qb[i] = q;
+            if (frag.q) frag.q[(i / 32) * 256 + frag_byte(i % 32)] = q;
             qf = float(q);
         }
         // 16 consecutive values = 16 consecutive lanes (warpSize is a multiple of 16).
@@ -48,11 +68,15 @@ __device__ __forceinline__ void quantize_values_warp(const float (&v)[QUANT_MAX_
         qf += shfl_xor(qf, 4);
         qf += shfl_xor(qf, 2);
         qf += shfl_xor(qf, 1);
-        if (i < block && i % 16 == 0) sb[i / 16] = int16_t(qf);
+        if (i < block && i % 16 == 0) {
+            sb[i / 16] = int16_t(qf);
+            if (frag.q) frag.s[(i / 32) * 16 + (i / 16) % 2] = int16_t(qf);
+        }
     }
 }
 
-__device__ __forceinline__ void quantize_block_warp(const float *xb, int block, int8_t *qb, float *db, int16_t *sb) {
+__device__ __forceinline__ void quantize_block_warp(const float *xb, int block, int8_t *qb, float *db, int16_t *sb,
+                                                    const FragDst &frag = {}) {
     const int lane = threadIdx.x % warpSize;
     float v[QUANT_MAX_PER_LANE];
 #pragma unroll
@@ -60,7 +84,7 @@ __device__ __forceinline__ void quantize_block_warp(const float *xb, int block, 
         const int i = lane + k * warpSize;
         v[k] = i < block ? xb[i] : 0.f;
     }
-    quantize_values_warp(v, block, qb, db, sb);
+    quantize_values_warp(v, block, qb, db, sb, frag);
 }
 
 // Where fused ops write their quantized output; q == nullptr: they do not quantize.
@@ -69,14 +93,26 @@ struct FusedQuant {
     float *d = nullptr;
     int16_t *s16 = nullptr;
     int block = 0;  // 32 or 256
+    // The fragment-order copy (FragDst), or null; row_blocks: blocks per token.
+    int8_t *qf = nullptr;
+    float *df = nullptr;
+    int16_t *sf = nullptr;
+    int row_blocks = 0;
 
     // Block b (flat) of the output x, by the calling warp.
     __device__ __forceinline__ void block_at(const float *x, int64_t b) const {
-        quantize_block_warp(x + b * block, block, q + b * block, d + b, s16 + b * (block / 16));
+        quantize_block_warp(x + b * block, block, q + b * block, d + b, s16 + b * (block / 16), frag_at(b));
     }
     // Block b (flat), whose values the warp's lanes hold (quantize_values_warp).
     __device__ __forceinline__ void values_at(const float (&v)[QUANT_MAX_PER_LANE], int64_t b) const {
-        quantize_values_warp(v, block, q + b * block, d + b, s16 + b * (block / 16));
+        quantize_values_warp(v, block, q + b * block, d + b, s16 + b * (block / 16), frag_at(b));
+    }
+    __device__ __forceinline__ FragDst frag_at(int64_t b) const {
+        if (!qf) return {};
+        const int64_t t = b / row_blocks, bi = b % row_blocks, tile = t / 8, g = t % 8;
+        const int64_t n_units = int64_t(row_blocks) * block / 32, u = bi * block / 32;
+        return {qf + ((tile * n_units + u) * 8 + g) * 32, df + (tile * row_blocks + bi) * 8 + g,
+                sf + ((tile * n_units + u) * 8 + g) * 2};
     }
 };
 

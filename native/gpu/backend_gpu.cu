@@ -251,6 +251,8 @@ void GpuBackend::matmuls(const float *x, int T, const MatmulOut *out, int n) {
     }
 }
 
+bool GpuBackend::frag_acts(int64_t T) const { return T >= mma_min_tokens_ && T <= gpu::MMA_FRAG_MAX_TOKENS; }
+
 void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int n) {
     const Weight &w0 = *out[0].w;
     if (T < 1) return;
@@ -268,9 +270,11 @@ void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int 
         // Matmuls that share their input quantize it once: the scratch still holds x's
         // quantization if only matmuls and ops that quantized their own output (x) ran since, none
         // of which wrote into x afterwards (checked below).
-        const bool have = acts_.x == x && acts_.n == T * w0.n_in && acts_.block == block;
-        if (!have) grow(act_scratch_, act_scratch_bytes_, size_t(gpu::act_scratch_bytes(w0.n_in, T)));
-        const gpu::ActScratch a = gpu::act_scratch_at(act_scratch_, w0.n_in, T);
+        const bool frag_copy = frag_acts(T);
+        const bool have = acts_.x == x && acts_.n == T * w0.n_in && acts_.block == block &&
+                          (!frag_copy || acts_.frag_n_in == w0.n_in);
+        if (!have) grow(act_scratch_, act_scratch_bytes_, size_t(gpu::act_scratch_bytes(w0.n_in, T, frag_copy)));
+        const gpu::ActScratch a = gpu::act_scratch_at(act_scratch_, w0.n_in, T, frag_copy);
         if (!have) gpu::quantize_acts(stream_, warp_, x, int(w0.n_in), T, block, a);
         gpu::RowSegments rows;
         for (int i = 0; i < n; ++i) {
@@ -293,8 +297,9 @@ void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int 
         else if (T < mma_min_tokens_) gpu::matmul_int8(stream_, w0.type, w0.n_in, rows, T, a);
         else if (frag) gpu::matmul_mma_frag(stream_, w0.type, w0.n_in, rows, T, a);
         else gpu::matmul_mma(stream_, w0.type, w0.n_in, rows, T, a);
-        acts_ = {x, T * w0.n_in, block};
+        acts_ = {x, T * w0.n_in, block, frag_copy ? w0.n_in : 0};
         fused_block_ = block;
+        last_T_ = T;
     }
     for (int i = 0; i < n && acts_.x; ++i) {  // an output overlapping the quantized source voids it
         const float *src_end = acts_.x + acts_.n, *y = out[i].y;
@@ -314,11 +319,18 @@ void GpuBackend::get_rows(const Weight &w, const int32_t *ids, int T, float *out
 // matmul ran (float-weight models), and where a row of the output (`row` values: a norm's row, or
 // the whole output of an elementwise op) is not a whole number of blocks. Like the matmul's, the
 // scratch never grows inside a graph capture: the step ran eagerly first.
+//
+// The fragment-order copy needs the rows' length: SwiGLU's output (row == n: not known) is taken
+// as last_T_ rows, the width of the gate/up matmul before it; a matmul whose shape does not match
+// (frag_n_in) quantizes its input again, so a wrong guess costs a launch, never a wrong result.
 gpu::FusedQuant GpuBackend::quantize_output(const float *y, int64_t n, int64_t row) {
     if (exact_kernels_ || fused_block_ == 0 || row % fused_block_ != 0) return {};
-    grow(act_scratch_, act_scratch_bytes_, size_t(gpu::act_scratch_bytes(n, 1)));
-    acts_ = {y, n, fused_block_};
-    return gpu::fused_quant(gpu::act_scratch_at(act_scratch_, n, 1), fused_block_);
+    if (row == n && last_T_ > 1 && n % last_T_ == 0 && (n / last_T_) % fused_block_ == 0) row = n / last_T_;
+    const int64_t T = n / row;
+    const bool frag_copy = frag_acts(T);
+    grow(act_scratch_, act_scratch_bytes_, size_t(gpu::act_scratch_bytes(row, int(T), frag_copy)));
+    acts_ = {y, n, fused_block_, frag_copy ? row : 0};
+    return gpu::fused_quant(gpu::act_scratch_at(act_scratch_, row, int(T), frag_copy), fused_block_);
 }
 
 void GpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
@@ -339,7 +351,7 @@ void GpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_r
 void GpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) {
     LUCE_OP("mul_sigmoid");
     const int64_t n = int64_t(n_rows) * dim;
-    gpu::mul_sigmoid(stream_, warp_, o, g, g_stride, n_rows, dim, quantize_output(o, n, n));
+    gpu::mul_sigmoid(stream_, warp_, o, g, g_stride, n_rows, dim, quantize_output(o, n, dim));
 }
 
 void GpuBackend::swiglu(float *gate, const float *up, int64_t n) {

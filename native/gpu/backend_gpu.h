@@ -108,7 +108,12 @@ private:
         const float *x = nullptr;
         int64_t n = 0;                       // values quantized from x (flat: T x n_in of a matmul)
         int block = 0;
+        int64_t frag_n_in = 0;               // row length of the fragment-order copy (0: none)
     } acts_;
+    int last_T_ = 1;                         // the last int8 matmul's width: SwiGLU's rows are its
+    // Whether quantizations for T tokens also write the fragment-order copy (the per-warp fragment
+    // kernel reads it; it may serve T whenever the tensor cores do, up to MMA_FRAG_MAX_TOKENS).
+    bool frag_acts(int64_t T) const;
     int fused_block_ = 0;                    // block size ops quantize their output in: the last int8 matmul's
     // Where an op quantizes its n outputs at y (recorded as the scratch's content), or nothing.
     gpu::FusedQuant quantize_output(const float *y, int64_t n, int64_t row);

@@ -18,11 +18,17 @@ void matmul(cudaStream_t stream, int warp, const Weight &w, const float *x, int 
 
 // matmul_int8.cu: quantized weights x int8 activations (the CPU fast path's contract). The
 // activations are quantized (quantize_acts, blocks of act_block_of(w.type)) into an ActScratch of
-// act_scratch_bytes(n_in, T) device bytes first; one quantization may serve several matmuls.
+// act_scratch_bytes(n_in, T, frag) device bytes first; one quantization may serve several
+// matmuls. frag: the scratch also holds the fragment-order copy matmul_mma_frag reads (FragDst,
+// act_quant.cuh), which every quantization into it then writes.
 struct ActScratch {
     int8_t *q = nullptr;     // [T][n_in]
     float *d = nullptr;      // [T][n_in / act_block]
     int16_t *s16 = nullptr;  // [T][n_in / 16]: sum of q over each 16 values
+    int8_t *qf = nullptr;    // the fragment-order copy, tokens padded to tiles of 8 (or null)
+    float *df = nullptr;
+    int16_t *sf = nullptr;
+    int64_t n_in = 0;
 };
 // The output rows of one int8 matmul launch: up to MAX weights of one type and input width, side
 // by side (the matmuls of one input: q/k, gate/up, the DeltaNet projections). Launch row r is row
@@ -45,9 +51,11 @@ struct RowSegments {
 };
 
 // The scratch as the destination of an op that quantizes its own output in blocks of `block`.
-inline FusedQuant fused_quant(const ActScratch &a, int block) { return FusedQuant{a.q, a.d, a.s16, block}; }
-int64_t act_scratch_bytes(int64_t n_in, int T);
-ActScratch act_scratch_at(void *base, int64_t n_in, int T);
+inline FusedQuant fused_quant(const ActScratch &a, int block) {
+    return FusedQuant{a.q, a.d, a.s16, block, a.qf, a.df, a.sf, int(a.n_in / block)};
+}
+int64_t act_scratch_bytes(int64_t n_in, int T, bool frag);
+ActScratch act_scratch_at(void *base, int64_t n_in, int T, bool frag);
 void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int T, int block, const ActScratch &a);
 void matmul_int8(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a);
 // matmul_mma.cu: the same contract on the tensor cores (CUDA sm_80+; mma_matmul_supported(major)

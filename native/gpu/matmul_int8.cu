@@ -184,20 +184,37 @@ struct Int8Launch {
 
 }  // namespace
 
-int64_t act_scratch_bytes(int64_t n_in, int T) {
-    const int64_t align = 256;
-    auto up = [&](int64_t n) { return (n + align - 1) / align * align; };
-    return up(T * n_in) + up(T * (n_in / 32) * int64_t(sizeof(float))) + up(T * (n_in / 16) * int64_t(sizeof(int16_t)));
+namespace {
+
+// One copy's regions for T tokens: q [T][n_in], d [T][n_in / 32] (Q8_0's blocks, the most), s16
+// [T][n_in / 16]; each 256-byte aligned.
+int64_t up256(int64_t n) { return (n + 255) / 256 * 256; }
+int64_t q_bytes(int64_t n_in, int64_t T) { return up256(T * n_in); }
+int64_t d_bytes(int64_t n_in, int64_t T) { return up256(T * (n_in / 32) * int64_t(sizeof(float))); }
+int64_t s_bytes(int64_t n_in, int64_t T) { return up256(T * (n_in / 16) * int64_t(sizeof(int16_t))); }
+int64_t copy_bytes(int64_t n_in, int64_t T) { return q_bytes(n_in, T) + d_bytes(n_in, T) + s_bytes(n_in, T); }
+int64_t frag_tokens(int T) { return (int64_t(T) + 7) / 8 * 8; }  // whole tiles of 8
+
+}  // namespace
+
+int64_t act_scratch_bytes(int64_t n_in, int T, bool frag) {
+    return copy_bytes(n_in, T) + (frag ? copy_bytes(n_in, frag_tokens(T)) : 0);
 }
 
-ActScratch act_scratch_at(void *base, int64_t n_in, int T) {
-    const int64_t align = 256;
-    auto up = [&](int64_t n) { return (n + align - 1) / align * align; };
+ActScratch act_scratch_at(void *base, int64_t n_in, int T, bool frag) {
     auto *p = static_cast<uint8_t *>(base);
     ActScratch a;
+    a.n_in = n_in;
     a.q = reinterpret_cast<int8_t *>(p);
-    a.d = reinterpret_cast<float *>(p + up(T * n_in));
-    a.s16 = reinterpret_cast<int16_t *>(p + up(T * n_in) + up(T * (n_in / 32) * int64_t(sizeof(float))));
+    a.d = reinterpret_cast<float *>(p + q_bytes(n_in, T));
+    a.s16 = reinterpret_cast<int16_t *>(p + q_bytes(n_in, T) + d_bytes(n_in, T));
+    if (frag) {
+        const int64_t T8 = frag_tokens(T);
+        uint8_t *f = p + copy_bytes(n_in, T);
+        a.qf = reinterpret_cast<int8_t *>(f);
+        a.df = reinterpret_cast<float *>(f + q_bytes(n_in, T8));
+        a.sf = reinterpret_cast<int16_t *>(f + q_bytes(n_in, T8) + d_bytes(n_in, T8));
+    }
     return a;
 }
 

@@ -52,14 +52,17 @@ struct ActLoads {
     uint32_t sums[WARP_SLOTS][NTILES][2];  // the unit's two 16-sums, int16 each
 };
 
-// Per-thread activation offsets (tokens past T clamped to the last: values nobody stores).
+// Per-thread offsets into the fragment-order activations (act_quant.cuh, FragDst) of each
+// n-tile's first unit or block (tiles past T clamped to the last: values nobody stores).
 template <int NTILES>
 struct ActOffsets {
-    int64_t x[NTILES];      // token g's activations, at element 4 tq
-    int dx[NTILES][2];      // the C columns' tokens' first scale
-    int sums[NTILES][2];    // and first 16-sum
+    int64_t x[NTILES];   // token g's 8 bytes for lane tq: b0 | b1
+    int64_t dx[NTILES];  // the scales of tokens 2 tq, 2 tq + 1
+    int64_t sums[NTILES];  // and their two 16-sums each
 };
 
+// One 8-byte load per (unit, n-tile) for the B fragments, one for the C columns' scales, one for
+// their 16-sums: a warp's loads of one unit are 256 contiguous bytes.
 template <int TYPE, int NTILES>
 __device__ __forceinline__ void fetch_acts(const MmaArgs &p, const ActOffsets<NTILES> &o, int u0, ActLoads<NTILES> &l) {
     constexpr int units_per_block = act_block_of(TYPE) / 32;  // a compile-time divisor
@@ -68,14 +71,13 @@ __device__ __forceinline__ void fetch_acts(const MmaArgs &p, const ActOffsets<NT
         const int u = u0 + h;
 #pragma unroll
         for (int j = 0; j < NTILES; ++j) {
-            const int8_t *xp = p.xq + o.x[j] + 32 * u;
-            l.x[h][j][0] = *reinterpret_cast<const uint32_t *>(xp);
-            l.x[h][j][1] = *reinterpret_cast<const uint32_t *>(xp + 16);
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                l.dx[h][j][c] = p.xd[o.dx[j][c] + u / units_per_block];
-                if constexpr (uses_sums(TYPE))
-                    l.sums[h][j][c] = *reinterpret_cast<const uint32_t *>(p.xs + o.sums[j][c] + 2 * u);
+            const uint2 x = *reinterpret_cast<const uint2 *>(p.xqf + o.x[j] + 256 * int64_t(u));
+            l.x[h][j][0] = x.x, l.x[h][j][1] = x.y;
+            const float2 dx = *reinterpret_cast<const float2 *>(p.xdf + o.dx[j] + 8 * (u / units_per_block));
+            l.dx[h][j][0] = dx.x, l.dx[h][j][1] = dx.y;
+            if constexpr (uses_sums(TYPE)) {
+                const uint2 s = *reinterpret_cast<const uint2 *>(p.xsf + o.sums[j] + 16 * int64_t(u));
+                l.sums[h][j][0] = s.x, l.sums[h][j][1] = s.y;
             }
         }
     }
@@ -116,19 +118,17 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
     const int seg = p.rows.find(row);
     const uint8_t *wr = p.rows.w[seg] + (row - p.rows.start(seg)) * p.row_bytes;
     ActOffsets<NTILES> o;
+    const int n_units = p.n_in / 32, n_blocks = p.n_in / act_block_of(TYPE);
 #pragma unroll
-    for (int j = 0; j < NTILES; ++j) {  // offsets: T * n_in < 2^31 (launcher)
-        o.x[j] = int64_t(min(t0 + MMA_NTILE * j + g, p.T - 1)) * p.n_in + 4 * tq;
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const int tok = min(t0 + MMA_NTILE * j + 2 * tq + c, p.T - 1);
-            o.dx[j][c] = tok * (p.n_in / act_block_of(TYPE));
-            o.sums[j][c] = tok * (p.n_in / 16);
-        }
+    for (int j = 0; j < NTILES; ++j) {
+        const int64_t tile = min(t0 / MMA_NTILE + j, (p.T - 1) / MMA_NTILE);
+        o.x[j] = (tile * n_units * 8 + g) * 32 + 8 * tq;
+        o.dx[j] = tile * n_blocks * 8 + 2 * tq;
+        o.sums[j] = (tile * n_units * 8 + 2 * tq) * 2;
     }
     float acc[WARP_SLOTS][NTILES][4] = {};
 
-    const int n_units = p.n_in / 32, n_groups = (n_units + SLOTS - 1) / SLOTS;
+    const int n_groups = (n_units + SLOTS - 1) / SLOTS;
     const int k_begin = part_begin(part, n_groups, PARTS), k_end = part_begin(part + 1, n_groups, PARTS);
     const int slot = WARP_SLOTS * pair + h;  // this lane's unit in each group
     const Codebook cb = load_codebook();
@@ -199,7 +199,8 @@ struct FragLaunch {
     void launch_with() const {
         const int toks = MMA_NTILE * NTILES;
         const dim3 grid(unsigned((rows.n_out() + 15) / 16), unsigned((T + toks - 1) / toks));
-        const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T};
+        const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T,
+                        a.qf, a.df, a.sf};
         launch_kernel(matmul_mma_frag_kernel<TYPE, NTILES, UNROLL, PARTS>, grid, PAIR_WARPS * 32 * PARTS, 0, stream, p);
     }
 
@@ -230,18 +231,22 @@ struct FragLaunch {
 
 }  // namespace
 
-// From the kernel bench of an H200 (2026-12-04, gpu_check's "Matmul kernels", fragment vs
-// staged kernel): IQ4_XS faster at 8 tokens (17408x5120 53 vs 59 us, 5120x17408 63 vs 74) and
-// 17-32 (107 vs 117, 130 vs 175), at 9-16 only on rows of several parts (79 vs 89; 17408x5120:
-// 75 vs 65); Q6_K and Q5_K slower (their raw units are large: two in flight per lane).
-bool mma_frag_serves(int type, int64_t n_in, int T) {
-    if (type != GGML_IQ4_XS || T > MMA_FRAG_MAX_TOKENS) return false;
-    return T <= 8 || T > 16 || row_parts(int(n_in)) > 1;
+// From the kernel bench of an H200 (2026-12-04, gpu_check's "Matmul kernels", fragment vs staged
+// kernel, activations from the fragment-order copy): IQ4_XS faster or equal at every width 8-32
+// (17408x5120 at 8 / 16 / 32 tokens: 41 / 56 / 75 us against 60 / 64 / 116; 10240x5120 at 16:
+// 31 against 39); Q6_K faster at 8 and at 17-32 (5120x6144 at 32: 61 against 88) but not at 16
+// on its larger matrix (48 against 43); Q5_K and Q8_0 slower (their raw units are large: two in
+// flight per lane).
+bool mma_frag_serves(int type, int64_t, int T) {
+    if (T > MMA_FRAG_MAX_TOKENS) return false;
+    if (type == GGML_IQ4_XS) return true;
+    return type == GGML_Q6_K && (T <= 8 || T > 16);
 }
 
 void matmul_mma_frag(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a) {
     const int block = act_block_of(type);
-    if (block == 0 || n_in % block != 0 || n_in > INT32_MAX || T < 1 || T > MMA_FRAG_MAX_TOKENS || int64_t(T) * n_in > INT32_MAX || rows.n < 1)
+    if (block == 0 || n_in % block != 0 || n_in > INT32_MAX || T < 1 || T > MMA_FRAG_MAX_TOKENS ||
+        int64_t(T) * n_in > INT32_MAX || rows.n < 1 || !a.qf || a.n_in != n_in)
         fail(LUCE_ERR_INTERNAL, "matmul_mma_frag: type %d, n_in %lld, T %d", type, (long long)n_in, T);
     FragLaunch launch{stream, n_in, rows, a, T};
     if (!dispatch_type(type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU matmul for ggml type %d", type);

@@ -26,6 +26,10 @@ struct MmaArgs {
     const float *xd;
     const int16_t *xs;
     int T;
+    // The fragment-order copy (act_quant.cuh, FragDst): matmul_mma_frag reads only these.
+    const int8_t *xqf = nullptr;
+    const float *xdf = nullptr;
+    const int16_t *xsf = nullptr;
 };
 
 // D = A (16x32 s8, row) x B (32x8 s8, col), fresh accumulator.
