@@ -299,7 +299,6 @@ void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int 
         else gpu::matmul_mma(stream_, w0.type, w0.n_in, rows, T, a);
         acts_ = {x, T * w0.n_in, block, frag_copy ? w0.n_in : 0};
         fused_block_ = block;
-        last_T_ = T;
     }
     for (int i = 0; i < n && acts_.x; ++i) {  // an output overlapping the quantized source voids it
         const float *src_end = acts_.x + acts_.n, *y = out[i].y;
@@ -316,16 +315,13 @@ void GpuBackend::get_rows(const Weight &w, const int32_t *ids, int T, float *out
 // The ops whose output is a matmul's input quantize it in the same launch (act_quant.cuh), in
 // blocks of the last int8 matmul's type, and the scratch records it as its content (y, n values),
 // so the matmul then finds its input quantized. Off under LUCE_GPU_KERNELS=exact, before any int8
-// matmul ran (float-weight models), and where a row of the output (`row` values: a norm's row, or
-// the whole output of an elementwise op) is not a whole number of blocks. Like the matmul's, the
-// scratch never grows inside a graph capture: the step ran eagerly first.
-//
-// The fragment-order copy needs the rows' length: SwiGLU's output (row == n: not known) is taken
-// as last_T_ rows, the width of the gate/up matmul before it; a matmul whose shape does not match
-// (frag_n_in) quantizes its input again, so a wrong guess costs a launch, never a wrong result.
+// matmul ran (float-weight models), and where a row of the output (`row` values: one token's) is
+// not a whole number of blocks. Like the matmul's, the scratch never grows inside a graph capture:
+// the step ran eagerly first.
+// The fragment-order copy is laid out for n / row rows of `row` values; a matmul of another shape
+// (frag_n_in) quantizes its input again.
 gpu::FusedQuant GpuBackend::quantize_output(const float *y, int64_t n, int64_t row) {
     if (exact_kernels_ || fused_block_ == 0 || row % fused_block_ != 0) return {};
-    if (row == n && last_T_ > 1 && n % last_T_ == 0 && (n / last_T_) % fused_block_ == 0) row = n / last_T_;
     const int64_t T = n / row;
     const bool frag_copy = frag_acts(T);
     grow(act_scratch_, act_scratch_bytes_, size_t(gpu::act_scratch_bytes(row, int(T), frag_copy)));
@@ -354,9 +350,10 @@ void GpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_r
     gpu::mul_sigmoid(stream_, warp_, o, g, g_stride, n_rows, dim, quantize_output(o, n, dim));
 }
 
-void GpuBackend::swiglu(float *gate, const float *up, int64_t n) {
+void GpuBackend::swiglu(float *gate, const float *up, int n_rows, int64_t dim) {
     LUCE_OP("swiglu");
-    gpu::swiglu(stream_, warp_, gate, up, n, quantize_output(gate, n, n));
+    const int64_t n = n_rows * dim;
+    gpu::swiglu(stream_, warp_, gate, up, n, quantize_output(gate, n, dim));
 }
 
 void GpuBackend::add(float *x, const float *y, int64_t n) {

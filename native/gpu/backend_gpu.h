@@ -38,7 +38,7 @@ public:
                  float *y, int64_t y_stride) override;
     void rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim, float eps) override;
     void mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) override;
-    void swiglu(float *gate, const float *up, int64_t n) override;
+    void swiglu(float *gate, const float *up, int n_rows, int64_t dim) override;
     void add(float *x, const float *y, int64_t n) override;
     void add_rmsnorm(float *x, const float *y, const float *w, int n_rows, int dim, float eps, float *out) override;
     void rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
@@ -110,7 +110,6 @@ private:
         int block = 0;
         int64_t frag_n_in = 0;               // row length of the fragment-order copy (0: none)
     } acts_;
-    int last_T_ = 1;                         // the last int8 matmul's width: SwiGLU's rows are its
     // Whether quantizations for T tokens also write the fragment-order copy (the per-warp fragment
     // kernel reads it; it may serve T whenever the tensor cores do, up to MMA_FRAG_MAX_TOKENS).
     bool frag_acts(int64_t T) const;

@@ -81,8 +81,9 @@ public:
                                float eps) = 0;
     // o[r][d] *= sigmoid(g[r * g_stride + d]) (attention output gate).
     virtual void mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) = 0;
-    // gate[i] = silu(gate[i]) * up[i] (SwiGLU).
-    virtual void swiglu(float *gate, const float *up, int64_t n) = 0;
+    // gate[i] = silu(gate[i]) * up[i] (SwiGLU) over n_rows rows of dim values (contiguous; the
+    // rows let a backend lay the output out for the matmul that reads it next).
+    virtual void swiglu(float *gate, const float *up, int n_rows, int64_t dim) = 0;
     // x[i] += y[i] (residual).
     virtual void add(float *x, const float *y, int64_t n) = 0;
     // x += y, then out = rmsnorm(x) * w, over n_rows contiguous rows of `dim`: a residual add and

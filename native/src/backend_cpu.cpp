@@ -187,8 +187,8 @@ void CpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_r
         for (int d = 0; d < dim; ++d) o[int64_t(r) * dim + d] *= sigmoid(g[r * g_stride + d]);
 }
 
-void CpuBackend::swiglu(float *gate, const float *up, int64_t n) {
-    pool_.run(n, [&](int64_t b, int64_t e) {
+void CpuBackend::swiglu(float *gate, const float *up, int n_rows, int64_t dim) {
+    pool_.run(int64_t(n_rows) * dim, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) gate[i] = silu(gate[i]) * up[i];
     }, grain_for(8));
 }

@@ -24,7 +24,7 @@ public:
                  float *y, int64_t y_stride) override;
     void rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim, float eps) override;
     void mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) override;
-    void swiglu(float *gate, const float *up, int64_t n) override;
+    void swiglu(float *gate, const float *up, int n_rows, int64_t dim) override;
     void add(float *x, const float *y, int64_t n) override;
     void rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
                    float theta) override;

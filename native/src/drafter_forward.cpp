@@ -183,7 +183,7 @@ void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, in
         }
         const Backend::MatmulOut gate_up[] = {{&L.gate, ctx.gate, F}, {&L.up, ctx.up, F}};
         be.matmuls(cur, B, gate_up, 2);
-        be.swiglu(ctx.gate, ctx.up, int64_t(B) * F);
+        be.swiglu(ctx.gate, ctx.up, B, F);
         be.matmul(L.down, ctx.gate, B, mix, E);
         if (conv) conv_sublayer(d, ctx, L.ffn_conv, 1, mix, B);
         be.add(x, mix, int64_t(B) * E);

@@ -21,7 +21,7 @@ void mlp(Session &s, const LayerWeights &L, int T) {
     const int64_t F = L.ffn_gate.n_out, E = s.model->hp.n_embd;
     const Backend::MatmulOut gate_up[] = {{&L.ffn_gate, b.ff_gate, F}, {&L.ffn_up, b.ff_up, F}};
     be.matmuls(b.cur, T, gate_up, 2);
-    be.swiglu(b.ff_gate, b.ff_up, T * F);
+    be.swiglu(b.ff_gate, b.ff_up, T, F);
     be.matmul(L.ffn_down, b.ff_gate, T, b.mix, E);
 }
 
