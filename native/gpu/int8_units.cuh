@@ -6,6 +6,8 @@
 // verify row is bit-identical to the decode step of the same token whichever served each.
 #pragma once
 
+#include <type_traits>
+
 #include "quant_blocks.cuh"
 
 namespace luce::gpu::int8_units {
@@ -279,6 +281,17 @@ constexpr int MAX_PARTS = 4;
 __host__ __device__ constexpr int row_parts(int n_in) {
     const int n_groups = (n_in / 32 + SLOTS - 1) / SLOTS;
     return n_groups >= 64 ? 4 : n_groups >= 24 ? 2 : 1;
+}
+
+// f(std::integral_constant<int, P>{}) for the row's part count P: kernels take it as a template
+// parameter (the dp4a and fragment kernels' launchers).
+template <class F>
+void with_row_parts(int n_in, const F &f) {
+    switch (row_parts(n_in)) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    default: return f(std::integral_constant<int, MAX_PARTS>{});
+    }
 }
 
 // The first group of part p (p == parts: the end).

@@ -147,11 +147,7 @@ struct Int8Launch {
 
     template <int TYPE, int NT, int UNROLL>
     void launch() const {
-        switch (row_parts(int(n_in))) {
-        case 1: return launch_parts<TYPE, NT, UNROLL, 1>();
-        case 2: return launch_parts<TYPE, NT, UNROLL, 2>();
-        default: return launch_parts<TYPE, NT, UNROLL, MAX_PARTS>();
-        }
+        with_row_parts(int(n_in), [&](auto parts) { launch_parts<TYPE, NT, UNROLL, decltype(parts)::value>(); });
     }
 
     // Decode keeps four units per lane in flight (eight on long rows, whose matrices have few

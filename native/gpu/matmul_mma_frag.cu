@@ -210,11 +210,7 @@ struct FragLaunch {
     template <int TYPE, int NTILES>
     void launch() const {
         constexpr int UNROLL = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 2;
-        switch (row_parts(int(n_in))) {
-        case 1: return launch_with<TYPE, NTILES, UNROLL, 1>();
-        case 2: return launch_with<TYPE, NTILES, UNROLL, 2>();
-        default: return launch_with<TYPE, NTILES, UNROLL, MAX_PARTS>();
-        }
+        with_row_parts(int(n_in), [&](auto parts) { launch_with<TYPE, NTILES, UNROLL, decltype(parts)::value>(); });
     }
 
     template <int TYPE>
