@@ -449,6 +449,8 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     # (large=False: memcheck, whose 180 s would not cover it.)
     cases = [(q, 99, 512) for q in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)]
     cases += [(Q.Q8_0, 99, 480), (Q.IQ4_XS, 40, 8448), (Q.Q6_K, 40, 6144), (Q.Q8_0, 24, 16416), (Q.Q5_K, 24, 16384)]
+    # Q6_K x 5120: the 27B's attn_v rows (4200 bytes: rows off 16-byte boundaries).
+    cases += [(Q.Q6_K, 64, 5120)]
     cases += [(Q.IQ4_XS, 12300, 512)] if large else []
     for qtype, n_rows, n_cols in cases:
         raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut, n_rows, n_cols)
@@ -456,10 +458,11 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
         # "fast": the dp4a int8 kernel forced for every width; "frag" / "staged": one tensor-core
         # kernel forced (per-warp fragments up to 32 tokens and the staged one past that / the
         # staged one; LUCE_GPU_MATMUL); worst = [width, token, row] of the largest error.
+        # "auto": the backend's own choice by width and shape, compared bitwise like the forced ones.
         # "gemm": the prefill GEMM forced (its own summation order: held to the oracle only; types
         # it does not serve fall back to the others).
-        err = {"exact": 0.0, "fast": 0.0, "frag": 0.0, "staged": 0.0, "gemm": 0.0}
-        worst = {"fast": None, "frag": None, "staged": None, "gemm": None}
+        err = {"exact": 0.0, "fast": 0.0, "auto": 0.0, "frag": 0.0, "staged": 0.0, "gemm": 0.0}
+        worst = {"fast": None, "auto": None, "frag": None, "staged": None, "gemm": None}
         kernels_differ = []
         for T in MATMUL_WIDTHS:
             x = rng.standard_normal((T, n_cols)).astype(np.float32)
@@ -469,13 +472,14 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
             err["exact"] = max(err["exact"], float(np.abs(y - x.astype(np.float64) @ w.T).max()) / scale)
             xs = quantized_activations(x, block) if block else x.astype(np.float64)
             ys = {}
-            for kind in ("fast", "frag", "staged", "gemm") if block and dut == "gpu" else ("fast",):
-                with kernels("fast"), env(LUCE_GPU_MATMUL="dp4a" if kind == "fast" else kind):
+            for kind in ("fast", "auto", "frag", "staged", "gemm") if block and dut == "gpu" else ("fast",):
+                forced = {"fast": "dp4a", "auto": None}.get(kind, kind)
+                with kernels("fast"), env(LUCE_GPU_MATMUL=forced):
                     ys[kind] = y = run(int(qtype), raw, n_rows, n_cols, x)
                 e, at = _worst(y, xs @ w.T, scale, T)
                 if worst[kind] is None or e > err[kind]:
                     err[kind], worst[kind] = e, at
-            kernels_differ += [f"{T} ({kind})" for kind in ("frag", "staged")
+            kernels_differ += [f"{T} ({kind})" for kind in ("auto", "frag", "staged")
                                if kind in ys and not np.array_equal(ys["fast"], ys[kind])]
         x = rng.standard_normal((INVARIANCE_TOKENS if invariance else 0, n_cols)).astype(np.float32)
         with kernels("fast"):

@@ -80,12 +80,24 @@ constexpr int MATMUL_THREADS = 128;
 // a second, partial wave (1088 blocks, 7 resident per SM) and 32% achieved occupancy of 44%.
 constexpr int DECODE_THREADS = 64;
 
+// One-token launches of Q6_K rows in two parts (the 27B's ssm_out, 5120 x 6144: 1280 blocks)
+// are held to 96 registers, 10 blocks of DECODE_THREADS per SM (the bound counts blocks of
+// MATMUL_THREADS): at 127 registers 8 fit, 1.21 waves on a 132-SM H200 (2026-12-04: 16.0 ->
+// 14.8 us). Tried on IQ4_XS's 17408 x 5120 (2176 blocks, 1.03 waves at 16 per SM): 17 per SM
+// needed 56 registers, and the spills cost more (19.5 -> 23.7 us). 0: no bound (an explicit 1
+// changes ptxas's register choices).
+template <int TYPE, int NT, int PARTS>
+constexpr int min_blocks_per_sm() {
+    return NT == 1 && TYPE == GGML_Q6_K && PARTS == 2 ? 10 * DECODE_THREADS / MATMUL_THREADS : 0;
+}
+
 // Each lane keeps UNROLL units in flight: it decodes one fetched unit, fetches its successor
 // (UNROLL * SLOTS units on) into the freed registers, then applies it, so DRAM always has the
 // next round's loads while the current one is computed. A row takes SLOTS * PARTS lanes: lane
 // slot + SLOTS * part sums slot `slot` of part `part` (int8_units.cuh).
 template <int TYPE, int NT, int UNROLL, int PARTS>
-__global__ void __launch_bounds__(MATMUL_THREADS) matmul_int8_kernel(RowSegments rows, int64_t row_bytes, int n_in,
+__global__ void __launch_bounds__(MATMUL_THREADS, (min_blocks_per_sm<TYPE, NT, PARTS>()))
+    matmul_int8_kernel(RowSegments rows, int64_t row_bytes, int n_in,
                                                                      const int8_t *xq, const float *xd,
                                                                      const int16_t *xs, int T) {
     constexpr int ROW_LANES = SLOTS * PARTS;
