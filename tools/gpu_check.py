@@ -816,7 +816,8 @@ KERNEL_WIDTHS = VERIFY_WIDTHS + (64,)  # 64: a prefill chunk (MAX_STEP), where t
 def bench_matmul_kernels(dut: str, deadline: float) -> list[dict]:
     """Device time of one quantized matmul kernel (activations already quantized) per 27B shape and
     width: the default choice by width, and the dp4a, the two tensor-core kernels and the prefill GEMM
-    forced. GB/s counts the weight bytes once per call."""
+    forced. GB/s counts the weight bytes once per call. Each timed call reads its own copy of the
+    weights (the hook's copies add up to 4x the L2), so they come from DRAM as in a model step."""
     import numpy as np
     from gguf.constants import GGMLQuantizationType as Q
 

@@ -75,8 +75,9 @@ public:
     void graph_clear() override;
     void set_prefill(bool on) override { prefill_ = on; }
 
-    // Mean device time of `reps` back-to-back matmuls, microseconds (the test hook's timing).
-    float time_matmul(const Weight &w, const float *x, int T, float *y, int reps);
+    // Mean device time of `reps` back-to-back matmuls, microseconds (the test hook's timing; each
+    // call on its own copy of the w_bytes of weights, so they come from DRAM as in a model step).
+    float time_matmul(const Weight &w, size_t w_bytes, const float *x, int T, float *y, int reps);
     // Free device memory now, for the load-time check.
     size_t free_bytes() const;
     // The one stream every op is enqueued on (the profiler records its events there).
@@ -133,6 +134,7 @@ private:
     void *gemm_scratch_ = nullptr;           // the prefill GEMM's split partials, grown on demand
     size_t gemm_scratch_bytes_ = 0;
     int n_sm_ = 1;                           // the device's SMs (CUs): the prefill GEMM's splits
+    size_t l2_bytes_ = 0;                    // the device's L2 cache (time_matmul sizes its weight copies by it)
     void *attn_scratch_ = nullptr;
     size_t attn_scratch_bytes_ = 0;
     void *topk_scratch_ = nullptr;           // drafter top-k candidates, grown on demand
