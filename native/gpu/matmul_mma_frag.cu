@@ -227,16 +227,17 @@ struct FragLaunch {
 
 }  // namespace
 
-// From the kernel bench of an H200 (2026-12-04, gpu_check's "Matmul kernels", fragment vs staged
-// kernel, activations from the fragment-order copy): IQ4_XS faster or equal at every width 8-32
-// (17408x5120 at 8 / 16 / 32 tokens: 41 / 56 / 75 us against 60 / 64 / 116; 10240x5120 at 16:
-// 31 against 39); Q6_K faster at 8 and at 17-32 (5120x6144 at 32: 61 against 88) but not at 16
-// on its larger matrix (48 against 43); Q5_K and Q8_0 slower (their raw units are large: two in
-// flight per lane).
-bool mma_frag_serves(int type, int64_t, int T) {
+// From the kernel bench of an H200 (2026-12-04, session 7: cold weights, each call on its own
+// copy as in a model step; fragment vs staged kernel): IQ4_XS faster at every width 8-32
+// (17408x5120 at 8 / 16 / 32 tokens: 41 / 56 / 75 us against 59 / 64 / 116; 5120x17408: 53 / 61 /
+// 99 against 90 / 113 / 174); Q6_K faster on rows of one part (attn_v, 1024x5120: 23 / 25 / 29
+// against 25 / 28 / 32) but on ssm_out's rows of two parts only past 16 tokens (5120x6144: 46 /
+// 53 / 65 against 37 / 46 / 91); Q5_K and Q8_0 slower (their raw units are large: two in flight
+// per lane). The kernels give the same bits, so this only picks the faster.
+bool mma_frag_serves(int type, int64_t n_in, int T) {
     if (T > MMA_FRAG_MAX_TOKENS) return false;
     if (type == GGML_IQ4_XS) return true;
-    return type == GGML_Q6_K && (T <= 8 || T > 16);
+    return type == GGML_Q6_K && (int8_units::row_parts(int(n_in)) == 1 || T > 16);
 }
 
 void matmul_mma_frag(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a) {
