@@ -97,9 +97,8 @@ constexpr int min_blocks_per_sm() {
 // slot + SLOTS * part sums slot `slot` of part `part` (int8_units.cuh).
 template <int TYPE, int NT, int UNROLL, int PARTS>
 __global__ void __launch_bounds__(MATMUL_THREADS, (min_blocks_per_sm<TYPE, NT, PARTS>()))
-    matmul_int8_kernel(RowSegments rows, int64_t row_bytes, int n_in,
-                                                                     const int8_t *xq, const float *xd,
-                                                                     const int16_t *xs, int T) {
+    matmul_int8_kernel(RowSegments rows, int64_t row_bytes, int n_in, const int8_t *xq, const float *xd,
+                       const int16_t *xs, int T) {
     constexpr int ROW_LANES = SLOTS * PARTS;
     const int slot = threadIdx.x % SLOTS, part = threadIdx.x / SLOTS % PARTS;
     const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / ROW_LANES;
