@@ -805,9 +805,8 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
 
 # The 27B's matmul shapes (rows x cols, type of the iq4_xs mix): FFN gate/up and down, the
 # DeltaNet qkv projection, ssm_out, the attention v projection, one DeltaNet gate (alpha/beta),
-# a slice of the Q5_K head, and the Q8_0 drafter's FFN gate/up.
-# The 27B's matrices, and (34816, 16480 rows) the launches that fuse them in a step: FFN gate + up,
-# the DeltaNet qkv + gate + beta + alpha (RowSegments: one kernel over the rows of all).
+# a slice of the Q5_K head, the Q8_0 drafter's FFN gate/up; and (34816, 16480 rows) the launches
+# that fuse matrices in a step (RowSegments): FFN gate + up, DeltaNet qkv + gate + beta + alpha.
 KERNEL_SHAPES = (("IQ4_XS", 17408, 5120), ("IQ4_XS", 34816, 5120), ("IQ4_XS", 5120, 17408), ("IQ4_XS", 10240, 5120),
                  ("IQ4_XS", 16480, 5120), ("Q6_K", 5120, 6144), ("Q6_K", 1024, 5120), ("IQ4_XS", 48, 5120),
                  ("Q5_K", 32768, 5120), ("Q8_0", 17408, 5120))
