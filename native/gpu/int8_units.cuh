@@ -29,6 +29,12 @@ static __device__ Codebook iq4nl_codebook_words = {{0xBFAD9881u, 0xF6EADDCFu, 0x
 
 __device__ __forceinline__ Codebook load_codebook() { return iq4nl_codebook_words; }
 
+// The same words through an address ptxas cannot prove uniform (threadIdx.x / blockDim.x is 0):
+// a value it can prove warp-uniform may live in a uniform register, which prmt does not take,
+// and in the fragment kernel ptxas then copied two codebook words into ordinary registers before
+// every permute (16 moves per unit, H200 SASS, 2026-12-04).
+__device__ __forceinline__ Codebook load_codebook_lanes() { return (&iq4nl_codebook_words)[threadIdx.x / blockDim.x]; }
+
 #if !defined(LUCE_HIP)
 // PTX prmt in its default mode: result byte i = byte (sel nibble i & 7) of the pair (a, b), or
 // that byte's sign bit repeated when the nibble's bit 3 is set.
@@ -246,23 +252,32 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
 }
 
 // acc += (this unit . token's quantized activations) from the unit's exact integer dots over its
-// two 16-element halves (lo, hi), in one fixed order of fp32 operations. Every int -> float
-// conversion below is exact (|value| < 2^24 for every type's ranges).
+// two 16-element halves (lo, hi), in one fixed order of fp32 operations, given the products of
+// the unit's block scales with the token's activation scale: sd = d * dx, smin = dmin * dx
+// (apply_dots forms them; a kernel whose unit shares d with its neighbours may form them once).
+// Every int -> float conversion below is exact (|value| < 2^24 for every type's ranges).
+template <int TYPE>
+__device__ __forceinline__ float apply_scaled_dots(const UnitScales &us, float sd, float smin, int lo, int hi,
+                                                   int sum_lo, int sum_hi, float acc) {
+    if constexpr (TYPE == GGML_Q6_K) {  // q kept 0..63: the -32 comes in through the sums
+        acc = fmaf(sd, float(us.sc0 * (lo - 32 * sum_lo)), acc);
+        return fmaf(sd, float(us.sc1 * (hi - 32 * sum_hi)), acc);
+    } else if constexpr (TYPE == GGML_Q8_0) {
+        return fmaf(sd, float(lo + hi), acc);
+    } else if constexpr (TYPE == GGML_IQ4_XS) {
+        return fmaf(sd, float(us.sc0 * (lo + hi)), acc);
+    } else {  // Q4_K / Q5_K: d sc (q . x) - dmin m (sum x)
+        acc = fmaf(sd, float(us.sc0 * (lo + hi)), acc);
+        return fmaf(-smin, float(us.sc1 * (sum_lo + sum_hi)), acc);
+    }
+}
+
+// The contract for one unit and one token: the products of its scales with dx, then the dots.
 template <int TYPE>
 __device__ __forceinline__ float apply_dots(const UnitScales &us, int lo, int hi, float dx, int sum_lo, int sum_hi,
                                             float acc) {
-    if constexpr (TYPE == GGML_Q6_K) {  // q kept 0..63: the -32 comes in through the sums
-        const float s = us.d * dx;
-        acc = fmaf(s, float(us.sc0 * (lo - 32 * sum_lo)), acc);
-        return fmaf(s, float(us.sc1 * (hi - 32 * sum_hi)), acc);
-    } else if constexpr (TYPE == GGML_Q8_0) {
-        return fmaf(us.d * dx, float(lo + hi), acc);
-    } else if constexpr (TYPE == GGML_IQ4_XS) {
-        return fmaf(us.d * dx, float(us.sc0 * (lo + hi)), acc);
-    } else {  // Q4_K / Q5_K: d sc (q . x) - dmin m (sum x)
-        acc = fmaf(us.d * dx, float(us.sc0 * (lo + hi)), acc);
-        return fmaf(-(us.dmin * dx), float(us.sc1 * (sum_lo + sum_hi)), acc);
-    }
+    const bool has_min = TYPE == GGML_Q4_K || TYPE == GGML_Q5_K;
+    return apply_scaled_dots<TYPE>(us, us.d * dx, has_min ? us.dmin * dx : 0.f, lo, hi, sum_lo, sum_hi, acc);
 }
 
 // The summation order of one (row, token) output, fixed by the row's length alone. The row's

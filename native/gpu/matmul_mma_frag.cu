@@ -5,8 +5,8 @@
 // waits for the whole block, multiplies, waits again, with one group in flight per block. Here
 // each lane fetches and decodes whole units as the dp4a kernel does (16-byte loads, two to four
 // units in flight per lane, so DRAM stays busy), writes them to its warp's own slice of shared
-// memory and reads them back in the m16n8k32 fragment layout: a warp waits only for itself
-// until the block's final sum. (Loading each thread's fragment bytes straight from memory was
+// memory and reads them back in the m16n8k32 fragment layout (one ldmatrix per unit): a warp
+// waits only for itself until the block's final sum. (Loading each thread's fragment bytes straight from memory was
 // tried first, 2026-12-04: four bytes per row and unit per thread kept too little in flight,
 // ~0.9 TB/s at any width.)
 //
@@ -16,7 +16,13 @@
 // three give the same bits for every (row, token).
 //
 // Work split: a block of 4 * PARTS warps owns 16 rows x 8 * NTILES tokens; lane (r, h) of a warp
-// fetches row r's unit of slot 2 pair + h, and each group's activations are loaded one group ahead.
+// fetches row r's unit of slot 2 pair + h, UNROLL groups ahead, and the activations two groups
+// ahead (one at 32 tokens).
+//
+// Instruction budget (H200 SASS, IQ4_XS 17408x5120 at 8 tokens, 2026-12-04): 169 per lane per
+// group, of which the unit's decode ~75 (32 permutes); it was 261 before the fragments came from
+// ldmatrix, the group's shared d * dx was formed once per group, the activation addresses became
+// cursors and the codebook left the uniform registers (35 us against 41).
 #include "kernels.h"
 #include "mma_int8.cuh"
 #include "quant_blocks.cuh"
@@ -35,131 +41,221 @@ using namespace mma_int8;
 // shared memory. A lane is (row r = lane % 16, unit h = lane / 16 of the warp's slot pair).
 constexpr int WARP_SLOTS = 2;                    // slots per warp
 constexpr int PAIR_WARPS = SLOTS / WARP_SLOTS;   // warps per part
-// A row's two units plus 4 words: the fragment reads of a warp (row g, word tq) fall on bank
-// 28 g + tq mod 32, all different.
-constexpr int STAGE_ROW_WORDS = WARP_SLOTS * UNIT_WORDS + 4;
-constexpr int STAGE_WORDS = 16 * STAGE_ROW_WORDS;
+// A row's two units of int8 weights plus 4 words (80 bytes): the eight row reads of each
+// ldmatrix phase start on banks 20 g mod 32, so its 16-byte reads fall on 32 different banks.
+constexpr int STAGE_ROW_WORDS = WARP_SLOTS * 8 + 4;
+
+// One warp's staging area: the weights of its 16 rows x 2 units, read back with ldmatrix, and the
+// units' scales.
+struct WarpStage {
+    uint32_t q[16][STAGE_ROW_WORDS];
+    UnitScales s[WARP_SLOTS][16];  // unit-major: the 16 lanes storing one unit write 256 contiguous bytes
+};
 
 // Q6_K and the K-quants apply the activations' 16-sums (their zero points); Q8_0 and IQ4_XS do not.
-__host__ __device__ constexpr bool uses_sums(int type) { return type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K; }
+__host__ __device__ constexpr bool uses_sums(int type) {
+    return type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K;
+}
+// The 256-element types: a group is one weight block and one activation block, so a group's
+// units share d (and dmin) and dx, and every group of a row is whole.
+__host__ __device__ constexpr bool group_is_block(int type) { return block_elems(type) == 256; }
+
+// Whether unit `slot` of group k is in the row: always for the 256-element types; a Q8_0 row may
+// end mid-group (warp-uniform per (group, slot)).
+template <int TYPE>
+__device__ __forceinline__ bool unit_in_row(int k, int slot, int n_units) {
+    return group_is_block(TYPE) || SLOTS * k + slot < n_units;
+}
+
+// a0..a3 = the m16n8k32 A fragment of the 16 x 32 int8 tile whose row i starts at row_addr of
+// lane i % 16 (rows 0-7: matrices 0 and 2, rows 8-15: 1 and 3; lanes 16-31 give the second 16
+// bytes of each row).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t row_addr, uint32_t &a0, uint32_t &a1, uint32_t &a2, uint32_t &a3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                 : "r"(row_addr));
+}
 
 // One group's activation operands for the warp's two units: the B fragments of each n-tile's
-// token g, and the C columns' (tokens 2 tq, 2 tq + 1) scales and 16-sums.
-template <int NTILES>
-struct ActLoads {
-    uint32_t x[WARP_SLOTS][NTILES][2];
-    float dx[WARP_SLOTS][NTILES][2];
-    uint32_t sums[WARP_SLOTS][NTILES][2];  // the unit's two 16-sums, int16 each
-};
-
-// Per-thread offsets into the fragment-order activations (act_quant.cuh, FragDst) of each
-// n-tile's first unit or block (tiles past T clamped to the last: values nobody stores).
-template <int NTILES>
-struct ActOffsets {
-    int64_t x[NTILES];   // token g's 8 bytes for lane tq: b0 | b1
-    int64_t dx[NTILES];  // the scales of tokens 2 tq, 2 tq + 1
-    int64_t sums[NTILES];  // and their two 16-sums each
-};
-
-// One 8-byte load per (unit, n-tile) for the B fragments, one for the C columns' scales, one for
-// their 16-sums: a warp's loads of one unit are 256 contiguous bytes.
+// token g, the C columns' (tokens 2 tq, 2 tq + 1) scales (one per group for the 256-element
+// types, one per unit for Q8_0) and the units' 16-sums.
 template <int TYPE, int NTILES>
-__device__ __forceinline__ void fetch_acts(const MmaArgs &p, const ActOffsets<NTILES> &o, int u0, ActLoads<NTILES> &l) {
-    constexpr int units_per_block = act_block_of(TYPE) / 32;  // a compile-time divisor
+struct ActLoads {
+    static constexpr int DX_UNITS = group_is_block(TYPE) ? 1 : WARP_SLOTS;
+    uint32_t x[WARP_SLOTS][NTILES][2];
+    float dx[DX_UNITS][NTILES][2];
+    uint32_t sums[uses_sums(TYPE) ? WARP_SLOTS : 1][NTILES][2];  // the unit's two 16-sums, int16 each
+};
+
+// Where this lane reads the fragment-order activations (act_quant.cuh, FragDst) of the warp's
+// first unit in group k_begin, per n-tile (tiles past T clamped to the last: values nobody
+// stores); each group advances them by its units.
+template <int NTILES>
+struct ActCursor {
+    const int8_t *x[NTILES];  // token g's 8 bytes for lane tq: b0 | b1 (256 bytes per unit)
+    const float *dx[NTILES];  // the scales of tokens 2 tq, 2 tq + 1 (8 floats per activation block)
+    const int16_t *sums[NTILES];  // and their two 16-sums each (16 per unit)
+};
+
+// One 8-byte load per (unit, n-tile) for the B fragments, one per group (per unit for Q8_0) for
+// the C columns' scales, one per unit for their 16-sums: a warp's loads of one unit are 256
+// contiguous bytes. Group `ahead` groups past the cursor, of whose units `left` are in the row
+// (Q8_0 rows may end mid-pair: nothing is read past them).
+template <int TYPE, int NTILES>
+__device__ __forceinline__ void fetch_acts(const ActCursor<NTILES> &c, int ahead, int left, ActLoads<TYPE, NTILES> &l) {
 #pragma unroll
-    for (int h = 0; h < WARP_SLOTS; ++h) {
-        const int u = u0 + h;
+    for (int j = 0; j < NTILES; ++j) {
 #pragma unroll
-        for (int j = 0; j < NTILES; ++j) {
-            const uint2 x = *reinterpret_cast<const uint2 *>(p.xqf + o.x[j] + 256 * int64_t(u));
+        for (int h = 0; h < WARP_SLOTS; ++h) {
+            if (!group_is_block(TYPE) && h >= left) break;
+            const uint2 x = *reinterpret_cast<const uint2 *>(c.x[j] + 256 * (SLOTS * ahead + h));
             l.x[h][j][0] = x.x, l.x[h][j][1] = x.y;
-            const float2 dx = *reinterpret_cast<const float2 *>(p.xdf + o.dx[j] + 8 * (u / units_per_block));
-            l.dx[h][j][0] = dx.x, l.dx[h][j][1] = dx.y;
             if constexpr (uses_sums(TYPE)) {
-                const uint2 s = *reinterpret_cast<const uint2 *>(p.xsf + o.sums[j] + 16 * int64_t(u));
+                const uint2 s = *reinterpret_cast<const uint2 *>(c.sums[j] + 16 * (SLOTS * ahead + h));
                 l.sums[h][j][0] = s.x, l.sums[h][j][1] = s.y;
             }
+        }
+#pragma unroll
+        for (int h = 0; h < ActLoads<TYPE, NTILES>::DX_UNITS; ++h) {
+            if (!group_is_block(TYPE) && h >= left) break;
+            const int block = group_is_block(TYPE) ? ahead : SLOTS * ahead + h;  // Q8_0: a block per unit
+            const float2 dx = *reinterpret_cast<const float2 *>(c.dx[j] + 8 * block);
+            l.dx[h][j][0] = dx.x, l.dx[h][j][1] = dx.y;
         }
     }
 }
 
-// acc[h] += the staged unit h of the pair for the tile's 16 rows and the tokens.
+template <int NTILES>
+__device__ __forceinline__ void advance(ActCursor<NTILES> &c, int dx_per_group) {
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j) c.x[j] += 256 * SLOTS, c.dx[j] += 8 * dx_per_group, c.sums[j] += 16 * SLOTS;
+}
+
+// The products of the rows' block scales with the tokens' dx for C element c of n-tile j (rows g,
+// g + 8 by c / 2; tokens 2 tq + c % 2): formed once per group where the group is one block.
+template <int NTILES>
+struct TokenScales {
+    float d[NTILES][4], dmin[NTILES][4];
+};
+
 template <int TYPE, int NTILES>
-__device__ __forceinline__ void multiply_staged(const uint32_t *stage, const ActLoads<NTILES> &l, int h, int g, int tq,
+__device__ __forceinline__ void token_scales(const UnitScales &a, const UnitScales &b, const float (&dx)[NTILES][2],
+                                             TokenScales<NTILES> &ts) {
+    constexpr bool has_min = TYPE == GGML_Q4_K || TYPE == GGML_Q5_K;
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const UnitScales &s = c < 2 ? a : b;
+            ts.d[j][c] = s.d * dx[j][c % 2];
+            ts.dmin[j][c] = has_min ? s.dmin * dx[j][c % 2] : 0.f;
+        }
+}
+
+// acc += the staged unit h of the pair for the tile's 16 rows and the tokens.
+template <int TYPE, int NTILES>
+__device__ __forceinline__ void multiply_staged(const WarpStage &st, uint32_t q_addr, const ActLoads<TYPE, NTILES> &l,
+                                                const TokenScales<NTILES> &group_ts, int h, int g,
                                                 float (&acc)[NTILES][4]) {
-    const uint32_t *ra = stage + g * STAGE_ROW_WORDS + UNIT_WORDS * h, *rb = ra + 8 * STAGE_ROW_WORDS;
-    const UnitScales sa = reinterpret_cast<const Unit *>(ra)->s, sb = reinterpret_cast<const Unit *>(rb)->s;
-    const uint32_t a0 = ra[tq], a1 = rb[tq], a2 = ra[tq + 4], a3 = rb[tq + 4];
+    uint32_t a0, a1, a2, a3;
+    ldmatrix_x4(q_addr + 32 * h, a0, a1, a2, a3);
+    const UnitScales sa = st.s[h][g], sb = st.s[h][g + 8];
+    TokenScales<NTILES> ts = group_ts;
+    if constexpr (!group_is_block(TYPE)) token_scales<TYPE, NTILES>(sa, sb, l.dx[h], ts);
 #pragma unroll
     for (int j = 0; j < NTILES; ++j) {
         int lo[4], hi[4];
         mma_unit<TYPE>(a0, a1, a2, a3, l.x[h][j][0], l.x[h][j][1], lo, hi);
-        int sum_lo[2] = {0, 0}, sum_hi[2] = {0, 0};
-        if constexpr (uses_sums(TYPE)) {
 #pragma unroll
-            for (int c = 0; c < 2; ++c) sum_lo[c] = int16_t(l.sums[h][j][c] & 0xFFFF), sum_hi[c] = int16_t(l.sums[h][j][c] >> 16);
+        for (int c = 0; c < 4; ++c) {
+            int sum_lo = 0, sum_hi = 0;
+            if constexpr (uses_sums(TYPE)) {
+                const uint32_t s = l.sums[h][j][c % 2];
+                sum_lo = int16_t(s & 0xFFFF), sum_hi = int16_t(s >> 16);
+            }
+            acc[j][c] = apply_scaled_dots<TYPE>(c < 2 ? sa : sb, ts.d[j][c], ts.dmin[j][c], lo[c], hi[c], sum_lo,
+                                                sum_hi, acc[j][c]);
         }
-        apply_frag<TYPE>(lo, hi, sa, sb, l.dx[h][j], sum_lo, sum_hi, acc[j]);
     }
 }
 
 template <int TYPE, int NTILES, int UNROLL, int PARTS>
 __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kernel(MmaArgs p) {
-    __shared__ __align__(16) uint32_t stages[PAIR_WARPS * PARTS][STAGE_WORDS];
+    // The activations of the next ACT_RING groups are in flight (their registers are refilled
+    // once the group has been multiplied); at 32 tokens one, for registers.
+    constexpr int ACT_RING = NTILES >= 4 ? 1 : 2;
+    static_assert(UNROLL % ACT_RING == 0, "the activations' ring is indexed by i % ACT_RING");
+    __shared__ __align__(16) WarpStage stages[PAIR_WARPS * PARTS];
     __shared__ float red[PARTS][SLOTS][4][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp % PAIR_WARPS, part = warp / PAIR_WARPS;
     const int g = lane / 4, tq = lane % 4;  // fragment coordinates: groupID, thread in group
     const int r = lane % 16, h = lane / 16; // what this lane fetches: row r, unit h of the pair
     const int64_t r0 = int64_t(blockIdx.x) * 16;
     const int t0 = blockIdx.y * MMA_NTILE * NTILES;
-    uint32_t *stage = stages[warp];
+    WarpStage &st = stages[warp];
+    // ldmatrix: lane i gives row i % 16 of the pair's first unit, its bytes 16 (i / 16)..
+    const uint32_t q_addr = uint32_t(__cvta_generic_to_shared(&st.q[r][4 * h]));
 
     const int64_t row = min(r0 + r, p.rows.n_out() - 1);  // rows past n_out: computed, not stored
     const int seg = p.rows.find(row);
-    const uint8_t *wr = p.rows.w[seg] + (row - p.rows.start(seg)) * p.row_bytes;
-    ActOffsets<NTILES> o;
     const int n_units = p.n_in / 32, n_blocks = p.n_in / act_block_of(TYPE);
-#pragma unroll
-    for (int j = 0; j < NTILES; ++j) {
-        const int64_t tile = min(t0 / MMA_NTILE + j, (p.T - 1) / MMA_NTILE);
-        o.x[j] = (tile * n_units * 8 + g) * 32 + 8 * tq;
-        o.dx[j] = tile * n_blocks * 8 + 2 * tq;
-        o.sums[j] = (tile * n_units * 8 + 2 * tq) * 2;
-    }
-    float acc[WARP_SLOTS][NTILES][4] = {};
-
     const int n_groups = (n_units + SLOTS - 1) / SLOTS;
     const int k_begin = part_begin(part, n_groups, PARTS), k_end = part_begin(part + 1, n_groups, PARTS);
     const int slot = WARP_SLOTS * pair + h;  // this lane's unit in each group
-    const Codebook cb = load_codebook();
+    const uint8_t *wr = p.rows.w[seg] + (row - p.rows.start(seg)) * p.row_bytes + int64_t(group_bytes(TYPE)) * k_begin;
+
+    const Codebook cb = load_codebook_lanes();
     RawUnit<TYPE> raw[UNROLL];
 #pragma unroll
-    for (int i = 0; i < UNROLL; ++i) {
-        const int k = k_begin + i;
-        if (k < k_end && SLOTS * k + slot < n_units) fetch_group_unit<TYPE>(wr + int64_t(group_bytes(TYPE)) * k, slot, raw[i]);
-    }
+    for (int i = 0; i < UNROLL; ++i)
+        if (k_begin + i < k_end && unit_in_row<TYPE>(k_begin + i, slot, n_units))
+            fetch_group_unit<TYPE>(wr + int64_t(group_bytes(TYPE)) * i, slot, raw[i]);
     wait_for_inputs();  // the first weights are on their way while the previous kernel finishes
-    ActLoads<NTILES> acts;
-    if (k_begin < k_end) fetch_acts<TYPE>(p, o, SLOTS * k_begin + WARP_SLOTS * pair, acts);
+
+    ActCursor<NTILES> cur;
+    const int u0 = SLOTS * k_begin + WARP_SLOTS * pair;  // the warp's first unit
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j) {
+        const int64_t tile = min(t0 / MMA_NTILE + j, (p.T - 1) / MMA_NTILE);
+        cur.x[j] = p.xqf + ((tile * n_units + u0) * 8 + g) * 32 + 8 * tq;
+        cur.dx[j] = p.xdf + (tile * n_blocks + u0 / (act_block_of(TYPE) / 32)) * 8 + 2 * tq;
+        cur.sums[j] = p.xsf + ((tile * n_units + u0) * 8 + 2 * tq) * 2;
+    }
+    constexpr int dx_per_group = group_is_block(TYPE) ? 1 : SLOTS;
+    ActLoads<TYPE, NTILES> acts[ACT_RING];  // groups k, k + 1, ... (Q8_0: dx is per unit, u0 is its block)
+#pragma unroll
+    for (int i = 0; i < ACT_RING; ++i)
+        if (k_begin + i < k_end) fetch_acts<TYPE, NTILES>(cur, i, n_units - (u0 + SLOTS * i), acts[i]);
+    float acc[WARP_SLOTS][NTILES][4] = {};
+
     for (int k0 = k_begin; k0 < k_end; k0 += UNROLL) {
 #pragma unroll
         for (int i = 0; i < UNROLL; ++i) {
             const int k = k0 + i;
             if (k >= k_end) break;
             Unit un{};
-            if (SLOTS * k + slot < n_units) decode_unit<TYPE>(raw[i], SLOTS * k + slot, cb, un);
+            if (unit_in_row<TYPE>(k, slot, n_units)) decode_unit<TYPE>(raw[i], SLOTS * k + slot, cb, un);
             const int kn = k + UNROLL;
-            if (kn < k_end && SLOTS * kn + slot < n_units)
-                fetch_group_unit<TYPE>(wr + int64_t(group_bytes(TYPE)) * kn, slot, raw[i]);
-            uint4 *dst = reinterpret_cast<uint4 *>(stage + r * STAGE_ROW_WORDS + UNIT_WORDS * h);
-            const uint4 *src = reinterpret_cast<const uint4 *>(&un);
-            dst[0] = src[0], dst[1] = src[1], dst[2] = src[2];
-            const ActLoads<NTILES> cur = acts;
-            if (k + 1 < k_end) fetch_acts<TYPE>(p, o, SLOTS * (k + 1) + WARP_SLOTS * pair, acts);
+            if (kn < k_end && unit_in_row<TYPE>(kn, slot, n_units))
+                fetch_group_unit<TYPE>(wr + int64_t(group_bytes(TYPE)) * UNROLL, slot, raw[i]);
+            wr += group_bytes(TYPE);
+            uint4 *dst = reinterpret_cast<uint4 *>(&st.q[r][8 * h]);
+            const uint4 *src = reinterpret_cast<const uint4 *>(un.q);
+            dst[0] = src[0], dst[1] = src[1];
+            st.s[h][r] = un.s;
+            ActLoads<TYPE, NTILES> &now = acts[i % ACT_RING];
             __syncwarp();
+            TokenScales<NTILES> ts;
+            if constexpr (group_is_block(TYPE)) token_scales<TYPE, NTILES>(st.s[0][g], st.s[0][g + 8], now.dx[0], ts);
 #pragma unroll
-            for (int s = 0; s < WARP_SLOTS; ++s)  // warp-uniform: a last group may end mid-pair
-                if (SLOTS * k + WARP_SLOTS * pair + s < n_units) multiply_staged<TYPE>(stage, cur, s, g, tq, acc[s]);
+            for (int s = 0; s < WARP_SLOTS; ++s)  // warp-uniform: a last Q8_0 group may end mid-pair
+                if (unit_in_row<TYPE>(k, WARP_SLOTS * pair + s, n_units))
+                    multiply_staged<TYPE>(st, q_addr, now, ts, s, g, acc[s]);
+            // Refilled only now: loading into registers still being read would make ptxas load
+            // into others and copy, and the copy waits for the load (measured: a fifth of all stalls).
+            if (k + ACT_RING < k_end)
+                fetch_acts<TYPE, NTILES>(cur, ACT_RING, n_units - (SLOTS * (k + ACT_RING) + WARP_SLOTS * pair), now);
+            advance(cur, dx_per_group);
             __syncwarp();  // the next store overwrites the stage
         }
     }
@@ -205,7 +301,8 @@ struct FragLaunch {
     }
 
     // Units in flight per lane: four, two for the large raw units of the K-quants and Q6_K (for
-    // IQ4_XS, two and eight measured within 10% of four, neither better throughout: H200,
+    // IQ4_XS, six and eight measured against four: better on some shapes, worse on others, e.g.
+    // at 16 tokens 17408x5120 42 / 42 us against 46 but 16480x5120 41 / 41 against 36: H200,
     // 2026-12-04). Rows of several parts put each part on its own four warps.
     template <int TYPE, int NTILES>
     void launch() const {
@@ -227,13 +324,15 @@ struct FragLaunch {
 
 }  // namespace
 
-// From the kernel bench of an H200 (2026-12-04, session 7: cold weights, each call on its own
-// copy as in a model step; fragment vs staged kernel): IQ4_XS faster at every width 8-32
-// (17408x5120 at 8 / 16 / 32 tokens: 41 / 56 / 75 us against 59 / 64 / 116; 5120x17408: 53 / 61 /
-// 99 against 90 / 113 / 174); Q6_K faster on rows of one part (attn_v, 1024x5120: 23 / 25 / 29
-// against 25 / 28 / 32) but on ssm_out's rows of two parts only past 16 tokens (5120x6144: 46 /
-// 53 / 65 against 37 / 46 / 91); Q5_K and Q8_0 slower (their raw units are large: two in flight
-// per lane). The kernels give the same bits, so this only picks the faster.
+// From the kernel bench of an H200 (cold weights, each call on its own copy as in a model step;
+// 2026-12-04, this kernel with ldmatrix and per-group scales, against dp4a / the staged kernel):
+// IQ4_XS faster from 4 tokens (17408x5120 at 4 / 8 / 16 / 32 tokens: 35 / 35 / 46 / 54 us against
+// dp4a's 53 at 4 and the staged kernel's 59 / 64 / 116 from 8; 34816x5120 at 8: 71 against 91);
+// Q6_K faster on rows of one part (attn_v, 1024x5120: 23 / 25 / 29 at 8 / 16 / 32 tokens against
+// 24 / 28 / 32) but on ssm_out's rows of two parts only past 16 tokens (5120x6144: 43 / 47 / 55
+// against 37 / 45 / 90); Q5_K and Q8_0 slower (their raw units are large: two in flight per
+// lane). The kernels give the same bits, so this only picks the faster. The backend asks from
+// FRAG_MIN_TOKENS up (backend_gpu.cu).
 bool mma_frag_serves(int type, int64_t n_in, int T) {
     if (T > MMA_FRAG_MAX_TOKENS) return false;
     if (type == GGML_IQ4_XS) return true;
