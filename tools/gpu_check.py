@@ -21,7 +21,8 @@
 4. drafters each reference drafter (models/reference, converted here) GPU vs CPU: hidden rows of one
            block, the greedy chain, and greedy generation on real prompts: speculative == plain on
            the GPU, speculative GPU == CPU, DDTree (or the backend's refusal); then a whole DFlash 2
-           step at block 8 on the synthetic 27B pair (models/synthetic_drafter.py) vs a plain step.
+           step at block 8 on the synthetic 27B pair (models/synthetic_drafter.py) vs a plain step,
+           and its per-op device time (appended to gpu_profile.txt; GPU only).
 
 Writes gpu_report.md and gpu_report.json. Exit status 0 iff every check passed. `--dut cpu` runs
 the same script with the CPU standing in for the GPU (a dry run of the script itself).
@@ -997,7 +998,7 @@ def check_drafters(dut: str, threads: int, root: Path, deadline: float) -> list[
     return rows
 
 
-def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
+def bench_drafter(shape: str, dut: str, threads: int, deadline: float, profile_path: Path | None = None) -> dict:
     """A whole DFlash 2 speculative step (draft, verify, rollback, bookkeeping) at block 8 on the
     synthetic pair (target from bench(), drafter from models/synthetic_drafter.py) against a plain
     step. The random drafter's proposals are all rejected (worst case: rollback every step); a
@@ -1051,7 +1052,24 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float) -> dict:
                          "draft_ms": 1e3 * st["draft_seconds"] / n, "verify_ms": 1e3 * st["verify_seconds"] / n,
                          "rollback_ms": 1e3 * st["rollback_seconds"] / n,
                          "x_plain": 1e3 * step / res["plain_ms"]}
+    if profile_path is not None and dut == "gpu" and time.perf_counter() < deadline:
+        res["profile"] = profile_drafter_steps(target, path, threads, kw, profile_path)
     return res
+
+
+def profile_drafter_steps(target: Path, drafter: Path, threads: int, kw: dict, profile_path: Path) -> str:
+    """Per-op device time (LUCE_GPU_PROFILE) of the zero-acceptance DFlash 2 run, in an engine of
+    its own (the table is written when it closes): where a speculative step's time goes, by op."""
+    from luce import Engine
+
+    log("drafter bench: profile")
+    with open(profile_path, "a") as f:
+        f.write(f"\n## DFlash 2: 64-token prompt, then {DRAFT_BENCH_TOKENS} zero-acceptance steps of block "
+                f"{DRAFT_BENCH_BLOCK} (prefill included)\n")
+    with env(LUCE_GPU_PROFILE=str(profile_path)), \
+            Engine(target, device="gpu", threads=threads, ctx_size=1024, draft=drafter) as eng:
+        eng.generate(**kw, max_tokens=DRAFT_BENCH_TOKENS)
+    return str(profile_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1199,6 +1217,8 @@ def write_report(out: Path, report: dict) -> None:
                              f"step {r['step_ms']:.2f} ms = {r['x_plain']:.2f}x plain (draft {r['draft_ms']:.2f}, "
                              f"verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms; "
                              f"{r['spec_steps']} steps, tau {r['tau']:.2f})"))
+            if db.get("profile"):
+                lines.append(f"- per-op profile of the zero-acceptance run: {Path(db['profile']).name}")
     lines.append(f"\nRESULT: {'PASS' if report['ok'] else 'FAIL'} ({report['seconds']:.0f} s)")
     text = "\n".join(lines) + "\n"
     (out / "gpu_report.md").write_text(text)
@@ -1273,7 +1293,8 @@ def run(args, out: Path, build_info: dict | None) -> int:
         report["drafters"] = check_drafters(args.dut, threads, WORK, drafter_deadline)
         if args.bench_shape != "none":
             try:
-                report["drafter_bench"] = bench_drafter(args.bench_shape, args.dut, threads, drafter_deadline)
+                report["drafter_bench"] = bench_drafter(args.bench_shape, args.dut, threads, drafter_deadline,
+                                                        out / "gpu_profile.txt")
             except Exception as e:
                 report["drafter_bench"] = {"error": f"{type(e).__name__}: {e}"}
     report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("attention", [])
