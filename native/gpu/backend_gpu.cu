@@ -23,12 +23,13 @@ constexpr int64_t LOAD_RESERVE_BYTES = int64_t(512) << 20;
 // Pinned staging ring for per-step uploads; larger uploads (weights at load) go direct.
 constexpr size_t STAGING_BYTES = size_t(1) << 20;
 constexpr size_t STAGED_MAX = 64 << 10;
-// Widths from which the quantized matmuls run on the tensor cores (CUDA sm_80+): the fragment
-// kernel where gpu::mma_frag_serves says it measured faster (IQ4_XS from 4 tokens: 17408x5120 at
-// 4 tokens 35 us against dp4a's 53, at 2 tokens 35 against 33; H200, 2026-12-04), the staged
-// one from 8.
-constexpr int FRAG_MIN_TOKENS = 4;
-constexpr int MMA_MIN_TOKENS = 8;
+// Widths from which the quantized matmuls run on the tensor cores (CUDA sm_80+). From the kernel
+// bench (H200, 2026-12-04; cold weights), dp4a against the better tensor-core kernel: at 4 tokens
+// IQ4_XS 17408x5120 53 us against 35 (fragment), Q8_0 17408x5120 86 against 69 (staged), Q5_K
+// 32768x5120 95 against 93, Q6_K 5120x6144 37 against 36; at 2 tokens dp4a wins (IQ4_XS 33
+// against 35, Q5_K 71 against 92). Past 4 dp4a's cost grows with T (Q5_K at 7 tokens: the lm
+// head a DFlash 2 draft projects, 1151 us against 660 staged at 8).
+constexpr int MMA_MIN_TOKENS = 4;
 constexpr int GEMM_MIN_TOKENS = 16;  // prefill chunks of fewer tokens keep the contract kernels
 // Norm rows at least this wide quantize their output for the next matmul (hidden states).
 constexpr int FUSED_NORM_MIN_DIM = 1024;
@@ -95,12 +96,12 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     // Prefill steps (set_prefill) use the prefill GEMM from GEMM_MIN_TOKENS up unless
     // LUCE_GPU_PREFILL_GEMM=0; LUCE_GPU_MATMUL=gemm forces it for every width it serves, prefill
     // or not (checks and measurements).
-    if (mma) mma_min_tokens_ = MMA_MIN_TOKENS, frag_min_tokens_ = FRAG_MIN_TOKENS;
+    if (mma) mma_min_tokens_ = MMA_MIN_TOKENS;
     if (mma && !env_is("LUCE_GPU_PREFILL_GEMM", "0")) gemm_min_tokens_ = GEMM_MIN_TOKENS;
     if (forced == "dp4a") {
-        mma_min_tokens_ = frag_min_tokens_ = gemm_min_tokens_ = NO_MMA;
+        mma_min_tokens_ = gemm_min_tokens_ = NO_MMA;
     } else if (mma && (forced == "mma" || forced == "frag" || forced == "staged")) {
-        mma_min_tokens_ = frag_min_tokens_ = 1;
+        mma_min_tokens_ = 1;
         gemm_min_tokens_ = NO_MMA;
     } else if (mma && forced == "gemm") {
         gemm_min_tokens_ = 1;
@@ -228,8 +229,8 @@ void GpuBackend::copy(void *dst, const void *src, size_t n) {
 }
 
 // Quantized weights take int8 activations (the CPU fast path's contract: matmul_int8.cu's dp4a
-// kernel, or a tensor-core one (matmul_mma_frag.cu from frag_min_tokens_ up where it serves,
-// matmul_mma.cu from mma_min_tokens_ up); all sum in one order, so
+// kernel, or from mma_min_tokens_ up a tensor-core one (matmul_mma_frag.cu where it serves,
+// matmul_mma.cu otherwise); all sum in one order, so
 // verify rows stay bit-identical to decode whichever runs) unless
 // LUCE_GPU_KERNELS=exact asked for the fp32-activation kernels, the GPU twin of
 // LUCE_CPU_KERNELS=exact. The activation scratch grows to the largest T x n_in seen. It must
@@ -258,7 +259,7 @@ void GpuBackend::matmuls(const float *x, int T, const MatmulOut *out, int n) {
     }
 }
 
-bool GpuBackend::frag_acts(int64_t T) const { return T >= frag_min_tokens_ && T <= gpu::MMA_FRAG_MAX_TOKENS; }
+bool GpuBackend::frag_acts(int64_t T) const { return T >= mma_min_tokens_ && T <= gpu::MMA_FRAG_MAX_TOKENS; }
 
 void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int n) {
     const Weight &w0 = *out[0].w;
@@ -291,7 +292,7 @@ void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int 
             rows.end[i] = rows.start(i) + out[i].w->n_out;
             rows.n = i + 1;
         }
-        const bool frag = T >= frag_min_tokens_ && T <= gpu::MMA_FRAG_MAX_TOKENS &&
+        const bool frag = T <= gpu::MMA_FRAG_MAX_TOKENS &&
                           (mma_kernel_ == MmaKernel::frag ||
                            (mma_kernel_ == MmaKernel::by_shape && gpu::mma_frag_serves(w0.type, w0.n_in, T)));
         const bool gemm = (prefill_ || mma_kernel_ == MmaKernel::gemm) && T >= gemm_min_tokens_ &&
@@ -301,8 +302,8 @@ void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int 
             if (splits > 1) grow(gemm_scratch_, gemm_scratch_bytes_, sizeof(float) * size_t(splits * T * rows.n_out()));
             gpu::matmul_gemm(stream_, w0.type, w0.n_in, rows, T, a, splits, static_cast<float *>(gemm_scratch_));
         }
-        else if (frag) gpu::matmul_mma_frag(stream_, w0.type, w0.n_in, rows, T, a);
         else if (T < mma_min_tokens_) gpu::matmul_int8(stream_, w0.type, w0.n_in, rows, T, a);
+        else if (frag) gpu::matmul_mma_frag(stream_, w0.type, w0.n_in, rows, T, a);
         else gpu::matmul_mma(stream_, w0.type, w0.n_in, rows, T, a);
         acts_ = {x, T * w0.n_in, block, frag_copy ? w0.n_in : 0};
         fused_block_ = block;

@@ -98,7 +98,6 @@ private:
     std::unique_ptr<gpu::OpProfile> profile_;  // LUCE_GPU_PROFILE=FILE (op_profile.h)
     static constexpr int NO_MMA = 1 << 30;
     int mma_min_tokens_ = NO_MMA;            // widths served by the tensor-core int8 matmul (sm_80+)
-    int frag_min_tokens_ = NO_MMA;           // and by its fragment kernel, where mma_frag_serves
     enum class MmaKernel { by_shape, frag, staged, gemm };
     MmaKernel mma_kernel_ = MmaKernel::by_shape;  // which tensor-core kernel serves a width
     bool prefill_ = false;                   // set_prefill: matmul_gemm may serve (gemm_min_tokens_ up)

@@ -332,7 +332,7 @@ struct FragLaunch {
 // 24 / 28 / 32) but on ssm_out's rows of two parts only past 16 tokens (5120x6144: 43 / 47 / 55
 // against 37 / 45 / 90); Q5_K and Q8_0 slower (their raw units are large: two in flight per
 // lane). The kernels give the same bits, so this only picks the faster. The backend asks from
-// FRAG_MIN_TOKENS up (backend_gpu.cu).
+// MMA_MIN_TOKENS up (backend_gpu.cu).
 bool mma_frag_serves(int type, int64_t n_in, int T) {
     if (T > MMA_FRAG_MAX_TOKENS) return false;
     if (type == GGML_IQ4_XS) return true;

@@ -171,11 +171,16 @@ struct Checkpoints {
             if (!hp.recurrent[size_t(i)]) continue;
             RecurrentState &st = s.recurrent[size_t(i)];
             be.copy(st.ssm, ssm_history[size_t(i)] + size_t(rows[n_rows - 1]) * SS, SS * sizeof(float));
-            for (int r = 0; r < S; ++r) {
-                const int src = n_rows - S + r;  // index into (old state ++ kept rows); < 0 reads old state
-                const float *row = src < 0 ? conv_before[size_t(i)] + size_t(S + src) * CD
-                                           : qkv_history[size_t(i)] + size_t(rows[src]) * CD;
-                be.copy(st.conv + size_t(r) * CD, row, CD * sizeof(float));
+            const auto source = [&](int r) {  // conv state row r: row n_rows - S + r of (old state ++ kept rows)
+                const int src = n_rows - S + r;
+                return src < 0 ? conv_before[size_t(i)] + size_t(S + src) * CD
+                               : qkv_history[size_t(i)] + size_t(rows[src]) * CD;
+            };
+            // One copy per run of rows adjacent in their source (a chain's rows are): each copy is
+            // a launch, and a verify step restores every recurrent layer.
+            for (int r = 0, n = 1; r < S; r += n, n = 1) {
+                while (r + n < S && source(r + n) == source(r) + size_t(n) * CD) ++n;
+                be.copy(st.conv + size_t(r) * CD, source(r), size_t(n) * CD * sizeof(float));
             }
         }
         s.n_past = p + n_rows;
