@@ -225,7 +225,7 @@ void GpuBackend::download(void *dst, const void *src, size_t n) {
 void GpuBackend::copy(void *dst, const void *src, size_t n) {
     if (n == 0) return;
     LUCE_OP("copy");
-    gpu::copy(stream_, dst, src, int64_t(n));
+    LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_));
 }
 
 // Quantized weights take int8 activations (the CPU fast path's contract: matmul_int8.cu's dp4a

@@ -93,7 +93,6 @@ void mul_sigmoid(cudaStream_t stream, int warp, float *o, const float *g, int64_
                  const FusedQuant &fq = {});
 void swiglu(cudaStream_t stream, int warp, float *gate, const float *up, int64_t n, const FusedQuant &fq = {});
 void add(cudaStream_t stream, float *x, const float *y, int64_t n);
-void copy(cudaStream_t stream, void *dst, const void *src, int64_t n);  // device to device, n bytes
 
 // attention.cu
 void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_head, int head_dim,

@@ -170,14 +170,6 @@ __global__ void add_kernel(float *x, const float *y, int64_t n) {
         x[i] += y[i];
 }
 
-// dst[0, n) = src[0, n) in words of W bytes (both pointers and n multiples of W), grid-stride.
-template <typename Word>
-__global__ void copy_kernel(Word *dst, const Word *src, int64_t n) {
-    wait_for_inputs();
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        dst[i] = src[i];
-}
-
 // ---- launchers ---------------------------------------------------------------------------------
 
 constexpr int ELEMENTWISE_THREADS = 256;
@@ -235,23 +227,6 @@ void mul_sigmoid(cudaStream_t stream, int warp, float *o, const float *g, int64_
 
 void swiglu(cudaStream_t stream, int warp, float *gate, const float *up, int64_t n, const FusedQuant &fq) {
     launch_elementwise(stream, warp, Swiglu{gate, up}, gate, n, fq);
-}
-
-// A kernel rather than cudaMemcpyAsync: a copy node ends the chain of programmatic dependent
-// launches (the kernel after it launches only once the copy has drained), and a verify step's
-// rollback copies a few rows of every recurrent layer (docs/gpu.md).
-void copy(cudaStream_t stream, void *dst, const void *src, int64_t n) {
-    if (n < 1) return;
-    const uintptr_t align = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | uintptr_t(n);
-    if (align % 16 == 0)
-        launch_kernel(copy_kernel<uint4>, elementwise_blocks(n / 16), ELEMENTWISE_THREADS, 0, stream,
-                      static_cast<uint4 *>(dst), static_cast<const uint4 *>(src), n / 16);
-    else if (align % 4 == 0)
-        launch_kernel(copy_kernel<uint32_t>, elementwise_blocks(n / 4), ELEMENTWISE_THREADS, 0, stream,
-                      static_cast<uint32_t *>(dst), static_cast<const uint32_t *>(src), n / 4);
-    else
-        launch_kernel(copy_kernel<uint8_t>, elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream,
-                      static_cast<uint8_t *>(dst), static_cast<const uint8_t *>(src), n);
 }
 
 void add(cudaStream_t stream, float *x, const float *y, int64_t n) {
