@@ -140,6 +140,10 @@ void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int l
     s.model->backend->download(logits, rows, size_t(T - logit_row0) * size_t(V) * sizeof(float));
 }
 
+const float *forward_step_rows(Session &s, const int32_t *tokens, int T, int logit_row0, const HiddenCapture *capture) {
+    return forward_rows(s, tokens, T, true, logit_row0, capture);
+}
+
 // Greedy decode only needs the index: the argmax runs where the logits are, so a GPU step
 // downloads 4 bytes instead of the vocabulary row.
 int32_t forward_step_greedy(Session &s, int32_t token) {

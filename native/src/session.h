@@ -110,6 +110,9 @@ struct Session {
 // [T - logit_row0][V]). capture may be null.
 void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,
                   const HiddenCapture *capture);
+// The same, leaving the logits rows [logit_row0, T) in backend memory (returned; valid until the
+// next step): for callers that reduce them where they are.
+const float *forward_step_rows(Session &s, const int32_t *tokens, int T, int logit_row0, const HiddenCapture *capture);
 // One greedy decode step of `token`: returns the argmax of its logits (ties -> lowest id),
 // computed by the backend so only the index leaves the device.
 int32_t forward_step_greedy(Session &s, int32_t token);

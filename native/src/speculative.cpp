@@ -7,7 +7,8 @@
 //              confidence gate).
 //   2. verify: the target runs [anchor, d_1..d_q] (T = q+1 rows) with logits for every row,
 //              capturing the drafter's taps and per-row DeltaNet checkpoints.
-//   3. accept (greedy): n = longest prefix with d_{i+1} == argmax(row i); bonus = argmax(row n).
+//   3. accept (greedy): n = longest prefix with d_{i+1} == argmax(row i); bonus = argmax(row n)
+//      (the rows' argmax ids are formed by the backend, where the logits are: run_target).
 //      accept (sampled, T > 0): standard rejection sampling. Row i's target distribution p_i
 //              (the sampler's temperature/top-k/top-p) and the drafter's proposal q_i: accept
 //              d_{i+1} with probability min(1, p_i(d)/q_i(d)); at the first rejection the bonus is
@@ -315,14 +316,19 @@ struct BackendBuffers {
         owned.push_back(be.alloc(n * sizeof(float) + 64));
         return static_cast<float *>(owned.back());
     }
+    int32_t *ints(size_t n) {
+        owned.push_back(be.alloc(n * sizeof(int32_t) + 64));
+        return static_cast<int32_t *>(owned.back());
+    }
 };
 
 // One generate_speculative call: every buffer sized once up front, then prefill, and a loop of
 // plain, chain or tree steps. Where each piece of data lives:
 //   backend memory: the drafter context and heads scratch, taps [MAX_STEP][N][E] (captured device
 //   to device by forward_step), the drafter's hidden rows [B][E], DDTree's unary logits [q][V];
-//   host: the verify logits forward_step downloads (acceptance reads them), the proposals, and
-//   the copy of DDTree's unary logits the host tree builder reads.
+//   host: greedy, the verify rows' argmax ids (reduced on the device, only the ids come back);
+//   sampled, the verify logits (acceptance needs the distributions); the proposals, and the copy
+//   of DDTree's unary logits the host tree builder reads.
 struct SpecLoop {
     Session &s;
     Drafter &d;
@@ -338,8 +344,9 @@ struct SpecLoop {
     Checkpoints ckpt;
     BackendBuffers dev;
     float *taps, *hidden, *row_logits;
+    int32_t *dev_ids;  // greedy: the argmax of each target row, in backend memory
     std::vector<float> logits, q_probs, p_row, conf, tree_U;
-    std::vector<int32_t> block, tokens, ids, tree_pos, tree_slot, tree_parent, path, chain_rows;
+    std::vector<int32_t> block, tokens, ids, row_ids, tree_pos, tree_slot, tree_parent, path, chain_rows;
     std::vector<uint8_t> tree_mask;
     HiddenCapture capture;
     Rng rng;
@@ -360,7 +367,9 @@ struct SpecLoop {
         taps = dev.floats(size_t(MAX_STEP) * N * E);
         hidden = dev.floats(size_t(B) * E);
         row_logits = p.ddtree ? dev.floats(size_t(q_max) * V) : nullptr;
-        logits.resize(size_t(W) * V);
+        dev_ids = dev.ints(size_t(MAX_STEP));
+        row_ids.resize(size_t(MAX_STEP));
+        logits.resize(sampled ? size_t(W) * V : 0);
         q_probs.resize(sampled ? size_t(q_max) * V : 0);
         p_row.resize(size_t(V));
         conf.resize(size_t(B));
@@ -378,9 +387,22 @@ struct SpecLoop {
         st.block_size = B;
     }
 
-    int32_t choose(const float *row) {
-        if (!sampled) return be.argmax(row, V);
-        target_probs(row, V, p, ids, p_row.data());
+    // The target over toks (T rows, taps captured); what each row r >= row0 says next is then
+    // row_ids[r - row0] (greedy: argmax on the backend, so a GPU step downloads indices, not
+    // (T - row0) vocabulary rows) or the logits in `logits` (sampled).
+    void run_target(const int32_t *toks, int T, int row0) {
+        if (sampled) {
+            forward_step(s, toks, T, logits.data(), row0, &capture);
+            return;
+        }
+        const float *rows = forward_step_rows(s, toks, T, row0, &capture);
+        be.argmax_rows(rows, T - row0, V, dev_ids);
+        be.download(row_ids.data(), dev_ids, sizeof(int32_t) * size_t(T - row0));
+    }
+    // The next token after row r of the last run_target.
+    int32_t choose(int r) {
+        if (!sampled) return row_ids[size_t(r)];
+        target_probs(logits.data() + size_t(r) * V, V, p, ids, p_row.data());
         return draw(p_row.data(), V, rng);
     }
     bool is_stop(int32_t id) const {
@@ -404,18 +426,18 @@ struct SpecLoop {
             const PrefillScope scope(be);
             for (int c0 = 0; c0 < n_prompt; c0 += MAX_STEP) {
                 const int T = std::min(MAX_STEP, n_prompt - c0);
-                forward_step(s, prompt + c0, T, logits.data(), T - 1, &capture);
+                run_target(prompt + c0, T, T - 1);
                 draft_append_context(d, ctx, taps, T);
             }
         }
-        return p.max_tokens > 0 ? choose(logits.data()) : -1;
+        return p.max_tokens > 0 ? choose(0) : -1;
     }
 
     // One token, features still captured (adaptive bursts, and the last token of the budget).
     bool plain_step(int32_t &anchor, double t0) {
-        forward_step(s, &anchor, 1, logits.data(), 0, &capture);
+        run_target(&anchor, 1, 0);
         draft_append_context(d, ctx, taps, 1);
-        anchor = choose(logits.data());
+        anchor = choose(0);
         ++st.plain_steps;
         policy.after_plain(now_seconds() - t0);
         return emit(&anchor, 1);
@@ -426,8 +448,8 @@ struct SpecLoop {
         int n = 0;
         bonus = -1;
         if (!sampled) {
-            while (n < q && tokens[size_t(n + 1)] == be.argmax(logits.data() + size_t(n) * V, V)) ++n;
-            bonus = be.argmax(logits.data() + size_t(n) * V, V);
+            while (n < q && tokens[size_t(n + 1)] == row_ids[size_t(n)]) ++n;
+            bonus = row_ids[size_t(n)];
             return n;
         }
         for (; n < q; ++n) {
@@ -441,7 +463,7 @@ struct SpecLoop {
             bonus = draw(p_row.data(), V, rng);
             return n;
         }
-        bonus = choose(logits.data() + size_t(q) * V);
+        bonus = choose(q);
         return n;
     }
 
@@ -463,7 +485,7 @@ struct SpecLoop {
         const double t_drafted = now_seconds();
         tokens[0] = anchor;
         ckpt.attach();
-        forward_step(s, tokens.data(), q + 1, logits.data(), 0, &capture);
+        run_target(tokens.data(), q + 1, 0);
         ckpt.detach();
         const double t_verified = now_seconds();
         int32_t bonus;
@@ -515,14 +537,14 @@ struct SpecLoop {
         const TreeStep tree{tree_pos.data(), tree_slot.data(), tree_parent.data(), tree_mask.data()};
         ckpt.attach();
         s.tree = &tree;
-        forward_step(s, tokens.data(), T, logits.data(), 0, &capture);
+        run_target(tokens.data(), T, 0);  // greedy only: row_ids
         s.tree = nullptr;
         ckpt.detach();
         const double t_verified = now_seconds();
         path.assign(1, 0);
         int32_t bonus = -1;
         for (int cur = 0; bonus < 0;) {
-            const int32_t want = be.argmax(logits.data() + size_t(cur) * V, V);
+            const int32_t want = row_ids[size_t(cur)];
             int child = -1;
             for (int c = cur + 1; c < T && child < 0; ++c)
                 if (nodes[size_t(c)].parent == cur && nodes[size_t(c)].token == want) child = c;
