@@ -6,12 +6,13 @@
 // each lane fetches and decodes whole units as the dp4a kernel does (16-byte loads, two to four
 // units in flight per lane, so DRAM stays busy), writes them to its warp's own slice of shared
 // memory and reads them back in the m16n8k32 fragment layout (one ldmatrix per unit): a warp
-// waits only for itself until the block's final sum. (Loading each thread's fragment bytes straight from memory was
-// tried first, 2026-12-04: four bytes per row and unit per thread kept too little in flight,
-// ~0.9 TB/s at any width.)
+// waits only for itself until the block's final sum. (Loading each thread's fragment bytes
+// straight from memory was tried first, 2026-12-04: four bytes per row and unit per thread kept
+// too little in flight, ~0.9 TB/s at any width.)
 //
 // Exactness: warp (pair, part) holds slots 2 pair and 2 pair + 1 of part `part`: each sums its
-// units 8 k + slot in increasing k with apply_dots; the block then meets the slots in slot_tree's
+// units 8 k + slot in increasing k with apply_dots' fp32 steps (apply_scaled_dots, d * dx formed
+// once per group: the same product); the block then meets the slots in slot_tree's
 // order and the parts left to right (int8_units.cuh), the dp4a and staged kernels' order, so all
 // three give the same bits for every (row, token).
 //
@@ -19,10 +20,10 @@
 // fetches row r's unit of slot 2 pair + h, UNROLL groups ahead, and the activations two groups
 // ahead (one at 32 tokens).
 //
-// Instruction budget (H200 SASS, IQ4_XS 17408x5120 at 8 tokens, 2026-12-04): 169 per lane per
-// group, of which the unit's decode ~75 (32 permutes); it was 261 before the fragments came from
-// ldmatrix, the group's shared d * dx was formed once per group, the activation addresses became
-// cursors and the codebook left the uniform registers (35 us against 41).
+// Instruction budget (ncu SASS counts, IQ4_XS 17408x5120 at 8 tokens, 2026-12-04): 169 per lane
+// per group, of which the unit's decode ~75 (32 permutes); it was 261 before the fragments came
+// from ldmatrix, the group's shared d * dx was formed once per group, the activation addresses
+// became cursors and the codebook left the uniform registers (35 us against 41).
 #include "kernels.h"
 #include "mma_int8.cuh"
 #include "quant_blocks.cuh"
