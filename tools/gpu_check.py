@@ -898,6 +898,7 @@ NEAR_TIE = 1e-3          # a token mismatch is a near tie when the reference's t
 # they were 6 of 14 steps; the step's own cost is what the bar is about).
 DRAFT_BENCH_TOKENS = 64
 DRAFT_BENCH_BLOCK = 8
+DRAFT_BENCH_ORACLE_STEPS = 16  # full-acceptance and DDTree runs: steps of a whole block each (was 4)
 DRAFT_BENCH_SETUP_S = 45  # generating the 2 GB drafter and loading the 27B pair, roughly
 
 
@@ -1038,8 +1039,9 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float, profile_p
         st = plain.stats
         res["plain_ms"] = 1e3 * st["decode_seconds"] / max(1, st["generated_tokens"] - 1)
         runs = {"zero_accept": dict(max_tokens=DRAFT_BENCH_TOKENS),
-                "full_accept": dict(max_tokens=4 * DRAFT_BENCH_BLOCK + 1, oracle_tokens=None),
-                "ddtree_oracle": dict(max_tokens=4 * DRAFT_BENCH_BLOCK + 1, oracle_tokens=None, ddtree=True)}
+                "full_accept": dict(max_tokens=DRAFT_BENCH_ORACLE_STEPS * DRAFT_BENCH_BLOCK + 1, oracle_tokens=None),
+                "ddtree_oracle": dict(max_tokens=DRAFT_BENCH_ORACLE_STEPS * DRAFT_BENCH_BLOCK + 1, oracle_tokens=None,
+                                      ddtree=True)}
         for name, extra in runs.items():
             if time.perf_counter() > deadline:
                 res[name] = "skipped: time budget"
