@@ -1069,7 +1069,7 @@ def profile_drafter_steps(target: Path, drafter: Path, threads: int, kw: dict, p
 
     log("drafter bench: profile")
     with open(profile_path, "a") as f:
-        f.write(f"\n## DFlash 2: 64-token prompt, then {DRAFT_BENCH_TOKENS} tokens with every draft rejected (a "
+        f.write(f"\n## DFlash 2: {len(kw['prompt_ids'])}-token prompt, then {DRAFT_BENCH_TOKENS} tokens with every draft rejected (a "
                 f"block-{DRAFT_BENCH_BLOCK} step per token, the last {DRAFT_BENCH_BLOCK - 2} with fewer drafts; "
                 f"prefill included)\n")
     with env(LUCE_GPU_PROFILE=str(profile_path)), \

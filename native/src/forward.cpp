@@ -147,8 +147,7 @@ const float *forward_step_rows(Session &s, const int32_t *tokens, int T, int log
 // Greedy decode only needs the index: the argmax runs where the logits are, so a GPU step
 // downloads 4 bytes instead of the vocabulary row.
 int32_t forward_step_greedy(Session &s, int32_t token) {
-    const float *row = forward_rows(s, &token, 1, true, 0, nullptr);
-    return s.model->backend->argmax(row, s.model->hp.n_vocab);
+    return s.model->backend->argmax(forward_step_rows(s, &token, 1, 0, nullptr), s.model->hp.n_vocab);
 }
 
 }  // namespace luce

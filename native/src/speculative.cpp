@@ -312,13 +312,10 @@ struct BackendBuffers {
     ~BackendBuffers() {
         for (auto it = owned.rbegin(); it != owned.rend(); ++it) be.release(*it);
     }
-    float *floats(size_t n) {
-        owned.push_back(be.alloc(n * sizeof(float) + 64));
-        return static_cast<float *>(owned.back());
-    }
-    int32_t *ints(size_t n) {
-        owned.push_back(be.alloc(n * sizeof(int32_t) + 64));
-        return static_cast<int32_t *>(owned.back());
+    template <typename T>
+    T *array(size_t n) {
+        owned.push_back(be.alloc(n * sizeof(T) + 64));
+        return static_cast<T *>(owned.back());
     }
 };
 
@@ -364,10 +361,10 @@ struct SpecLoop {
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
           ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
           rng(p_.seed), chain_sampling{p_.temperature, &rng, nullptr}, policy(!p_.no_adaptive && !sampled) {
-        taps = dev.floats(size_t(MAX_STEP) * N * E);
-        hidden = dev.floats(size_t(B) * E);
-        row_logits = p.ddtree ? dev.floats(size_t(q_max) * V) : nullptr;
-        dev_ids = dev.ints(size_t(MAX_STEP));
+        taps = dev.array<float>(size_t(MAX_STEP) * N * E);
+        hidden = dev.array<float>(size_t(B) * E);
+        row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
+        dev_ids = dev.array<int32_t>(size_t(MAX_STEP));
         row_ids.resize(size_t(MAX_STEP));
         logits.resize(sampled ? size_t(W) * V : 0);
         q_probs.resize(sampled ? size_t(q_max) * V : 0);
