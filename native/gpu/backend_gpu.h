@@ -30,6 +30,7 @@ public:
     void upload(void *dst, const void *src, size_t n_bytes) override;
     void download(void *dst, const void *src, size_t n_bytes) override;
     void copy(void *dst, const void *src, size_t n_bytes) override;
+    void *upload_weight(const Weight &w, size_t n_bytes) override;
 
     void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) override;
     void matmuls(const float *x, int T, const MatmulOut *out, int n) override;
