@@ -126,10 +126,12 @@ __device__ __forceinline__ void fetch_acts(const ActCursor<NTILES> &c, int ahead
     }
 }
 
+// The cursors `groups` groups on.
 template <int NTILES>
-__device__ __forceinline__ void advance(ActCursor<NTILES> &c, int dx_per_group) {
+__device__ __forceinline__ void advance(ActCursor<NTILES> &c, int groups, int dx_per_group) {
 #pragma unroll
-    for (int j = 0; j < NTILES; ++j) c.x[j] += 256 * SLOTS, c.dx[j] += 8 * dx_per_group, c.sums[j] += 16 * SLOTS;
+    for (int j = 0; j < NTILES; ++j)
+        c.x[j] += 256 * SLOTS * groups, c.dx[j] += 8 * dx_per_group * groups, c.sums[j] += 16 * SLOTS * groups;
 }
 
 // The products of the rows' block scales with the tokens' dx for C element c of n-tile j (rows g,
@@ -239,12 +241,12 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
         for (int i = 0; i < UNROLL; ++i) {
             const int k = k0 + i;
             if (k >= k_end) break;
-            Unit un{};
+            Unit un;  // fields a type does not use stay unset: nothing reads them
             if (unit_in_row<TYPE>(k, slot, n_units)) decode_unit<TYPE>(raw[i], SLOTS * k + slot, cb, un);
+            else un = Unit{};  // past a Q8_0 row's end: staged, never multiplied
             const int kn = k + UNROLL;
             if (kn < k_end && unit_in_row<TYPE>(kn, slot, n_units))
-                fetch_group_unit<TYPE>(wr + int64_t(group_bytes(TYPE)) * UNROLL, slot, raw[i]);
-            wr += group_bytes(TYPE);
+                fetch_group_unit<TYPE>(wr + group_bytes(TYPE) * (i + UNROLL), slot, raw[i]);
             WarpStage &st = stages[i % STAGES][warp];
             uint4 *dst = reinterpret_cast<uint4 *>(&st.q[r][8 * h]);
             const uint4 *src = reinterpret_cast<const uint4 *>(un.q);
@@ -261,10 +263,12 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
             // Refilled only now: loading into registers still being read would make ptxas load
             // into others and copy, and the copy waits for the load (measured: a fifth of all stalls).
             if (k + ACT_RING < k_end)
-                fetch_acts<TYPE, NTILES>(cur, ACT_RING, n_units - (SLOTS * (k + ACT_RING) + WARP_SLOTS * pair), now);
-            advance(cur, dx_per_group);
+                fetch_acts<TYPE, NTILES>(cur, i + ACT_RING, n_units - (SLOTS * (k + ACT_RING) + WARP_SLOTS * pair), now);
             if constexpr (STAGES == 1) __syncwarp();  // the next store overwrites the stage
         }
+        // The pointers move once per UNROLL groups: inside, every offset is a constant.
+        wr += group_bytes(TYPE) * UNROLL;
+        advance(cur, UNROLL, dx_per_group);
     }
 
     // slot_tree over the block's eight slots of each part, then the parts left to right: one
