@@ -76,9 +76,11 @@ __device__ __forceinline__ void lookup8(const Codebook &cb, uint32_t codes, uint
 
 // ---- one unit of weights: eight packed int8 words and its scales --------------------------------
 
-struct UnitScales {
-    float d, dmin;   // block scale(s) (dmin: Q4_K / Q5_K only)
-    int sc0, sc1;    // integer sub-scales: Q4_K/Q5_K scale and min; Q6_K scale of each 16-half; IQ4_XS ls - 32
+struct UnitScales {  // d and sc0 side by side: IQ4_XS and Q8_0 read only those (one 8-byte load)
+    float d;     // block scale
+    int sc0;     // integer sub-scale: Q4_K/Q5_K scale; Q6_K the first 16-half's; IQ4_XS ls - 32
+    float dmin;  // Q4_K / Q5_K only
+    int sc1;     // Q4_K/Q5_K min; Q6_K the second 16-half's scale
 };
 
 struct alignas(16) Unit {  // 16-aligned: copied to shared memory as three 16-byte words
