@@ -75,6 +75,7 @@ public:
     void graph_abort() override;
     void graph_clear() override;
     void set_prefill(bool on) override { prefill_ = on; }
+    bool prefill() const override { return prefill_; }
 
     // Mean device time of `reps` back-to-back matmuls, microseconds (the test hook's timing; each
     // call on its own copy of the w_bytes of weights, so they come from DRAM as in a model step).

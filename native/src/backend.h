@@ -193,6 +193,7 @@ public:
     // never run inside), so a backend may use kernels with another summation order for them.
     // The default (CPU) ignores it. PrefillScope below pairs the two calls.
     virtual void set_prefill(bool /*on*/) {}
+    virtual bool prefill() const { return false; }
 };
 
 // The steps of a prompt's prefill, for the scope's lifetime (Backend::set_prefill).
