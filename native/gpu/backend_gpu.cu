@@ -228,6 +228,13 @@ void GpuBackend::copy(void *dst, const void *src, size_t n) {
     LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_));
 }
 
+void *GpuBackend::upload_weight(const Weight &w, size_t n_bytes) {
+    void *dst = alloc(n_bytes);
+    upload(dst, w.data, n_bytes);
+    gpu::repack_weights(stream_, w.type, dst, int64_t(n_bytes));
+    return dst;
+}
+
 // Quantized weights take int8 activations (the CPU fast path's contract: matmul_int8.cu's dp4a
 // kernel, or from mma_min_tokens_ up a tensor-core one (matmul_mma_frag.cu where it serves,
 // matmul_mma.cu otherwise); all sum in one order, so
@@ -606,16 +613,15 @@ extern "C" luce_status luce_gpu_matmul(int32_t device_index, int32_t type, const
             size_t(n_cols / luce::gpu::block_elems(type) * luce::gpu::block_bytes(type) * n_rows) != nbytes)
             luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_matmul: bad shape or size");
         luce::GpuBackend be(device_index);
-        void *w = be.alloc(nbytes);
-        auto *xd = static_cast<float *>(be.alloc(sizeof(float) * size_t(n_tok * n_cols)));
-        auto *yd = static_cast<float *>(be.alloc(sizeof(float) * size_t(n_tok * n_rows)));
-        be.upload(w, weights, nbytes);
-        be.upload(xd, x, sizeof(float) * size_t(n_tok * n_cols));
         luce::Weight wt;
         wt.type = type;
         wt.n_in = n_cols;
         wt.n_out = n_rows;
-        wt.data = w;
+        wt.data = weights;
+        wt.data = be.upload_weight(wt, nbytes);  // as a model's weights (the GPU layout)
+        auto *xd = static_cast<float *>(be.alloc(sizeof(float) * size_t(n_tok * n_cols)));
+        auto *yd = static_cast<float *>(be.alloc(sizeof(float) * size_t(n_tok * n_rows)));
+        be.upload(xd, x, sizeof(float) * size_t(n_tok * n_cols));
         be.matmul(wt, xd, int(n_tok), yd, n_rows);
         be.download(y, yd, sizeof(float) * size_t(n_tok * n_rows));
         if (timing_reps > 0 && us_per_call) *us_per_call = be.time_matmul(wt, nbytes, xd, int(n_tok), yd, timing_reps);

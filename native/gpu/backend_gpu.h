@@ -30,6 +30,7 @@ public:
     void upload(void *dst, const void *src, size_t n_bytes) override;
     void download(void *dst, const void *src, size_t n_bytes) override;
     void copy(void *dst, const void *src, size_t n_bytes) override;
+    void *upload_weight(const Weight &w, size_t n_bytes) override;
 
     void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) override;
     void matmuls(const float *x, int T, const MatmulOut *out, int n) override;
@@ -74,6 +75,7 @@ public:
     void graph_abort() override;
     void graph_clear() override;
     void set_prefill(bool on) override { prefill_ = on; }
+    bool prefill() const override { return prefill_; }
 
     // Mean device time of `reps` back-to-back matmuls, microseconds (the test hook's timing; each
     // call on its own copy of the w_bytes of weights, so they come from DRAM as in a model step).

@@ -45,40 +45,42 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 }
 #endif
 
-// The eight 4-bit codes of one qs word of IQ4_XS (byte i: element i of the 16-element half in its
-// low nibble, element i + 16 in its high nibble) -> the codebook values of the four low nibbles
-// (lo) and of the four high nibbles (hi), packed as int8.
+// The eight 4-bit codes of one qs word in the GPU's IQ4_XS layout (byte i: element 2i of the
+// word's eight in its low nibble, element 2i + 1 in its high nibble; repack_weights, matmul.cu)
+// -> the codebook values of elements 0-3 (lo) and 4-7 (hi), packed as int8.
 __device__ __forceinline__ void lookup8(const Codebook &cb, uint32_t codes, uint32_t &lo, uint32_t &hi) {
 #if defined(LUCE_HIP)
     lo = hi = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const uint32_t cl = (codes >> (8 * i)) & 0xF, ch = (codes >> (8 * i + 4)) & 0xF;
+        const uint32_t cl = (codes >> (4 * i)) & 0xF, ch = (codes >> (16 + 4 * i)) & 0xF;
         lo |= ((cb.w[cl >> 2] >> (8 * (cl & 3))) & 0xFF) << (8 * i);
         hi |= ((cb.w[ch >> 2] >> (8 * (ch & 3))) & 0xFF) << (8 * i);
     }
 #else
-    // prmt picks byte (selector nibble & 7) of the pair (a, b); a nibble's bit 3 would ask for a
-    // sign fill instead, so the codes are masked to 3 bits once and select entry c & 7 of entries
-    // 0-7 (w0, w1) and of entries 8-15 (w2, w3); a third permute keeps one of the two by bit 3 of
-    // the code (selector n or n + 4). Four codes per round, the results interleaved (low nibble,
-    // high nibble, ...) until the last two permutes split them. (The __byte_perm intrinsic masks
-    // every selector again, which cost a fifth of the decode kernel's instructions.)
+    // prmt picks byte (selector nibble & 7) of the pair (a, b) for result byte i from selector
+    // nibble i; a nibble's bit 3 would ask for a sign fill instead, so the codes are masked to 3
+    // bits once and select entry c & 7 of entries 0-7 (w0, w1) and of entries 8-15 (w2, w3); a
+    // third permute keeps one of the two by bit 3 of the code (selector n or n + 4). Nibbles 0-3
+    // are elements 0-3 in order, nibbles 4-7 (the selectors shifted down) elements 4-7. (The
+    // __byte_perm intrinsic masks every selector again, which cost a fifth of the decode
+    // kernel's instructions; GGUF's pairing, element i with i + 16 in one byte, cost two more
+    // permutes per word to separate the halves: the reason for the GPU layout.)
     const uint32_t sel = codes & 0x77777777u;
     const uint32_t pick = ((codes & 0x88888888u) >> 1) + 0x32103210u;  // one shift-and-add
-    const uint32_t a = prmt(prmt(cb.w[0], cb.w[1], sel), prmt(cb.w[2], cb.w[3], sel), pick);
+    lo = prmt(prmt(cb.w[0], cb.w[1], sel), prmt(cb.w[2], cb.w[3], sel), pick);
     const uint32_t s16 = sel >> 16, p16 = pick >> 16;
-    const uint32_t b = prmt(prmt(cb.w[0], cb.w[1], s16), prmt(cb.w[2], cb.w[3], s16), p16);
-    lo = prmt(a, b, 0x6420);
-    hi = prmt(a, b, 0x7531);
+    hi = prmt(prmt(cb.w[0], cb.w[1], s16), prmt(cb.w[2], cb.w[3], s16), p16);
 #endif
 }
 
 // ---- one unit of weights: eight packed int8 words and its scales --------------------------------
 
-struct UnitScales {
-    float d, dmin;   // block scale(s) (dmin: Q4_K / Q5_K only)
-    int sc0, sc1;    // integer sub-scales: Q4_K/Q5_K scale and min; Q6_K scale of each 16-half; IQ4_XS ls - 32
+struct UnitScales {  // d and sc0 side by side: IQ4_XS and Q8_0 read only those (one 8-byte load)
+    float d;     // block scale
+    int sc0;     // integer sub-scale: Q4_K/Q5_K scale; Q6_K the first 16-half's; IQ4_XS ls - 32
+    float dmin;  // Q4_K / Q5_K only
+    int sc1;     // Q4_K/Q5_K min; Q6_K the second 16-half's scale
 };
 
 struct alignas(16) Unit {  // 16-aligned: copied to shared memory as three 16-byte words
@@ -242,12 +244,13 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
         un.s.sc1 = int8_t(r.sc >> 8);
         un.s.d = f16_bits(r.d);
     } else if constexpr (TYPE == GGML_IQ4_XS) {
-        // Sub-block ib: element l < 16 = low nibble of qs[16ib + l], element l + 16 = its high
-        // nibble; scale d * (ls - 32), ls = 4 bits of scales_l | 2 bits of scales_h.
+        // Sub-block ib, GPU layout (repack_weights): element 2m = low nibble of qs[16ib + m],
+        // element 2m + 1 = its high nibble; scale d * (ls - 32), ls = 4 bits of scales_l | 2 bits
+        // of scales_h.
         iq4_xs_scales(r.head, u % 8, un.s);
         const uint32_t qs[4] = {r.lo.x, r.lo.y, r.hi.x, r.hi.y};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) lookup8(cb, qs[i], un.q[i], un.q[i + 4]);
+        for (int i = 0; i < 4; ++i) lookup8(cb, qs[i], un.q[2 * i], un.q[2 * i + 1]);
     }
 }
 

@@ -80,6 +80,9 @@ int gemm_splits(int64_t n_out, int64_t n_in, int T, int n_sm);
 void matmul_gemm(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a,
                  int splits, float *partial);
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);
+// matmul.cu: a weight's GGUF bytes in device memory -> the layout the kernels read, in place
+// (IQ4_XS: codes re-paired within each sub-block; other types unchanged).
+void repack_weights(cudaStream_t stream, int type, void *data, int64_t n_bytes);
 
 // norms.cu. The ops that feed a matmul can quantize their output for it (act_quant.cuh) when
 // fq.q is set: rmsnorm needs y_stride == dim; every output length a multiple of fq.block.

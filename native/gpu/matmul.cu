@@ -78,6 +78,30 @@ __global__ void get_rows_kernel(const uint8_t *w, int64_t row_bytes, int n_in, c
         if (i < n_valid) dst[i] = wv[i];
 }
 
+// The GPU's IQ4_XS layout, in place: each sub-block's 16 code bytes re-paired so byte m holds
+// elements 2m (low nibble) and 2m + 1 (high nibble), GGUF's holding m and m + 16. A lookup of
+// four bytes then yields eight consecutive values with no permute to separate the halves
+// (int8_units.cuh, lookup8). One thread per 32-element unit; d and the scales stay in place.
+__global__ void repack_iq4_xs_kernel(uint8_t *w, int64_t n_units) {
+    wait_for_inputs();
+    const int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    if (u >= n_units) return;
+    uint2 *qs = reinterpret_cast<uint2 *>(w + 136 * (u / 8) + 8 + 16 * (u % 8));  // 8-byte aligned
+    const uint2 lo = qs[0], hi = qs[1];
+    const uint32_t in[4] = {lo.x, lo.y, hi.x, hi.y};
+    uint32_t out[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int m = 0; m < 16; ++m) {
+        // element e's code: the low nibble of byte e (e < 16), the high one of byte e - 16
+        const int e0 = 2 * m, e1 = 2 * m + 1;
+        const uint32_t c0 = (in[(e0 % 16) / 4] >> (8 * (e0 % 4) + (e0 < 16 ? 0 : 4))) & 0xF;
+        const uint32_t c1 = (in[(e1 % 16) / 4] >> (8 * (e1 % 4) + (e1 < 16 ? 0 : 4))) & 0xF;
+        out[m / 4] |= (c0 | (c1 << 4)) << (8 * (m % 4));
+    }
+    qs[0] = make_uint2(out[0], out[1]);
+    qs[1] = make_uint2(out[2], out[3]);
+}
+
 // ---- launchers ---------------------------------------------------------------------------------
 
 constexpr int MATMUL_THREADS = 128;  // 4 rows per block on wave32 parts, 2 on wave64
@@ -132,6 +156,15 @@ void matmul(cudaStream_t stream, int warp, const Weight &w, const float *x, int 
     if (T < 1 || w.n_out < 1) return;
     MatmulLaunch launch{stream, warp, w, x, T, y, ldy};
     if (!dispatch_type(w.type, launch)) fail(LUCE_ERR_UNSUPPORTED, "no GPU matmul for ggml type %d", w.type);
+}
+
+void repack_weights(cudaStream_t stream, int type, void *data, int64_t n_bytes) {
+    if (type != GGML_IQ4_XS) return;  // every other type keeps its GGUF bytes
+    if (n_bytes % 136 != 0) fail(LUCE_ERR_INTERNAL, "repack_weights: %lld bytes of IQ4_XS", (long long)n_bytes);
+    const int64_t n_units = n_bytes / 136 * 8;
+    constexpr int threads = 256;
+    launch_kernel(repack_iq4_xs_kernel, unsigned((n_units + threads - 1) / threads), threads, 0, stream,
+                  static_cast<uint8_t *>(data), n_units);
 }
 
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out) {

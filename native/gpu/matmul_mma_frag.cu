@@ -126,10 +126,12 @@ __device__ __forceinline__ void fetch_acts(const ActCursor<NTILES> &c, int ahead
     }
 }
 
+// The cursors `groups` groups on.
 template <int NTILES>
-__device__ __forceinline__ void advance(ActCursor<NTILES> &c, int dx_per_group) {
+__device__ __forceinline__ void advance(ActCursor<NTILES> &c, int groups, int dx_per_group) {
 #pragma unroll
-    for (int j = 0; j < NTILES; ++j) c.x[j] += 256 * SLOTS, c.dx[j] += 8 * dx_per_group, c.sums[j] += 16 * SLOTS;
+    for (int j = 0; j < NTILES; ++j)
+        c.x[j] += 256 * SLOTS * groups, c.dx[j] += 8 * dx_per_group * groups, c.sums[j] += 16 * SLOTS * groups;
 }
 
 // The products of the rows' block scales with the tokens' dx for C element c of n-tile j (rows g,
@@ -186,16 +188,21 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
     // once the group has been multiplied); at 32 tokens one, for registers.
     constexpr int ACT_RING = NTILES >= 4 ? 1 : 2;
     static_assert(UNROLL % ACT_RING == 0, "the activations' ring is indexed by i % ACT_RING");
-    __shared__ __align__(16) WarpStage stages[PAIR_WARPS * PARTS];
+    // Two stages per warp, alternating by group: a group's stores then cannot overwrite what the
+    // warp still reads of the previous one, so one __syncwarp per group is enough (one stage where
+    // two would pass the 48 KB of static shared memory: rows of four parts).
+    constexpr int STAGES = PARTS == MAX_PARTS ? 1 : 2;
+    static_assert(UNROLL % STAGES == 0, "the stage is indexed by i % STAGES");
+    __shared__ __align__(16) WarpStage stages[STAGES][PAIR_WARPS * PARTS];
     __shared__ float red[PARTS][SLOTS][4][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp % PAIR_WARPS, part = warp / PAIR_WARPS;
     const int g = lane / 4, tq = lane % 4;  // fragment coordinates: groupID, thread in group
     const int r = lane % 16, h = lane / 16; // what this lane fetches: row r, unit h of the pair
     const int64_t r0 = int64_t(blockIdx.x) * 16;
     const int t0 = blockIdx.y * MMA_NTILE * NTILES;
-    WarpStage &st = stages[warp];
     // ldmatrix: lane i gives row i % 16 of the pair's first unit, its bytes 16 (i / 16)..
-    const uint32_t q_addr = uint32_t(__cvta_generic_to_shared(&st.q[r][4 * h]));
+    const uint32_t q_addr = uint32_t(__cvta_generic_to_shared(&stages[0][warp].q[r][4 * h]));
+    constexpr uint32_t STAGE_STRIDE = sizeof(WarpStage) * PAIR_WARPS * PARTS;  // stage 1's bytes past stage 0
 
     const int64_t row = min(r0 + r, p.rows.n_out() - 1);  // rows past n_out: computed, not stored
     const int seg = p.rows.find(row);
@@ -234,12 +241,13 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
         for (int i = 0; i < UNROLL; ++i) {
             const int k = k0 + i;
             if (k >= k_end) break;
-            Unit un{};
+            Unit un;  // fields a type does not use stay unset: nothing reads them
             if (unit_in_row<TYPE>(k, slot, n_units)) decode_unit<TYPE>(raw[i], SLOTS * k + slot, cb, un);
+            else un = Unit{};  // past a Q8_0 row's end: staged, never multiplied
             const int kn = k + UNROLL;
             if (kn < k_end && unit_in_row<TYPE>(kn, slot, n_units))
-                fetch_group_unit<TYPE>(wr + int64_t(group_bytes(TYPE)) * UNROLL, slot, raw[i]);
-            wr += group_bytes(TYPE);
+                fetch_group_unit<TYPE>(wr + group_bytes(TYPE) * (i + UNROLL), slot, raw[i]);
+            WarpStage &st = stages[i % STAGES][warp];
             uint4 *dst = reinterpret_cast<uint4 *>(&st.q[r][8 * h]);
             const uint4 *src = reinterpret_cast<const uint4 *>(un.q);
             dst[0] = src[0], dst[1] = src[1];
@@ -251,14 +259,16 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
 #pragma unroll
             for (int s = 0; s < WARP_SLOTS; ++s)  // warp-uniform: a last Q8_0 group may end mid-pair
                 if (unit_in_row<TYPE>(k, WARP_SLOTS * pair + s, n_units))
-                    multiply_staged<TYPE>(st, q_addr, now, ts, s, g, acc[s]);
+                    multiply_staged<TYPE>(st, q_addr + STAGE_STRIDE * (i % STAGES), now, ts, s, g, acc[s]);
             // Refilled only now: loading into registers still being read would make ptxas load
             // into others and copy, and the copy waits for the load (measured: a fifth of all stalls).
             if (k + ACT_RING < k_end)
-                fetch_acts<TYPE, NTILES>(cur, ACT_RING, n_units - (SLOTS * (k + ACT_RING) + WARP_SLOTS * pair), now);
-            advance(cur, dx_per_group);
-            __syncwarp();  // the next store overwrites the stage
+                fetch_acts<TYPE, NTILES>(cur, i + ACT_RING, n_units - (SLOTS * (k + ACT_RING) + WARP_SLOTS * pair), now);
+            if constexpr (STAGES == 1) __syncwarp();  // the next store overwrites the stage
         }
+        // The pointers move once per UNROLL groups: inside, every offset is a constant.
+        wr += group_bytes(TYPE) * UNROLL;
+        advance(cur, UNROLL, dx_per_group);
     }
 
     // slot_tree over the block's eight slots of each part, then the parts left to right: one

@@ -116,8 +116,9 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_v
             w[l] = (l < 16 ? d_lo : d_hi) * float(q);
         }
     } else if constexpr (TYPE == GGML_IQ4_XS) {
-        // f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. Sub-block ib: 6-bit scale ls,
-        // elements 32ib + l = (d (ls - 32)) K[low nibble of qs[16ib + l]], +16: high nibble.
+        // f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. Sub-block ib: 6-bit scale ls, in the
+        // GPU layout (repack_weights, matmul.cu) elements 32ib + 2m = (d (ls - 32)) K[low nibble
+        // of qs[16ib + m]], + 1: its high nibble.
         const uint8_t *b = row + 136 * (u / 8);
         const int ib = int(u % 8);
         const int scales_h = int(b[2]) | (int(b[3]) << 8);
@@ -126,10 +127,10 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_v
         uint32_t qs[4];  // blocks of 136 bytes: qs is 8-byte aligned
         load_words(b + 8 + 16 * ib, qs);
 #pragma unroll
-        for (int l = 0; l < 16; ++l) {
-            const int byte = byte_of(qs, l);
-            w[l] = dl * float(kIq4nl[byte & 0xF]);
-            w[l + 16] = dl * float(kIq4nl[byte >> 4]);
+        for (int m = 0; m < 16; ++m) {
+            const int byte = byte_of(qs, m);
+            w[2 * m] = dl * float(kIq4nl[byte & 0xF]);
+            w[2 * m + 1] = dl * float(kIq4nl[byte >> 4]);
         }
     }
 }

@@ -54,6 +54,14 @@ public:
     virtual void download(void *dst, const void *src, size_t n_bytes) = 0;
     // Backend memory to backend memory (rollback checkpoints of the speculative loop).
     virtual void copy(void *dst, const void *src, size_t n_bytes) = 0;
+    // A weight matrix's copy in backend memory, from its GGUF bytes (n_bytes): the encoding the
+    // backend's kernels read, which may re-lay bytes within a block (the GPU pairs IQ4_XS codes
+    // differently: docs/gpu.md). Only device backends are asked; the CPU reads the mapping.
+    virtual void *upload_weight(const Weight &w, size_t n_bytes) {
+        void *dst = alloc(n_bytes);
+        upload(dst, w.data, n_bytes);
+        return dst;
+    }
 
     // Linear algebra -----------------------------------------------------------------------
     // y[t][r] = sum_c W[r][c] * x[t][c] for t < T; each weight row is read once for all T tokens.
@@ -185,6 +193,7 @@ public:
     // never run inside), so a backend may use kernels with another summation order for them.
     // The default (CPU) ignores it. PrefillScope below pairs the two calls.
     virtual void set_prefill(bool /*on*/) {}
+    virtual bool prefill() const { return false; }
 };
 
 // The steps of a prompt's prefill, for the scope's lifetime (Backend::set_prefill).

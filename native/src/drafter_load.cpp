@@ -432,10 +432,7 @@ void upload_drafter(Drafter &d) {
     if (std::strcmp(be.name(), "cpu") == 0) return;
     auto matrix = [&](Weight &w) {
         if (!w.present()) return;
-        const size_t bytes = size_t(row_bytes(w.type, w.n_in)) * size_t(w.n_out);
-        void *dst = be.alloc(bytes);
-        be.upload(dst, w.data, bytes);
-        w.data = dst;
+        w.data = be.upload_weight(w, size_t(row_bytes(w.type, w.n_in)) * size_t(w.n_out));
     };
     auto vector = [&](Vector &v) {
         if (v.host.empty()) return;

@@ -85,14 +85,22 @@ void upload_tree(Session &s, int T) {
     be.upload(b.tree_mask, s.tree->mask, size_t(T) * size_t(s.n_ctx));
 }
 
-// Steps a graph may stand for: plain causal decode of one token, no hidden capture, no rollback
-// history attached (those change the pointers or the ops of the step). Key: session, shape.
+// Steps a graph may stand for: causal steps outside a prompt's prefill (one-token decode, and
+// the speculative loop's plain and chain-verify steps), whose taps, if captured, are copied device
+// to device. Every pointer such a step reads or writes is then fixed for the session, or for the
+// speculative run that owns the taps and the rollback history (SpecLoop forgets the graphs when
+// its buffers go); positions and token ids are read from device memory. Not recorded: tree steps
+// (a mask and parents uploaded per step), prefill chunks (another kernel family, prefill rows
+// not bit-identical to verify rows) and taps downloaded to the host. Key: session, history
+// attached, taps captured, T, and the logits rows asked for.
 bool graph_key(const Session &s, int T, bool want_logits, int logit_row0, const HiddenCapture *capture,
                uint64_t &key) {
-    if (T != 1 || capture || s.tree) return false;
-    for (const RecurrentState &st : s.recurrent)
-        if (st.ssm_history || st.qkv_history) return false;
-    key = (s.graph_id << 8) | (uint64_t(want_logits) << 7) | uint64_t(logit_row0 & 0x7f);
+    if (s.tree || s.model->backend->prefill() || (capture && !capture->in_backend)) return false;
+    bool history = false;  // Checkpoints attach every recurrent layer's or none
+    for (const RecurrentState &st : s.recurrent) history = history || st.ssm_history || st.qkv_history;
+    static_assert(MAX_STEP < 128, "T and logit_row0 take 7 bits each");
+    key = (s.graph_id << 17) | (uint64_t(history) << 16) | (uint64_t(capture != nullptr) << 15) |
+          (uint64_t(T) << 8) | (uint64_t(want_logits) << 7) | uint64_t(logit_row0);
     return true;
 }
 

@@ -265,9 +265,7 @@ void upload_weights(Model &m, const LoadProgress &progress) {
         [&](Weight &w) {
             const size_t bytes = matrix_bytes(w);
             if (!bytes) return;
-            void *dst = be.alloc(bytes);
-            be.upload(dst, w.data, bytes);
-            w.data = dst;
+            w.data = be.upload_weight(w, bytes);
             uploaded(bytes);
         },
         [&](Vector &v) {

@@ -383,6 +383,11 @@ struct SpecLoop {
         st.n_prompt = n_prompt;
         st.block_size = B;
     }
+    // Step graphs recorded during the run point into its taps and checkpoints (forward.cpp,
+    // graph_key), which go with it.
+    ~SpecLoop() { be.graph_clear(); }
+    SpecLoop(const SpecLoop &) = delete;
+    SpecLoop &operator=(const SpecLoop &) = delete;
 
     // The target over toks (T rows, taps captured); what each row r >= row0 says next is then
     // row_ids[r - row0] (greedy: argmax on the backend, so a GPU step downloads indices, not
