@@ -301,6 +301,61 @@ def check_attention(dut: str) -> list[dict]:
     return rows
 
 
+# (rows, n, k): k 0 is argmax_rows. A vocabulary row of the 27B (248320: 61 chunks of 4096 with a
+# ragged last one), one row as a DSpark chain step asks, a short row, and DDTree's widths.
+SELECT_CASES = ((8, 248320, 0), (1, 248320, 0), (3, 5000, 0), (8, 248320, 1), (7, 248320, 8), (2, 9000, 40))
+
+
+def _select_rows(rng, n_rows: int, n: int):
+    """Random rows whose best values tie across chunks (the lower index must win), plus an
+    all -inf row (argmax: index 0, as the CPU backend)."""
+    import numpy as np
+
+    x = rng.standard_normal((n_rows, n), dtype=np.float32)
+    for r in range(n_rows):
+        hi = x[r].max() + 1.0
+        x[r, rng.choice(n, size=3, replace=False)] = hi  # a three-way tie for the top
+    if n_rows > 2:
+        x[-1] = -np.inf
+    return x
+
+
+def check_select(dut: str) -> list[dict]:
+    """argmax_rows and topk_rows on the device vs numpy's stable orderings (value descending, then
+    index ascending; libluce_gpu's luce_gpu_select hook; GPU only)."""
+    import ctypes
+
+    import numpy as np
+
+    if dut != "gpu":
+        return [{"case": "all", "skipped": "luce_gpu_select is a GPU test hook", "ok": True}]
+    from luce.binding import _HERE
+
+    fn = ctypes.CDLL(str(_HERE / "libluce_gpu.so")).luce_gpu_select
+    fn.restype = ctypes.c_int
+    rng = np.random.default_rng(17)
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    rows = []
+    for n_rows, n, k in SELECT_CASES:
+        x = _select_rows(rng, n_rows, n)
+        want = np.argsort(-x, axis=1, kind="stable")[:, :max(k, 1)].astype(np.int32)
+        ids = np.full((n_rows, max(k, 1)), -7, dtype=np.int32)
+        vals = np.zeros((n_rows, max(k, 1)), dtype=np.float32)
+        err = ctypes.create_string_buffer(512)
+        st = fn(ctypes.c_int32(0), ptr(x), ctypes.c_int32(n_rows), ctypes.c_int64(n), ctypes.c_int32(k), ptr(ids),
+                ptr(vals), err, ctypes.c_size_t(len(err)))
+        case = f"{'argmax' if k == 0 else f'top {k}'} of {n_rows} x {n}"
+        if st != 0:
+            rows.append({"case": case, "error": err.value.decode(), "ok": False})
+            continue
+        bad = [r for r in range(n_rows) if not np.array_equal(ids[r], want[r])
+               or (k > 0 and not np.array_equal(vals[r], x[r, want[r]]))]
+        rows.append({"case": case, "rows_wrong": len(bad),
+                     "first_wrong": [bad[0], ids[bad[0]][:4].tolist(), want[bad[0]][:4].tolist()] if bad else None,
+                     "ok": not bad})
+    return rows
+
+
 DELTA_TOL = 1e-4  # max |gpu - ref| / max |ref| over outputs, final state and history
 # (HK, HV, DK, DV, T): the 27B's layer (DK 128: two threads per state column), DK 64, the tiny
 # fixtures' DK 32, and DK 48 (no register kernel: the device-memory kernel either way).
@@ -1100,6 +1155,17 @@ def _case_table(header: str, cases: list[dict]) -> list[str]:
     return [header, "| --- | --- | --- | --- | --- |", *rows, ""]
 
 
+def _select_table(cases: list[dict]) -> list[str]:
+    """The argmax / top-k table, or nothing when that stage did not run."""
+    if not cases:
+        return []
+    rows = [(f"| {a['case']} | {a.get('error') or a.get('skipped')} | | {'FAIL' if 'error' in a else '-'} |")
+            if ("error" in a or "skipped" in a) else
+            f"| {a['case']} | {a['rows_wrong']} | {a['first_wrong']} | {'ok' if a['ok'] else 'FAIL'} |" for a in cases]
+    return ["| selection case (ties across chunks, an all -inf row) | rows wrong | first wrong [row, got, want] | ok |",
+            "| --- | --- | --- | --- |", *rows, ""]
+
+
 def write_report(out: Path, report: dict) -> None:
     (out / "gpu_report.json").write_text(json.dumps(report, indent=2, default=str))
     lines = [f"# luce GPU check — {report['date']}", "",
@@ -1123,6 +1189,7 @@ def write_report(out: Path, report: dict) -> None:
              "",
              *_case_table(f"| attention case | max abs | rel err vs float64 (tol {ATTN_TOL:g}) | "
                           "first bad [t, h, d] | ok |", report.get("attention", [])),
+             *_select_table(report.get("select", [])),
              *_case_table(f"| DeltaNet case | max abs | rel err vs float64 (tol {DELTA_TOL:g}) | first bad | ok |",
                           report.get("deltanet", [])),
              "| model | rel diff vs CPU | tol | prefill vs decode (GPU) | greedy: margin-checked identical | near-tie identical | ok |",
@@ -1266,6 +1333,11 @@ def run(args, out: Path, build_info: dict | None) -> int:
         report["attention"] = check_attention(args.dut)
     except Exception as e:
         report["attention"] = [{"case": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
+    log("argmax / top-k selection vs numpy")
+    try:
+        report["select"] = check_select(args.dut)
+    except Exception as e:
+        report["select"] = [{"case": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
     log("DeltaNet kernels vs float64")
     try:
         report["deltanet"] = check_deltanet(args.dut)
@@ -1304,7 +1376,7 @@ def run(args, out: Path, build_info: dict | None) -> int:
             except Exception as e:
                 report["drafter_bench"] = {"error": f"{type(e).__name__}: {e}"}
     report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("attention", [])
-                        + report.get("deltanet", []) + [report.get("graphs", {"ok": True})]
+                        + report.get("select", []) + report.get("deltanet", []) + [report.get("graphs", {"ok": True})]
                         + report.get("drafters", []))
                     and not notes
                     and report.get("memcheck", {"ok": True})["ok"]) and "error" not in report.get("bench", {})

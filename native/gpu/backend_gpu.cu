@@ -3,6 +3,7 @@
 #include "backend_gpu.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -511,7 +512,8 @@ void GpuBackend::softcap(float *x, int64_t n, float mult, float cap) {
 
 void GpuBackend::argmax_rows(const float *x, int n_rows, int64_t n, int32_t *out) {
     LUCE_OP("argmax_rows");
-    gpu::argmax_rows(stream_, x, n_rows, n, out);
+    grow(topk_scratch_, topk_scratch_bytes_, size_t(gpu::topk_scratch_bytes(n_rows, n, 1)));
+    gpu::argmax_rows(stream_, x, n_rows, n, out, topk_scratch_);
 }
 
 void GpuBackend::topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals) {
@@ -666,6 +668,34 @@ extern "C" luce_status luce_gpu_attention(int32_t device_index, const float *q, 
         luce::gpu::attention(be.stream(), be.warp_size(), qd, kv, pd, md, T, n_head, n_head_kv, head_dim, od, scratch,
                              scratch_bytes);
         be.download(out, od, qn * sizeof(float));
+        return LUCE_OK;
+    } catch (const luce::Error &e) {
+        if (err && err_len) std::snprintf(err, err_len, "%s", e.what());
+        return e.status;
+    }
+}
+
+// Test hook for tools/gpu_check.py: the drafter's selections on the device, host buffers in and
+// out: k == 0 is argmax_rows (ids [n_rows]), k >= 1 topk_rows (ids and vals [n_rows][k]), so both
+// are checked against numpy's stable orderings on rows with ties across chunks.
+extern "C" luce_status luce_gpu_select(int32_t device_index, const float *x, int32_t n_rows, int64_t n, int32_t k,
+                                       int32_t *ids, float *vals, char *err, size_t err_len) {
+    try {
+        if (n_rows < 1 || n < 1 || n > INT32_MAX || k < 0 || k > 256 || k > n || !x || !ids || (k > 0 && !vals))
+            luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_select: bad shape");
+        luce::GpuBackend be(device_index);
+        const size_t xn = size_t(n_rows) * size_t(n), kn = size_t(n_rows) * size_t(k > 0 ? k : 1);
+        auto *xd = static_cast<float *>(be.alloc(xn * sizeof(float)));
+        auto *id = static_cast<int32_t *>(be.alloc(kn * sizeof(int32_t)));
+        auto *vd = static_cast<float *>(be.alloc(kn * sizeof(float)));
+        be.upload(xd, x, xn * sizeof(float));
+        if (k == 0) {
+            be.argmax_rows(xd, n_rows, n, id);
+        } else {
+            be.topk_rows(xd, n_rows, n, k, id, vd);
+            be.download(vals, vd, kn * sizeof(float));
+        }
+        be.download(ids, id, kn * sizeof(int32_t));
         return LUCE_OK;
     } catch (const luce::Error &e) {
         if (err && err_len) std::snprintf(err, err_len, "%s", e.what());

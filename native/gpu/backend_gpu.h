@@ -139,7 +139,7 @@ private:
     size_t l2_bytes_ = 0;                    // the device's L2 cache (time_matmul sizes its weight copies by it)
     void *attn_scratch_ = nullptr;
     size_t attn_scratch_bytes_ = 0;
-    void *topk_scratch_ = nullptr;           // drafter top-k candidates, grown on demand
+    void *topk_scratch_ = nullptr;           // top-k / argmax candidates, grown on demand
     size_t topk_scratch_bytes_ = 0;  // base -> bytes; freed in the destructor
 };
 
@@ -164,6 +164,12 @@ extern "C" __attribute__((visibility("default"))) luce_status
 luce_gpu_attention(int32_t device_index, const float *q, const float *k, const float *v, const int32_t *pos,
                    const uint8_t *mask, int32_t T, int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t n_ctx,
                    int32_t split, float *out, char *err, size_t err_len);
+
+// Test hook (tools/gpu_check.py): argmax_rows (k == 0) or topk_rows (k >= 1) on GPU `device_index`,
+// host buffers in and out.
+extern "C" __attribute__((visibility("default"))) luce_status
+luce_gpu_select(int32_t device_index, const float *x, int32_t n_rows, int64_t n, int32_t k, int32_t *ids, float *vals,
+                char *err, size_t err_len);
 
 // Test hook (tools/gpu_check.py): one gated_delta_net over T tokens on GPU `device_index`, host
 // buffers; registers selects the register-resident kernel (DK 32/64/128) or the device-memory one.

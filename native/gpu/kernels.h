@@ -119,13 +119,14 @@ void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const flo
 // argmax.cu: writes the index into *result (device memory).
 void argmax(cudaStream_t stream, const float *x, int64_t n, int32_t *result);
 
-// drafter.cu (backend.h's drafter block). topk_rows needs topk_scratch_bytes() of device scratch.
+// drafter.cu (backend.h's drafter block). topk_rows needs topk_scratch_bytes(n_rows, n, k) of device
+// scratch, argmax_rows topk_scratch_bytes(n_rows, n, 1).
 void rope_table(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_head, int head_dim,
                 const float *inv_freq, float mscale);
 void dyn_conv(cudaStream_t stream, const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B,
               int E, int K, int group, float *out);
 void softcap(cudaStream_t stream, float *x, int64_t n, float mult, float cap);
-void argmax_rows(cudaStream_t stream, const float *x, int n_rows, int64_t n, int32_t *out);
+void argmax_rows(cudaStream_t stream, const float *x, int n_rows, int64_t n, int32_t *out, void *scratch);
 int64_t topk_scratch_bytes(int n_rows, int64_t n, int k);
 void topk_rows(cudaStream_t stream, const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals,
                void *scratch);
