@@ -225,15 +225,37 @@ def _matmul_fn(dut: str):
 
 
 ATTN_TOL = 1e-4  # max |gpu - ref| / max |ref|, fp32 kernel vs float64 numpy
-# (T, n_head, n_head_kv, head_dim, n_ctx, pos0, masked), pos[t] = pos0 + t: decode deep in a long cache (many
-# splits), decode at position 0 (one key, all but one split empty), a verify block, a tree mask.
+# (T, n_head, n_head_kv, head_dim, n_ctx, pos0, mask), pos[t] = pos0 + t: decode deep in a long cache (many
+# splits), decode at position 0 (one key, all but one split empty), a verify block, a DFlash 2 verify
+# (8 tokens over ~100 keys), head dim 48 (partial chunks), a random tree mask, and a drafter-like
+# mask (each row a window ending past the context, most 32-key tiles of the cache unseen).
 ATTN_CASES = (
-    (1, 24, 4, 256, 4096, 3000, False),
-    (1, 24, 4, 256, 4096, 0, False),
-    (1, 8, 2, 128, 700, 699, False),
-    (16, 24, 4, 256, 4096, 1000, False),
-    (5, 8, 2, 64, 512, 300, True),
+    (1, 24, 4, 256, 4096, 3000, None),
+    (1, 24, 4, 256, 4096, 0, None),
+    (1, 8, 2, 128, 700, 699, None),
+    (16, 24, 4, 256, 4096, 1000, None),
+    (8, 24, 4, 256, 4096, 100, None),
+    (3, 4, 2, 48, 300, 100, None),
+    (5, 8, 2, 64, 512, 300, "random"),
+    (8, 32, 8, 128, 2048, 1500, "window"),
 )
+
+
+def _attention_mask(rng, kind: str | None, T: int, n_ctx: int, pos0: int):
+    """None (causal), random ancestor sets whose last row sees nothing (zeros expected), or windows:
+    row t sees keys [t * 37, pos0 + 8) (a shared context, then the whole block of 8)."""
+    import numpy as np
+
+    if kind is None:
+        return None
+    if kind == "random":
+        mask = (rng.random((T, n_ctx)) < 0.3).astype(np.uint8)
+        mask[-1] = 0
+        return mask
+    mask = np.zeros((T, n_ctx), dtype=np.uint8)
+    for t in range(T):
+        mask[t, t * 37:pos0 + 8] = 1
+    return mask
 
 
 def _attention_ref(q, k, v, pos, mask):
@@ -273,22 +295,23 @@ def check_attention(dut: str) -> list[dict]:
     rng = np.random.default_rng(11)
     ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p) if a is not None else None  # noqa: E731
     rows = []
-    for T, H, Hkv, D, n_ctx, pos0, masked in ATTN_CASES:
+    for T, H, Hkv, D, n_ctx, pos0, kind in ATTN_CASES:
         pos = np.arange(pos0, pos0 + T, dtype=np.int32)
         q = rng.standard_normal((T, H, D), dtype=np.float32)
         k = rng.standard_normal((Hkv, n_ctx, D), dtype=np.float32)
         v = rng.standard_normal((Hkv, n_ctx, D), dtype=np.float32)
-        mask = None
-        if masked:  # random ancestor sets; the last row sees nothing (zeros expected)
-            mask = (rng.random((T, n_ctx)) < 0.3).astype(np.uint8)
-            mask[-1] = 0
+        mask = _attention_mask(rng, kind, T, n_ctx, pos0)
+        # Keys no query sees stand for cache rows never written: NaN, so touching one shows.
+        unseen = ~mask.any(axis=0).astype(bool) if mask is not None else np.arange(n_ctx) > pos[-1]
+        k[:, unseen] = np.nan
+        v[:, unseen] = np.nan
         ref = _attention_ref(q, k, v, pos, mask)
         for split in (1, 0):
             out = np.zeros((T, H, D), dtype=np.float32)
             err = ctypes.create_string_buffer(512)
             st = fn(ctypes.c_int32(0), ptr(q), ptr(k), ptr(v), ptr(pos), ptr(mask), T, H, Hkv, D, n_ctx,
                     ctypes.c_int32(split), ptr(out), err, ctypes.c_size_t(len(err)))
-            case = f"T={T} H={H}/{Hkv} D={D} ctx={n_ctx} pos0={pos0}{' mask' if masked else ''} " \
+            case = f"T={T} H={H}/{Hkv} D={D} ctx={n_ctx} pos0={pos0}{f' {kind} mask' if kind else ''} " \
                    f"{'split' if split else 'one-pass'}"
             if st != 0:
                 rows.append({"case": case, "error": err.value.decode(), "ok": False})

@@ -97,6 +97,24 @@ __device__ __forceinline__ float shfl_down(float v, int delta) {
 #endif
 }
 
+// v of lane src (every lane of the warp takes part).
+__device__ __forceinline__ float shfl_idx(float v, int src) {
+#if defined(LUCE_HIP)
+    return __shfl(v, src);
+#else
+    return __shfl_sync(0xffffffffu, v, src);
+#endif
+}
+
+// Whether p holds on any lane of the warp (every lane takes part and gets the answer).
+__device__ __forceinline__ bool warp_any(bool p) {
+#if defined(LUCE_HIP)
+    return __any(p);
+#else
+    return __any_sync(0xffffffffu, p);
+#endif
+}
+
 // Sum over the lanes of one warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = warpSize / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
