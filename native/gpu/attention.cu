@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "session.h"  // MAX_STEP
 
 namespace luce::gpu {
 
@@ -274,14 +275,18 @@ void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, 
 }
 
 // Splits over the KV length: chunks of at least SPLIT_MIN_KEYS keys, and about SPLIT_TARGET_BLOCKS
-// blocks over all (head, token, split), so decode (T = 1) splits most and a prefill not at all.
+// blocks over all (head, token, split) of a one-token step. Every step of up to MAX_STEP tokens
+// (decode, verify, a short prompt) splits as one token does: a row's keys then fall into the same
+// splits whatever the width, so verify rows are the same bits as one-token decode rows (speculative
+// == plain relies on it). Longer prefill chunks split by their own block count (not at all, mostly).
 constexpr int SPLIT_MIN_KEYS = 256;
 constexpr int SPLIT_TARGET_BLOCKS = 1024;
 constexpr int SPLIT_MAX = 64;
 
 int attention_splits(int T, int n_head, int n_ctx) {
+    const int rows = T <= MAX_STEP ? 1 : T;
     const int by_len = (n_ctx + SPLIT_MIN_KEYS - 1) / SPLIT_MIN_KEYS;
-    const int by_blocks = std::max(1, SPLIT_TARGET_BLOCKS / std::max(1, n_head * T));
+    const int by_blocks = std::max(1, SPLIT_TARGET_BLOCKS / std::max(1, n_head * rows));
     return std::max(1, std::min({by_len, by_blocks, SPLIT_MAX}));
 }
 

@@ -427,7 +427,7 @@ int32_t GpuBackend::argmax(const float *x, int64_t n) {
             if (x[i] > x[best]) best = i;
         return int32_t(best);
     }
-    gpu::argmax(stream_, x, n, argmax_result_);
+    argmax_rows(x, 1, n, argmax_result_);
     int32_t r = 0;
     download(&r, argmax_result_, sizeof r);
     return r;

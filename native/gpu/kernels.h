@@ -116,9 +116,6 @@ void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const flo
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dims, int T,
                      float *state, float *out, float *state_history, bool registers, const int32_t *parent = nullptr);
 
-// argmax.cu: writes the index into *result (device memory).
-void argmax(cudaStream_t stream, const float *x, int64_t n, int32_t *result);
-
 // drafter.cu (backend.h's drafter block). topk_rows needs topk_scratch_bytes(n_rows, n, k) of device
 // scratch, argmax_rows topk_scratch_bytes(n_rows, n, 1).
 void rope_table(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_head, int head_dim,
