@@ -3,8 +3,8 @@
 // Positions are read from device memory (pos[t]), never passed as launch arguments, so a step's
 // launches stay valid from one step to the next (graph capture, next increment).
 //
-// attention: one block per (query head h, token t) with W warps, each warp over its tiles of
-// warpSize keys with an online softmax (attend_tiles); the W partial results are merged at the end:
+// attention: one block per (query head h, token t) with W warps, each over its rounds of keys with
+// an online softmax (attend_keys); the W partial results are merged at the end:
 //   out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M),  M = max_w m_w.
 // Scores are q.k / sqrt(D) in fp32, as the CPU backend computes them.
 //
@@ -21,6 +21,12 @@ namespace luce::gpu {
 namespace {
 
 // ---- kernels -----------------------------------------------------------------------------------
+
+// Attention blocks: four warps (two on wave64), and at most 128 registers a thread so that four
+// blocks share an SM (the rounds of attend_keys are latency-bound: warps in flight are what
+// hides it; uncapped, the split kernel took 162 registers, three blocks; capped, it spills 4 bytes).
+constexpr int ATTENTION_THREADS = 128;
+constexpr int ATTENTION_MIN_BLOCKS = 4;
 
 // One thread per (t, h, i < n_rot/2): rotates the pair (i, i + n_rot/2).
 __global__ void rope_neox_kernel(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
@@ -57,84 +63,87 @@ __global__ void kv_store_kernel(float *kc, float *vc, int n_ctx, const float *k,
 }
 
 // A warp's share of the keys [j0, j1) visible to one query (mrow: the tree or drafter mask row,
-// null for causal), taken a tile of warpSize keys at a time (key j0 + lane is this lane's):
-//   scores  eight lanes form one key's q.k (each takes every eighth 16-byte chunk of the row, so
-//           one load instruction reads whole 128-byte lines), warpSize / 8 keys per step, eight
-//           steps; the score then moves to the lane that owns the key.
-//   softmax each lane its key's probability, the tile's max over the warp (online softmax:
-//           running max m, per-lane running sums l).
-//   values  every lane on its own 16-byte chunks of each value row, p_j broadcast from lane j.
-// A tile's loads do not wait on each other, so it costs a few memory latencies, not two per key
-// (the kernel before took keys one at a time: 63 us for 8 tokens over ~100 keys on the H200).
-// Tiles with no visible key are skipped on one byte per lane; a masked-out key inside a tile is
-// never multiplied (p = 0 is skipped, not added: its cache row may never have been written).
-// Leaves the warp's unnormalised output in acc[warp][D] and its m and l in sm, sl (shared).
-template <int QC>  // 16-byte chunks of a row per score lane: ceil(D / 32)
-__device__ __forceinline__ void attend_tiles(const float *qh, const float *K, const float *V, int D,
-                                             const uint8_t *mrow, int j0, int j1, float scale, float *acc_s,
-                                             float *sm, float *sl) {
-    constexpr int KEY_LANES = 8, VC = (QC + 3) / 4;
+// null for causal). The warp takes warpSize / 8 keys at a time, eight lanes per key, each lane
+// every eighth 16-byte chunk of the key's K and V rows (so one load instruction reads whole
+// 128-byte lines); all of a round's loads are issued before any is used, so a round costs one
+// memory latency. The eight lanes form q.k, the round's max over the warp moves the running max
+// m (online softmax), and each group keeps its own l and acc (all scaled by the same corrections)
+// until the end, when the groups are added. Round r of warp w covers keys j0 + (r W + w) k ..,
+// so a few keys spread over every warp of the block. A masked-out key is never multiplied (p = 0
+// is skipped, not added: its cache row may never have been written), and a round with no visible
+// key loads nothing (the mask bytes of the next round are fetched ahead).
+// The kernel before took a warp-wide tile of 32 keys per warp (64 KB of K and V for D = 256) in
+// twelve dependent rounds: 45 us for one token over 100 keys (ncu, H200).
+// Leaves the warp's unnormalised output in acc_s[warp][D] and its m and l in sm, sl (shared).
+// The query is staged in shared memory (sq, D floats; read back as broadcasts), which leaves the
+// registers to the round's loads: 176 registers with it in registers, two blocks per SM.
+template <int QC>  // 16-byte chunks of a row per lane: ceil(D / 32)
+__device__ __forceinline__ void attend_keys(const float *qh, float *sq, const float *K, const float *V, int D,
+                                            const uint8_t *mrow, int j0, int j1, float scale, float *acc_s,
+                                            float *sm, float *sl) {
+    constexpr int KEY_LANES = 8;
     const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize, W = blockDim.x / warpSize;
-    const int nc = D / 4, sub = lane % KEY_LANES, kps = warpSize / KEY_LANES;
-    float4 q[QC];
+    const int nc = D / 4, sub = lane % KEY_LANES, per_round = warpSize / KEY_LANES, stride = W * per_round;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) sq[d] = qh[d];
+    __syncthreads();
+    const auto *q4 = reinterpret_cast<const float4 *>(sq);
+    float4 acc[QC];
 #pragma unroll
-    for (int c = 0; c < QC; ++c) {
-        const int ch = sub + KEY_LANES * c;
-        q[c] = ch < nc ? reinterpret_cast<const float4 *>(qh)[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float4 acc[VC];
-#pragma unroll
-    for (int c = 0; c < VC; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int c = 0; c < QC; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     float m = -INFINITY, l = 0.f;
-    for (int t0 = j0 + warp * warpSize; t0 < j1; t0 += W * warpSize) {
-        const bool vis = t0 + lane < j1 && (!mrow || mrow[t0 + lane]);
-        if (!warp_any(vis)) continue;
-        float s = -INFINITY;
-#pragma unroll
-        for (int st = 0; st < KEY_LANES; ++st) {
-            const int key = min(t0 + st * kps + lane / KEY_LANES, j1 - 1);
-            const auto *kr = reinterpret_cast<const float4 *>(K + int64_t(key) * D);
-            float dot = 0.f;
+    int key = j0 + warp * per_round + lane / KEY_LANES;
+    bool vis = key < j1 && (!mrow || mrow[key]);
+    for (; key - lane / KEY_LANES < j1; key += stride) {
+        const bool vis_next = key + stride < j1 && (!mrow || mrow[key + stride]);
+        if (warp_any(vis)) {
+            const int64_t row = int64_t(min(key, j1 - 1)) * nc;
+            const auto *k4 = reinterpret_cast<const float4 *>(K) + row, *v4 = reinterpret_cast<const float4 *>(V) + row;
+            float4 k[QC], v[QC];
 #pragma unroll
             for (int c = 0; c < QC; ++c) {
                 const int ch = sub + KEY_LANES * c;
-                if (ch < nc) {
-                    const float4 k = kr[ch];
-                    dot += q[c].x * k.x + q[c].y * k.y + q[c].z * k.z + q[c].w * k.w;
-                }
+                if (ch < nc) k[c] = k4[ch], v[c] = v4[ch];
             }
+            float dot = 0.f;
+#pragma unroll
+            for (int c = 0; c < QC; ++c)
+                if (sub + KEY_LANES * c < nc) {
+                    const float4 q = q4[sub + KEY_LANES * c];
+                    dot += q.x * k[c].x + q.y * k[c].y + q.z * k[c].z + q.w * k[c].w;
+                }
             dot += shfl_xor(dot, 1);
             dot += shfl_xor(dot, 2);
             dot += shfl_xor(dot, 4);
-            const float mine = shfl_idx(dot, (lane % kps) * KEY_LANES);  // key t0 + lane, at its step
-            if (lane / kps == st) s = mine * scale;
-        }
-        if (!vis) s = -INFINITY;
-        const float m_new = fmaxf(m, warp_max(s));  // finite: the tile has a visible key
-        const float corr = expf(m - m_new), p = vis ? expf(s - m_new) : 0.f;
-        l = l * corr + p;
+            const float sc = vis ? dot * scale : -INFINITY;
+            float mx = sc;
+            for (int o = KEY_LANES; o < warpSize; o *= 2) mx = fmaxf(mx, shfl_xor(mx, o));
+            const float m_new = fmaxf(m, mx);  // finite: the round has a visible key
+            const float corr = expf(m - m_new), p = vis ? expf(sc - m_new) : 0.f;
+            l = l * corr + p;
 #pragma unroll
-        for (int c = 0; c < VC; ++c) acc[c].x *= corr, acc[c].y *= corr, acc[c].z *= corr, acc[c].w *= corr;
-#pragma unroll 8
-        for (int j = 0; j < warpSize; ++j) {
-            const float pj = shfl_idx(p, j);
-            const auto *vr = reinterpret_cast<const float4 *>(V + int64_t(min(t0 + j, j1 - 1)) * D);
-#pragma unroll
-            for (int c = 0; c < VC; ++c) {
-                const int ch = lane + warpSize * c;
-                if (ch < nc && pj != 0.f) {
-                    const float4 v = vr[ch];
-                    acc[c].x += pj * v.x, acc[c].y += pj * v.y, acc[c].z += pj * v.z, acc[c].w += pj * v.w;
-                }
+            for (int c = 0; c < QC; ++c) {
+                acc[c].x *= corr, acc[c].y *= corr, acc[c].z *= corr, acc[c].w *= corr;
+                if (p != 0.f && sub + KEY_LANES * c < nc)
+                    acc[c].x += p * v[c].x, acc[c].y += p * v[c].y, acc[c].z += p * v[c].z, acc[c].w += p * v[c].w;
             }
+            m = m_new;
         }
-        m = m_new;
+        vis = vis_next;
     }
-    l = warp_sum(l);
-    float *my_acc = acc_s + warp * D;
+    for (int o = KEY_LANES; o < warpSize; o *= 2) {  // the groups' sums, in a fixed order
+        l += shfl_xor(l, o);
 #pragma unroll
-    for (int c = 0; c < VC; ++c)
-        if (lane + warpSize * c < nc) reinterpret_cast<float4 *>(my_acc)[lane + warpSize * c] = acc[c];
+        for (int c = 0; c < QC; ++c) {
+            acc[c].x += shfl_xor(acc[c].x, o), acc[c].y += shfl_xor(acc[c].y, o);
+            acc[c].z += shfl_xor(acc[c].z, o), acc[c].w += shfl_xor(acc[c].w, o);
+        }
+    }
+    auto *my_acc = reinterpret_cast<float4 *>(acc_s + warp * D);
+    if (lane < KEY_LANES) {
+#pragma unroll
+        for (int c = 0; c < QC; ++c)
+            if (sub + KEY_LANES * c < nc) my_acc[sub + KEY_LANES * c] = acc[c];
+    }
     if (lane == 0) {
         sm[warp] = m;
         sl[warp] = l;
@@ -147,20 +156,20 @@ __device__ __forceinline__ int visible_keys(const int32_t *pos, const uint8_t *m
     return mask ? n_ctx : min(pos[t] + 1, n_ctx);
 }
 
-// Dynamic shared memory: acc[W][D] | m[W] | l[W].
+// Dynamic shared memory: q[D] | acc[W][D] | m[W] | l[W].
 template <int QC>
-__global__ void attention_kernel(const float *q, const float *kc, const float *vc, int n_ctx,
-                                 const int32_t *pos, const uint8_t *mask, int n_head, int group,
-                                 int head_dim, float scale, float *out) {
+__global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
+    attention_kernel(const float *q, const float *kc, const float *vc, int n_ctx, const int32_t *pos,
+                     const uint8_t *mask, int n_head, int group, int head_dim, float scale, float *out) {
     wait_for_inputs();
     extern __shared__ float smem[];
     const int h = blockIdx.x, t = blockIdx.y, D = head_dim, W = blockDim.x / warpSize;
-    float *acc = smem, *sm = acc + W * D, *sl = sm + W;
+    float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
     const float *K = kc + int64_t(h / group) * n_ctx * D;
     const float *V = vc + int64_t(h / group) * n_ctx * D;
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    attend_tiles<QC>(qh, K, V, D, mrow, 0, visible_keys(pos, mask, t, n_ctx), scale, acc, sm, sl);
+    attend_keys<QC>(qh, sq, K, V, D, mrow, 0, visible_keys(pos, mask, t, n_ctx), scale, acc, sm, sl);
 
     float M = -INFINITY;
     for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w]);
@@ -177,30 +186,31 @@ __global__ void attention_kernel(const float *q, const float *kc, const float *v
 }
 
 // Split-KV (flash-decoding) first pass: block (h, t, split) runs the same warps over its split of
-// the keys query t sees (splits of whole tiles, at least one tile per warp, so a short context
-// leaves the later splits empty), merges its warps, and writes the partial (m, l, acc[D]) of that
-// split to part[((t * n_head + h) * n_split + split) * (D + 2)]. A few heads times one token
-// cannot fill the device; the splits over the KV length can.
+// the keys query t sees (whole rounds of the block's warps, so a short context leaves the later
+// splits empty), merges its warps, and writes the partial (m, l, acc[D]) of that split to
+// part[((t * n_head + h) * n_split + split) * (D + 2)]. A few heads times one token cannot fill
+// the device; the splits over the KV length can.
 // Dynamic shared memory as attention_kernel.
 template <int QC>
-__global__ void attention_split_kernel(const float *q, const float *kc, const float *vc, int n_ctx,
-                                       const int32_t *pos, const uint8_t *mask, int n_head, int group,
-                                       int head_dim, float scale, float *part) {
+__global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
+    attention_split_kernel(const float *q, const float *kc, const float *vc, int n_ctx, const int32_t *pos,
+                           const uint8_t *mask, int n_head, int group, int head_dim, float scale, float *part) {
     wait_for_inputs();
     extern __shared__ float smem[];
     const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z, n_split = gridDim.z, D = head_dim;
     const int W = blockDim.x / warpSize;
-    float *acc = smem, *sm = acc + W * D, *sl = sm + W;
+    float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
     const float *K = kc + int64_t(h / group) * n_ctx * D;
     const float *V = vc + int64_t(h / group) * n_ctx * D;
 
     const int n_keys = visible_keys(pos, mask, t, n_ctx);
+    const int round_keys = blockDim.x / 8;  // one round of every warp (attend_keys)
     const int per_split = (n_keys + n_split - 1) / n_split;
-    const int chunk = max((per_split + warpSize - 1) / warpSize * warpSize, int(blockDim.x));
+    const int chunk = max((per_split + round_keys - 1) / round_keys, 1) * round_keys;
     const int j0 = min(split * chunk, n_keys), j1 = min(j0 + chunk, n_keys);
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    attend_tiles<QC>(qh, K, V, D, mrow, j0, j1, scale, acc, sm, sl);
+    attend_keys<QC>(qh, sq, K, V, D, mrow, j0, j1, scale, acc, sm, sl);
 
     float M = -INFINITY;
     for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w]);
@@ -246,7 +256,6 @@ __global__ void attention_merge_kernel(const float *part, int n_split, int n_hea
 // ---- launchers ---------------------------------------------------------------------------------
 
 constexpr int ELEMENT_THREADS = 256;
-constexpr int ATTENTION_THREADS = 128;
 
 unsigned blocks_for(int64_t n) { return unsigned((n + ELEMENT_THREADS - 1) / ELEMENT_THREADS); }
 
@@ -279,7 +288,7 @@ void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, 
 // (decode, verify, a short prompt) splits as one token does: a row's keys then fall into the same
 // splits whatever the width, so verify rows are the same bits as one-token decode rows (speculative
 // == plain relies on it). Longer prefill chunks split by their own block count (not at all, mostly).
-constexpr int SPLIT_MIN_KEYS = 256;
+constexpr int SPLIT_MIN_KEYS = 128;
 constexpr int SPLIT_TARGET_BLOCKS = 1024;
 constexpr int SPLIT_MAX = 64;
 
@@ -316,7 +325,7 @@ void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv,
         fail(LUCE_ERR_INTERNAL, "GPU attention: bad shape (%d heads, %d kv heads, dim %d, ctx %d)", n_head, n_head_kv,
              head_dim, kv.n_ctx);
     const int W = ATTENTION_THREADS / warp;
-    const size_t shared = sizeof(float) * (size_t(head_dim) * W + 2 * size_t(W));
+    const size_t shared = sizeof(float) * (size_t(head_dim) * (1 + W) + 2 * size_t(W));
     const auto *kc = static_cast<const float *>(kv.k);
     const auto *vc = static_cast<const float *>(kv.v);
     const int group = n_head / n_head_kv;
