@@ -30,6 +30,7 @@ public:
     void upload(void *dst, const void *src, size_t n_bytes) override;
     void download(void *dst, const void *src, size_t n_bytes) override;
     void copy(void *dst, const void *src, size_t n_bytes) override;
+    void copy_batch(const CopyOp *ops, int n) override;
     void *upload_weight(const Weight &w, size_t n_bytes) override;
 
     void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) override;
@@ -141,6 +142,8 @@ private:
     size_t attn_scratch_bytes_ = 0;
     void *topk_scratch_ = nullptr;           // top-k / argmax candidates, grown on demand
     size_t topk_scratch_bytes_ = 0;  // base -> bytes; freed in the destructor
+    void *copy_ops_ = nullptr;               // copy_batch's table, grown on demand
+    size_t copy_ops_bytes_ = 0;
 };
 
 }  // namespace luce

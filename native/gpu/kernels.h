@@ -116,6 +116,9 @@ void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const flo
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dims, int T,
                      float *state, float *out, float *state_history, bool registers, const int32_t *parent = nullptr);
 
+// copy.cu: ops (device memory) has n copies, the largest most_bytes long.
+void copy_batch(cudaStream_t stream, const Backend::CopyOp *ops, int n, size_t most_bytes);
+
 // drafter.cu (backend.h's drafter block). topk_rows needs topk_scratch_bytes(n_rows, n, k) of device
 // scratch, argmax_rows topk_scratch_bytes(n_rows, n, 1).
 void rope_table(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_head, int head_dim,

@@ -113,6 +113,7 @@ struct Checkpoints {
     std::vector<void *> owned;
     std::vector<float *> conv_before;  // per layer [(Kc-1)][CD] state before the verify step
     std::vector<float *> ssm_history, qkv_history;  // per layer [W][HV*DK*DV], [W][CD]
+    std::vector<Backend::CopyOp> copies;             // attach's / restore's, one batch each
 
     Checkpoints(Session &s_, int W_) : s(s_), W(W_) {
         const Hparams &hp = s.model->hp;
@@ -147,13 +148,15 @@ struct Checkpoints {
     void attach() {
         const Hparams &hp = s.model->hp;
         const size_t n = size_t(hp.ssm_conv - 1) * size_t(hp.conv_channels()) * sizeof(float);
+        copies.clear();
         for (int i = 0; i < hp.n_layer; ++i) {
             if (!hp.recurrent[size_t(i)]) continue;
             RecurrentState &st = s.recurrent[size_t(i)];
-            s.model->backend->copy(conv_before[size_t(i)], st.conv, n);
+            copies.push_back({conv_before[size_t(i)], st.conv, n});
             st.ssm_history = ssm_history[size_t(i)];
             st.qkv_history = qkv_history[size_t(i)];
         }
+        s.model->backend->copy_batch(copies.data(), int(copies.size()));
     }
     void detach() {
         for (RecurrentState &st : s.recurrent) st.ssm_history = st.qkv_history = nullptr;
@@ -168,22 +171,23 @@ struct Checkpoints {
         Backend &be = *s.model->backend;
         const int S = hp.ssm_conv - 1;
         const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
+        copies.clear();
         for (int i = 0; i < hp.n_layer; ++i) {
             if (!hp.recurrent[size_t(i)]) continue;
             RecurrentState &st = s.recurrent[size_t(i)];
-            be.copy(st.ssm, ssm_history[size_t(i)] + size_t(rows[n_rows - 1]) * SS, SS * sizeof(float));
+            copies.push_back({st.ssm, ssm_history[size_t(i)] + size_t(rows[n_rows - 1]) * SS, SS * sizeof(float)});
             const auto source = [&](int r) {  // conv state row r: row n_rows - S + r of (old state ++ kept rows)
                 const int src = n_rows - S + r;
                 return src < 0 ? conv_before[size_t(i)] + size_t(S + src) * CD
                                : qkv_history[size_t(i)] + size_t(rows[src]) * CD;
             };
-            // One copy per run of rows adjacent in their source (a chain's rows are): each copy is
-            // a launch, and a verify step restores every recurrent layer.
+            // One copy per run of rows adjacent in their source (a chain's rows are).
             for (int r = 0, n = 1; r < S; r += n, n = 1) {
                 while (r + n < S && source(r + n) == source(r) + size_t(n) * CD) ++n;
-                be.copy(st.conv + size_t(r) * CD, source(r), size_t(n) * CD * sizeof(float));
+                copies.push_back({st.conv + size_t(r) * CD, source(r), size_t(n) * CD * sizeof(float)});
             }
         }
+        be.copy_batch(copies.data(), int(copies.size()));
         s.n_past = p + n_rows;
     }
 };
