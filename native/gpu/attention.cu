@@ -156,6 +156,15 @@ __device__ __forceinline__ int visible_keys(const int32_t *pos, const uint8_t *m
     return mask ? n_ctx : min(pos[t] + 1, n_ctx);
 }
 
+// Keys per split of a row that sees n_keys: whole rounds of a block's warps (attend_keys: eight
+// lanes a key), so a short context fills the first splits and leaves the rest empty. The merge
+// reads the splits that have keys, ceil(n_keys / chunk) of them.
+__device__ __forceinline__ int split_chunk(int n_keys, int n_split) {
+    constexpr int round_keys = ATTENTION_THREADS / 8;
+    const int per_split = (n_keys + n_split - 1) / n_split;
+    return max((per_split + round_keys - 1) / round_keys, 1) * round_keys;
+}
+
 // Dynamic shared memory: q[D] | acc[W][D] | m[W] | l[W].
 template <int QC>
 __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
@@ -204,11 +213,9 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     const float *K = kc + int64_t(h / group) * n_ctx * D;
     const float *V = vc + int64_t(h / group) * n_ctx * D;
 
-    const int n_keys = visible_keys(pos, mask, t, n_ctx);
-    const int round_keys = blockDim.x / 8;  // one round of every warp (attend_keys)
-    const int per_split = (n_keys + n_split - 1) / n_split;
-    const int chunk = max((per_split + round_keys - 1) / round_keys, 1) * round_keys;
-    const int j0 = min(split * chunk, n_keys), j1 = min(j0 + chunk, n_keys);
+    const int n_keys = visible_keys(pos, mask, t, n_ctx), chunk = split_chunk(n_keys, n_split);
+    const int j0 = split * chunk, j1 = min(j0 + chunk, n_keys);
+    if (j0 >= n_keys) return;  // past a short context: the merge does not read this split
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
     attend_keys<QC>(qh, sq, K, V, D, mrow, j0, j1, scale, acc, sm, sl);
 
@@ -230,22 +237,26 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     }
 }
 
-// Second pass: block (h, t) merges its n_split partials exactly as the warps were merged.
-__global__ void attention_merge_kernel(const float *part, int n_split, int n_head, int head_dim, float *out) {
+// Second pass: block (h, t) merges the partials of its splits that have keys, exactly as the
+// warps were merged.
+__global__ void attention_merge_kernel(const float *part, const int32_t *pos, const uint8_t *mask, int n_ctx,
+                                       int n_split, int n_head, int head_dim, float *out) {
     wait_for_inputs();
     const int h = blockIdx.x, t = blockIdx.y, D = head_dim;
+    const int n_keys = visible_keys(pos, mask, t, n_ctx), chunk = split_chunk(n_keys, n_split);
+    const int n_used = min(n_split, (n_keys + chunk - 1) / chunk);
     const float *src = part + (int64_t(t) * n_head + h) * n_split * (D + 2);
     float M = -INFINITY;
-    for (int s = 0; s < n_split; ++s) M = fmaxf(M, src[s * (D + 2)]);
+    for (int s = 0; s < n_used; ++s) M = fmaxf(M, src[s * (D + 2)]);
     float den = 0.f;
-    for (int s = 0; s < n_split; ++s) {
+    for (int s = 0; s < n_used; ++s) {
         const float ms = src[s * (D + 2)];
         if (ms != -INFINITY) den += src[s * (D + 2) + 1] * expf(ms - M);
     }
     float *oh = out + (int64_t(t) * n_head + h) * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float num = 0.f;
-        for (int s = 0; s < n_split; ++s) {
+        for (int s = 0; s < n_used; ++s) {
             const float ms = src[s * (D + 2)];
             if (ms != -INFINITY) num += src[s * (D + 2) + 2 + d] * expf(ms - M);
         }
@@ -340,7 +351,7 @@ void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv,
             launch_kernel(attention_split_kernel<QC>, grid, ATTENTION_THREADS, shared, stream, q, kc, vc, kv.n_ctx,
                           pos, mask, n_head, group, head_dim, scale, part);
             launch_kernel(attention_merge_kernel, dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, 0, stream,
-                          part, n_split, n_head, head_dim, out);
+                          part, pos, mask, kv.n_ctx, n_split, n_head, head_dim, out);
             return;
         }
         launch_kernel(attention_kernel<QC>, dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, shared, stream, q,
