@@ -1,7 +1,7 @@
 // attention.cu — NeoX RoPE, the KV-cache store and softmax attention over the cache.
 //
 // Positions are read from device memory (pos[t]), never passed as launch arguments, so a step's
-// launches stay valid from one step to the next (graph capture, next increment).
+// launches stay valid from one step to the next (step graphs).
 //
 // attention: one block per (query head h, token t) with W warps, each over its rounds of keys with
 // an online softmax (attend_keys); the W partial results are merged at the end:
@@ -165,6 +165,38 @@ __device__ __forceinline__ int split_chunk(int n_keys, int n_split) {
     return max((per_split + round_keys - 1) / round_keys, 1) * round_keys;
 }
 
+// Partials i < n of online softmaxes (max m_i, sum l_i, unnormalised row acc_i), merged:
+//   M = max_i m_i,  den = sum_i l_i e^(m_i - M),  num(d) = sum_i acc_i[d] e^(m_i - M),
+// in increasing i (a partial with m_i = -inf saw no key and is skipped). The warps of a block and
+// the splits of a row merge alike: m_i at m[i * ml_stride], l_i at l[i * ml_stride], acc_i[d] at
+// acc[i * acc_stride + d].
+struct Partials {
+    const float *m, *l, *acc;
+    int ml_stride, acc_stride, n;
+
+    __device__ float max() const {
+        float M = -INFINITY;
+        for (int i = 0; i < n; ++i) M = fmaxf(M, m[i * ml_stride]);
+        return M;
+    }
+    __device__ float den(float M) const {
+        float den = 0.f;
+        for (int i = 0; i < n; ++i) {
+            const float mi = m[i * ml_stride];
+            if (mi != -INFINITY) den += l[i * ml_stride] * expf(mi - M);
+        }
+        return den;
+    }
+    __device__ float num(float M, int d) const {
+        float num = 0.f;
+        for (int i = 0; i < n; ++i) {
+            const float mi = m[i * ml_stride];
+            if (mi != -INFINITY) num += acc[i * acc_stride + d] * expf(mi - M);
+        }
+        return num;
+    }
+};
+
 // Dynamic shared memory: q[D] | acc[W][D] | m[W] | l[W].
 template <int QC>
 __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
@@ -180,18 +212,11 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
     attend_keys<QC>(qh, sq, K, V, D, mrow, 0, visible_keys(pos, mask, t, n_ctx), scale, acc, sm, sl);
 
-    float M = -INFINITY;
-    for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w]);
-    float den = 0.f;
-    for (int w = 0; w < W; ++w)
-        if (sm[w] != -INFINITY) den += sl[w] * expf(sm[w] - M);
+    const Partials warps{sm, sl, acc, 1, D, W};
+    const float M = warps.max(), den = warps.den(M);
     float *oh = out + (int64_t(t) * n_head + h) * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float num = 0.f;
-        for (int w = 0; w < W; ++w)
-            if (sm[w] != -INFINITY) num += acc[w * D + d] * expf(sm[w] - M);
-        oh[d] = den > 0.f ? num / den : 0.f;  // no visible key: zeros, as the CPU backend
-    }
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+        oh[d] = den > 0.f ? warps.num(M, d) / den : 0.f;  // no visible key: zeros, as the CPU backend
 }
 
 // Split-KV (flash-decoding) first pass: block (h, t, split) runs the same warps over its split of
@@ -219,22 +244,14 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
     attend_keys<QC>(qh, sq, K, V, D, mrow, j0, j1, scale, acc, sm, sl);
 
-    float M = -INFINITY;
-    for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w]);
+    const Partials warps{sm, sl, acc, 1, D, W};
+    const float M = warps.max();
     float *dst = part + ((int64_t(t) * n_head + h) * n_split + split) * (D + 2);
     if (threadIdx.x == 0) {
-        float den = 0.f;
-        for (int w = 0; w < W; ++w)
-            if (sm[w] != -INFINITY) den += sl[w] * expf(sm[w] - M);
         dst[0] = M;  // -inf: no visible key in this split
-        dst[1] = den;
+        dst[1] = warps.den(M);
     }
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float num = 0.f;
-        for (int w = 0; w < W; ++w)
-            if (sm[w] != -INFINITY) num += acc[w * D + d] * expf(sm[w] - M);
-        dst[2 + d] = num;
-    }
+    for (int d = threadIdx.x; d < D; d += blockDim.x) dst[2 + d] = warps.num(M, d);
 }
 
 // Second pass: block (h, t) merges the partials of its splits that have keys, exactly as the
@@ -246,22 +263,11 @@ __global__ void attention_merge_kernel(const float *part, const int32_t *pos, co
     const int n_keys = visible_keys(pos, mask, t, n_ctx), chunk = split_chunk(n_keys, n_split);
     const int n_used = min(n_split, (n_keys + chunk - 1) / chunk);
     const float *src = part + (int64_t(t) * n_head + h) * n_split * (D + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < n_used; ++s) M = fmaxf(M, src[s * (D + 2)]);
-    float den = 0.f;
-    for (int s = 0; s < n_used; ++s) {
-        const float ms = src[s * (D + 2)];
-        if (ms != -INFINITY) den += src[s * (D + 2) + 1] * expf(ms - M);
-    }
+    const Partials splits{src, src + 1, src + 2, D + 2, D + 2, n_used};
+    const float M = splits.max(), den = splits.den(M);
     float *oh = out + (int64_t(t) * n_head + h) * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float num = 0.f;
-        for (int s = 0; s < n_used; ++s) {
-            const float ms = src[s * (D + 2)];
-            if (ms != -INFINITY) num += src[s * (D + 2) + 2 + d] * expf(ms - M);
-        }
-        oh[d] = den > 0.f ? num / den : 0.f;  // no visible key: zeros, as the CPU backend
-    }
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+        oh[d] = den > 0.f ? splits.num(M, d) / den : 0.f;  // no visible key: zeros, as the CPU backend
 }
 
 // ---- launchers ---------------------------------------------------------------------------------

@@ -229,13 +229,14 @@ void GpuBackend::copy(void *dst, const void *src, size_t n) {
     LUCE_GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_));
 }
 
-// The table goes up through the pinned ring (asynchronous; a step's ~150 copies are 3.6 KB).
+// The table goes up through the pinned ring (asynchronous; a step's ~150 copies are 3.6 KB). It
+// starts at room for 1024 copies: each growth frees the old table, and with it the step graphs.
 void GpuBackend::copy_batch(const CopyOp *ops, int n) {
     if (n < 1) return;
     LUCE_OP("copy_batch");
     size_t most = 0;
     for (int i = 0; i < n; ++i) most = std::max(most, ops[i].n_bytes);
-    grow(copy_ops_, copy_ops_bytes_, sizeof(CopyOp) * size_t(n));
+    grow(copy_ops_, copy_ops_bytes_, sizeof(CopyOp) * size_t(std::max(n, 1024)));
     upload(copy_ops_, ops, sizeof(CopyOp) * size_t(n));
     gpu::copy_batch(stream_, static_cast<const CopyOp *>(copy_ops_), n, most);
 }
@@ -630,8 +631,8 @@ extern "C" luce_status luce_gpu_matmul(int32_t device_index, int32_t type, const
         wt.type = type;
         wt.n_in = n_cols;
         wt.n_out = n_rows;
-        wt.data = weights;
-        wt.data = be.upload_weight(wt, nbytes);  // as a model's weights (the GPU layout)
+        wt.data = weights;                       // the host bytes upload_weight reads,
+        wt.data = be.upload_weight(wt, nbytes);  // then as a model's weights (the GPU layout)
         auto *xd = static_cast<float *>(be.alloc(sizeof(float) * size_t(n_tok * n_cols)));
         auto *yd = static_cast<float *>(be.alloc(sizeof(float) * size_t(n_tok * n_rows)));
         be.upload(xd, x, sizeof(float) * size_t(n_tok * n_cols));
