@@ -228,7 +228,7 @@ ATTN_TOL = 1e-4  # max |gpu - ref| / max |ref|, fp32 kernel vs float64 numpy
 # (T, n_head, n_head_kv, head_dim, n_ctx, pos0, mask), pos[t] = pos0 + t: decode deep in a long cache (many
 # splits), decode at position 0 (one key, all but one split empty), a verify block, a DFlash 2 verify
 # (8 tokens over ~100 keys), head dim 48 (partial chunks), a random tree mask, and a drafter-like
-# mask (each row a window ending past the context, most 32-key tiles of the cache unseen).
+# mask (each row a window ending past the context, most of the cache unseen).
 ATTN_CASES = (
     (1, 24, 4, 256, 4096, 3000, None),
     (1, 24, 4, 256, 4096, 0, None),
