@@ -195,12 +195,8 @@ def _matmul_fn(dut: str):
     import ctypes
 
     import numpy as np
-    from luce.binding import _HERE
 
-    name = "libluce_gpu.so" if dut == "gpu" else "libluce.so"
-    lib = ctypes.CDLL(str(_HERE / name))
-    fn = lib.luce_gpu_matmul if dut == "gpu" else lib.luce_matmul
-    fn.restype = ctypes.c_int
+    fn = _hook("libluce_gpu.so", "luce_gpu_matmul") if dut == "gpu" else _hook("libluce.so", "luce_matmul")
 
     def call(qtype: int, raw: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray, timing_reps: int = 0):
         """y; with timing_reps (GPU only), (y, microseconds per matmul kernel)."""
@@ -209,7 +205,7 @@ def _matmul_fn(dut: str):
         y = np.zeros((x.shape[0], n_rows), dtype=np.float32)
         err = ctypes.create_string_buffer(512)
         us = ctypes.c_float(0.0)
-        ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+        ptr = _ptr
         if dut == "gpu":
             st = fn(ctypes.c_int32(0), ctypes.c_int32(qtype), ptr(raw), ctypes.c_size_t(raw.nbytes),
                     ctypes.c_int64(n_rows), ctypes.c_int64(n_cols), ptr(x), ctypes.c_int64(x.shape[0]), ptr(y),
@@ -222,6 +218,24 @@ def _matmul_fn(dut: str):
         return (y, us.value) if timing_reps else y
 
     return call
+
+
+def _hook(library: str, name: str):
+    """A C test hook of luce's library `library` (ctypes; returns its luce_status)."""
+    import ctypes
+
+    from luce.binding import _HERE
+
+    fn = getattr(ctypes.CDLL(str(_HERE / library)), name)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _ptr(a):
+    """A numpy array's data as a C pointer (None: NULL)."""
+    import ctypes
+
+    return a.ctypes.data_as(ctypes.c_void_p) if a is not None else None
 
 
 ATTN_TOL = 1e-4  # max |gpu - ref| / max |ref|, fp32 kernel vs float64 numpy
@@ -287,13 +301,8 @@ def check_attention(dut: str) -> list[dict]:
 
     if dut != "gpu":
         return [{"case": "all", "skipped": "luce_gpu_attention is a GPU test hook", "ok": True}]
-    from luce.binding import _HERE
-
-    lib = ctypes.CDLL(str(_HERE / "libluce_gpu.so"))
-    fn = lib.luce_gpu_attention
-    fn.restype = ctypes.c_int
+    fn, ptr = _hook("libluce_gpu.so", "luce_gpu_attention"), _ptr
     rng = np.random.default_rng(11)
-    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p) if a is not None else None  # noqa: E731
     rows = []
     for T, H, Hkv, D, n_ctx, pos0, kind in ATTN_CASES:
         pos = np.arange(pos0, pos0 + T, dtype=np.int32)
@@ -366,12 +375,8 @@ def check_select(dut: str) -> list[dict]:
 
     if dut != "gpu":
         return [{"case": "all", "skipped": "luce_gpu_select is a GPU test hook", "ok": True}]
-    from luce.binding import _HERE
-
-    fn = ctypes.CDLL(str(_HERE / "libluce_gpu.so")).luce_gpu_select
-    fn.restype = ctypes.c_int
+    fn, ptr = _hook("libluce_gpu.so", "luce_gpu_select"), _ptr
     rng = np.random.default_rng(17)
-    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
     rows = []
     for n_rows, n, k in SELECT_CASES:
         x = _select_rows(rng, n_rows, n)
@@ -438,12 +443,8 @@ def check_deltanet(dut: str) -> list[dict]:
 
     if dut != "gpu":
         return [{"case": "all", "skipped": "luce_gpu_deltanet is a GPU test hook", "ok": True}]
-    from luce.binding import _HERE
-
-    fn = ctypes.CDLL(str(_HERE / "libluce_gpu.so")).luce_gpu_deltanet
-    fn.restype = ctypes.c_int
+    fn, ptr = _hook("libluce_gpu.so", "luce_gpu_deltanet"), _ptr
     rng = np.random.default_rng(13)
-    ptr = lambda x: x.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
     rows = []
     eps = 1e-6
     for hk, hv, dk, dv, T in DELTA_CASES:
