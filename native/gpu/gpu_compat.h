@@ -80,31 +80,18 @@
 
 namespace luce::gpu {
 
-__device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
+// The warp shuffles, by their CUDA names: __shfl<op>_sync over the full warp, HIP's __shfl<op>.
 #if defined(LUCE_HIP)
-    return __shfl_xor(v, lane_mask);
+#define LUCE_SHFL(op, v, arg) __shfl##op(v, arg)
 #else
-    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+#define LUCE_SHFL(op, v, arg) __shfl##op##_sync(0xffffffffu, v, arg)
 #endif
-}
 
+__device__ __forceinline__ float shfl_xor(float v, int lane_mask) { return LUCE_SHFL(_xor, v, lane_mask); }
 // v of lane + delta (a lane past the warp's end gets its own v).
-__device__ __forceinline__ float shfl_down(float v, int delta) {
-#if defined(LUCE_HIP)
-    return __shfl_down(v, delta);
-#else
-    return __shfl_down_sync(0xffffffffu, v, delta);
-#endif
-}
-
+__device__ __forceinline__ float shfl_down(float v, int delta) { return LUCE_SHFL(_down, v, delta); }
 // v of lane src (every lane of the warp takes part).
-__device__ __forceinline__ float shfl_idx(float v, int src) {
-#if defined(LUCE_HIP)
-    return __shfl(v, src);
-#else
-    return __shfl_sync(0xffffffffu, v, src);
-#endif
-}
+__device__ __forceinline__ float shfl_idx(float v, int src) { return LUCE_SHFL(, v, src); }
 
 // Whether p holds on any lane of the warp (every lane takes part and gets the answer).
 __device__ __forceinline__ bool warp_any(bool p) {

@@ -86,7 +86,8 @@ __global__ void repack_iq4_xs_kernel(uint8_t *w, int64_t n_units) {
     wait_for_inputs();
     const int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (u >= n_units) return;
-    uint2 *qs = reinterpret_cast<uint2 *>(w + 136 * (u / 8) + 8 + 16 * (u % 8));  // 8-byte aligned
+    constexpr int BLOCK = block_bytes(GGML_IQ4_XS);  // f16 d, u16 scales_h, u8 scales_l[4], qs[128]
+    uint2 *qs = reinterpret_cast<uint2 *>(w + BLOCK * (u / 8) + 8 + 16 * (u % 8));  // 8-byte aligned
     const uint2 lo = qs[0], hi = qs[1];
     const uint32_t in[4] = {lo.x, lo.y, hi.x, hi.y};
     uint32_t out[4] = {0, 0, 0, 0};
@@ -160,8 +161,9 @@ void matmul(cudaStream_t stream, int warp, const Weight &w, const float *x, int 
 
 void repack_weights(cudaStream_t stream, int type, void *data, int64_t n_bytes) {
     if (type != GGML_IQ4_XS) return;  // every other type keeps its GGUF bytes
-    if (n_bytes % 136 != 0) fail(LUCE_ERR_INTERNAL, "repack_weights: %lld bytes of IQ4_XS", (long long)n_bytes);
-    const int64_t n_units = n_bytes / 136 * 8;
+    constexpr int BLOCK = block_bytes(GGML_IQ4_XS);
+    if (n_bytes % BLOCK != 0) fail(LUCE_ERR_INTERNAL, "repack_weights: %lld bytes of IQ4_XS", (long long)n_bytes);
+    const int64_t n_units = n_bytes / BLOCK * 8;
     constexpr int threads = 256;
     launch_kernel(repack_iq4_xs_kernel, unsigned((n_units + threads - 1) / threads), threads, 0, stream,
                   static_cast<uint8_t *>(data), n_units);
