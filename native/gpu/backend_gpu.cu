@@ -511,6 +511,12 @@ void GpuBackend::rope_table(float *x, const int32_t *pos, int T, int n_head, int
     gpu::rope_table(stream_, x, pos, T, n_head, head_dim, inv_freq, mscale);
 }
 
+void GpuBackend::drafter_masks(uint8_t *masks, int rows, int cap, const int32_t *pos, int B, int window,
+                               unsigned variants) {
+    LUCE_OP("drafter_masks");
+    gpu::drafter_masks(stream_, masks, rows, cap, pos, B, window, variants);
+}
+
 void GpuBackend::dyn_conv(const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B, int E,
                           int K, int group, float *out) {
     LUCE_OP("dyn_conv");

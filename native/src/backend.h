@@ -156,6 +156,13 @@ public:
     // x [T][n_head][D]; inv_freq [D/2] backend memory.
     virtual void rope_table(float *x, const int32_t *pos, int T, int n_head, int head_dim,
                             const float *inv_freq, float mscale) = 0;
+    // The drafter's block attention masks (drafter_forward.cpp's header has the rule), built where
+    // they are read: for each variant v in `variants` (bit v; v = 2 sliding + causal) and query slot
+    // j < B, masks[(v * rows + j) * cap + i] = 1 when key i is visible: i < p0 (p0 = pos[0], read
+    // from backend memory) and, for sliding variants, i > p0 + j - window; or p0 <= i < p0 + B and,
+    // for causal variants, i - p0 <= j. Everything else 0.
+    virtual void drafter_masks(uint8_t *masks, int rows, int cap, const int32_t *pos, int B, int window,
+                               unsigned variants) = 0;
     // DFlash 2 grouped dynamic causal conv within a block (spec drafters.md §2.1), out != in:
     //   out[t][c] = sum_{tau < K, tau <= t} (base[tau][c] + dyn[t * dyn_stride + tau * G + c / group])
     //               * in[t - tau][c],   G = E / group;  base [K][E].

@@ -16,8 +16,9 @@
 // Visibility for query slot j (position p0+j): context key i unless the layer is sliding and
 // i <= p0+j-W; block key j' always (full layers: bidirectional) or j' <= j (causal layers).
 // Output: rmsnorm(x) * output_norm, the rows the target head turns into proposals.
-// Memory: every buffer is backend memory (DraftContext); the host builds only the per-step
-// attention masks and position/token ids and uploads them (a few KiB per block).
+// Memory: every buffer is backend memory (DraftContext); the host uploads only the block's
+// position and token ids; the attention masks (B x cap bytes a variant) are built on the backend
+// (Backend::drafter_masks), so a long context costs no upload.
 #include <algorithm>
 #include <cstring>
 
@@ -54,7 +55,6 @@ DraftContext::DraftContext(const Drafter &d, int cap_) : be(*d.target->backend),
         for (void *p : owned_) be.release(p);
         throw;
     }
-    host_mask.assign(R * size_t(cap), 0);
     host_ids.assign(R, 0);
 }
 
@@ -67,22 +67,6 @@ namespace {
 // The four mask variants: (sliding, causal) -> index.
 int mask_variant(const Drafter &d, int layer) {
     return (d.hp.sliding[size_t(layer)] ? 2 : 0) + (d.hp.causal[size_t(layer)] ? 1 : 0);
-}
-
-// Builds mask[j][key] of one variant for query slot j of a block at p0 (see the header comment)
-// on the host and uploads it to its slot of ctx.masks.
-void upload_mask(const Drafter &d, DraftContext &ctx, int variant, int p0, int B) {
-    const bool sliding = variant & 2, causal = variant & 1;
-    const int W = d.hp.sliding_window;
-    for (int j = 0; j < B; ++j) {
-        uint8_t *m = ctx.host_mask.data() + int64_t(j) * ctx.cap;
-        std::fill(m, m + ctx.cap, 0);
-        const int q_pos = p0 + j;
-        for (int i = sliding ? std::max(0, q_pos - W + 1) : 0; i < p0; ++i) m[i] = 1;
-        for (int jj = 0; jj < B; ++jj) m[p0 + jj] = (!causal || jj <= j) ? 1 : 0;
-    }
-    ctx.be.upload(ctx.masks + int64_t(variant) * DraftContext::ROWS * ctx.cap, ctx.host_mask.data(),
-                  size_t(B) * size_t(ctx.cap));
 }
 
 void upload_positions(DraftContext &ctx, int p0, int T) {
@@ -143,12 +127,9 @@ void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, in
                  block[j], j, tm.hp.n_vocab);
     be.upload(ctx.block, block, sizeof(int32_t) * size_t(B));
     upload_positions(ctx, p0, B);
-    bool uploaded[4] = {false, false, false, false};
-    for (int l = 0; l < hp.n_layer; ++l) {
-        const int v = mask_variant(d, l);
-        if (!uploaded[v]) upload_mask(d, ctx, v, p0, B);
-        uploaded[v] = true;
-    }
+    unsigned variants = 0;  // the masks the layers read, built on the backend from ctx.pos
+    for (int l = 0; l < hp.n_layer; ++l) variants |= 1u << mask_variant(d, l);
+    be.drafter_masks(ctx.masks, DraftContext::ROWS, ctx.cap, ctx.pos, B, hp.sliding_window, variants);
     float *x = ctx.x, *cur = ctx.cur, *mix = ctx.mix;
     be.get_rows(tm.token_embd, ctx.block, B, x);
     const int64_t dyn_width = 2 * int64_t(hp.conv_kernel) * (hp.conv_group ? E / hp.conv_group : 0);
