@@ -453,6 +453,7 @@ bool GpuBackend::graph_replay(uint64_t key) {
     if (!graphs_ || capturing_) return false;
     auto it = graph_execs_.find(key);
     if (it == graph_execs_.end()) return false;
+    forget_acts();  // the replay rewrites the activation scratch behind the host's record of it
     LUCE_GPU_CHECK(cudaGraphLaunch(it->second, stream_));
     return true;
 }

@@ -14,8 +14,11 @@
 // (GGUF ne = [in, out]) in any supported ggml encoding and is never dequantized wholesale.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "errors.h"
 
 namespace luce {
 
@@ -213,6 +216,33 @@ public:
     virtual void set_prefill(bool /*on*/) {}
     virtual bool prefill() const { return false; }
 };
+
+// Step graph keys: each owner of graphs (a session's forward steps, a draft context's blocks) takes
+// an id for the high bits of its keys (key = owner << 17 | the step's shape), so owners never meet.
+inline uint64_t new_graph_owner() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+}
+
+// launches() as the step graph of key: replayed when one is recorded, recorded on the key's second
+// occurrence (the first runs eagerly, so every scratch buffer has grown to the shape), and run
+// eagerly where the backend records nothing or recording fails (graphs then go off for it, and a
+// real error surfaces in the eager run as usual). Everything that varies between steps of one key
+// must be read from backend memory written before the call.
+template <class Launches>
+void run_graphed(Backend &be, uint64_t key, Launches &&launches) {
+    if (be.graph_replay(key)) return;
+    bool ran = false;
+    if (be.graph_begin(key)) {
+        try {
+            launches();
+            ran = be.graph_end(key);
+        } catch (const Error &) {
+            be.graph_abort();
+        }
+    }
+    if (!ran) launches();
+}
 
 // The steps of a prompt's prefill, for the scope's lifetime (Backend::set_prefill).
 class PrefillScope {

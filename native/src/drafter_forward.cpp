@@ -59,6 +59,7 @@ DraftContext::DraftContext(const Drafter &d, int cap_) : be(*d.target->backend),
 }
 
 DraftContext::~DraftContext() {
+    be.graph_clear();  // the block graphs point into the buffers going now
     for (void *p : owned_) be.release(p);
 }
 
@@ -110,23 +111,16 @@ void draft_append_context(const Drafter &d, DraftContext &ctx, const float *taps
     }
 }
 
-void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, int B, float *out) {
+namespace {
+
+// A block's launches from the embedding to the last layer's residual stream ctx.x: everything
+// they read that varies between blocks (ids, positions, masks) is in backend memory, so one
+// recording per B serves every block (run_graphed).
+void draft_launches(const Drafter &d, DraftContext &ctx, int B) {
     const DrafterHparams &hp = d.hp;
     const Model &tm = *d.target;
     Backend &be = ctx.be;
     const int E = hp.n_embd, D = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv, F = hp.n_ff;
-    const int p0 = ctx.n_ctx;
-    if (B < 1 || B > DraftContext::ROWS) fail(LUCE_ERR_INVALID_ARGUMENT, "draft block of %d rows (1..%d)", B,
-                                              DraftContext::ROWS);
-    if (int64_t(p0) + B > ctx.cap)
-        fail(LUCE_ERR_CONTEXT_FULL, "drafter context holds %d positions; a block of %d at %d does not fit", ctx.cap, B,
-             p0);
-    for (int j = 0; j < B; ++j)
-        if (block[j] < 0 || block[j] >= tm.hp.n_vocab)
-            fail(LUCE_ERR_INVALID_ARGUMENT, "block token %d at slot %d is out of range (vocabulary has %d tokens)",
-                 block[j], j, tm.hp.n_vocab);
-    be.upload(ctx.block, block, sizeof(int32_t) * size_t(B));
-    upload_positions(ctx, p0, B);
     unsigned variants = 0;  // the masks the layers read, built on the backend from ctx.pos
     for (int l = 0; l < hp.n_layer; ++l) variants |= 1u << mask_variant(d, l);
     be.drafter_masks(ctx.masks, DraftContext::ROWS, ctx.cap, ctx.pos, B, hp.sliding_window, variants);
@@ -169,7 +163,28 @@ void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, in
         if (conv) conv_sublayer(d, ctx, L.ffn_conv, 1, mix, B);
         be.add(x, mix, int64_t(B) * E);
     }
-    be.rmsnorm(x, E, d.output_norm.data(), B, E, hp.rms_eps, out, E);
+}
+
+}  // namespace
+
+void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, int B, float *out) {
+    const DrafterHparams &hp = d.hp;
+    const Model &tm = *d.target;
+    const int p0 = ctx.n_ctx;
+    if (B < 1 || B > DraftContext::ROWS) fail(LUCE_ERR_INVALID_ARGUMENT, "draft block of %d rows (1..%d)", B,
+                                              DraftContext::ROWS);
+    if (int64_t(p0) + B > ctx.cap)
+        fail(LUCE_ERR_CONTEXT_FULL, "drafter context holds %d positions; a block of %d at %d does not fit", ctx.cap, B,
+             p0);
+    for (int j = 0; j < B; ++j)
+        if (block[j] < 0 || block[j] >= tm.hp.n_vocab)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "block token %d at slot %d is out of range (vocabulary has %d tokens)",
+                 block[j], j, tm.hp.n_vocab);
+    ctx.be.upload(ctx.block, block, sizeof(int32_t) * size_t(B));
+    upload_positions(ctx, p0, B);
+    run_graphed(ctx.be, (ctx.graph_id << 17) | uint64_t(B), [&] { draft_launches(d, ctx, B); });
+    // Outside the graph: out is the caller's, and may differ from one block to the next.
+    ctx.be.rmsnorm(ctx.x, hp.n_embd, d.output_norm.data(), B, hp.n_embd, hp.rms_eps, out, hp.n_embd);
 }
 
 }  // namespace luce
