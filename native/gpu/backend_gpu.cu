@@ -453,6 +453,7 @@ bool GpuBackend::graph_replay(uint64_t key) {
     if (!graphs_ || capturing_) return false;
     auto it = graph_execs_.find(key);
     if (it == graph_execs_.end()) return false;
+    forget_acts();  // the replay rewrites the activation scratch behind the host's record of it
     LUCE_GPU_CHECK(cudaGraphLaunch(it->second, stream_));
     return true;
 }
@@ -509,6 +510,12 @@ void GpuBackend::rope_table(float *x, const int32_t *pos, int T, int n_head, int
                             float mscale) {
     LUCE_OP("rope_table");
     gpu::rope_table(stream_, x, pos, T, n_head, head_dim, inv_freq, mscale);
+}
+
+void GpuBackend::drafter_masks(uint8_t *masks, int rows, int cap, const int32_t *pos, int B, int window,
+                               unsigned variants) {
+    LUCE_OP("drafter_masks");
+    gpu::drafter_masks(stream_, masks, rows, cap, pos, B, window, variants);
 }
 
 void GpuBackend::dyn_conv(const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B, int E,

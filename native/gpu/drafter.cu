@@ -4,6 +4,7 @@
 // fp32. Shapes as in backend.h:
 //   rope_table      x [T][H][D], angle pos[t] * inv_freq[i], cos/sin scaled by mscale.
 //   dyn_conv        DFlash 2 grouped dynamic conv of one block, out [B][E].
+//   drafter_masks   the block's attention masks, one thread per (key, slot, variant).
 //   softcap         DFlash 2 unary-logit transform.
 //   argmax_rows     top 1 by the top-k passes (one block per row alone left most of the device
 //                   idle: 385 us for 8 vocabulary rows on the H200), index to device memory (no
@@ -60,6 +61,20 @@ __global__ void dyn_conv_kernel(const float *base, const float *dyn, int64_t dyn
     for (int tau = 0; tau < K && tau <= t; ++tau)
         acc += (base[int64_t(tau) * E + c] + dt[tau * G + c / group]) * in[int64_t(t - tau) * E + c];
     out[idx] = acc;
+}
+
+// One thread per (key i, slot j, variant v): the rule of Backend::drafter_masks.
+__global__ void drafter_masks_kernel(uint8_t *masks, int rows, int cap, const int32_t *pos, int B, int window,
+                                     unsigned variants) {
+    wait_for_inputs();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y, v = blockIdx.z;
+    if (i >= cap || !(variants >> v & 1)) return;
+    const int p0 = pos[0];
+    const bool sliding = v & 2, causal = v & 1;
+    bool vis = false;
+    if (i < p0) vis = !sliding || i > p0 + j - window;
+    else if (i < p0 + B) vis = !causal || i - p0 <= j;
+    masks[(int64_t(v) * rows + j) * cap + i] = vis;
 }
 
 __global__ void softcap_kernel(float *x, int64_t n, float mult, float cap) {
@@ -199,6 +214,14 @@ void dyn_conv(cudaStream_t stream, const float *base, const float *dyn, int64_t 
     if (n < 1) return;
     if (group < 1 || E % group) fail(LUCE_ERR_INTERNAL, "dyn_conv: group %d does not divide %d", group, E);
     launch_kernel(dyn_conv_kernel, blocks(n), ELEMENTWISE, 0, stream, base, dyn, dyn_stride, in, B, E, K, group, out);
+}
+
+void drafter_masks(cudaStream_t stream, uint8_t *masks, int rows, int cap, const int32_t *pos, int B, int window,
+                   unsigned variants) {
+    if (cap < 1 || B < 1 || !variants) return;
+    if (B > rows) fail(LUCE_ERR_INTERNAL, "drafter_masks: %d slots in %d rows", B, rows);
+    launch_kernel(drafter_masks_kernel, dim3(blocks(cap), unsigned(B), 4u), ELEMENTWISE, 0, stream, masks, rows, cap,
+                  pos, B, window, variants);
 }
 
 void softcap(cudaStream_t stream, float *x, int64_t n, float mult, float cap) {

@@ -125,6 +125,8 @@ void rope_table(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_
                 const float *inv_freq, float mscale);
 void dyn_conv(cudaStream_t stream, const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B,
               int E, int K, int group, float *out);
+void drafter_masks(cudaStream_t stream, uint8_t *masks, int rows, int cap, const int32_t *pos, int B, int window,
+                   unsigned variants);
 void softcap(cudaStream_t stream, float *x, int64_t n, float mult, float cap);
 void argmax_rows(cudaStream_t stream, const float *x, int n_rows, int64_t n, int32_t *out, void *scratch);
 int64_t topk_scratch_bytes(int n_rows, int64_t n, int k);

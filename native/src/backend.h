@@ -14,8 +14,11 @@
 // (GGUF ne = [in, out]) in any supported ggml encoding and is never dequantized wholesale.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "errors.h"
 
 namespace luce {
 
@@ -156,6 +159,13 @@ public:
     // x [T][n_head][D]; inv_freq [D/2] backend memory.
     virtual void rope_table(float *x, const int32_t *pos, int T, int n_head, int head_dim,
                             const float *inv_freq, float mscale) = 0;
+    // The drafter's block attention masks (drafter_forward.cpp's header has the rule), built where
+    // they are read: for each variant v in `variants` (bit v; v = 2 sliding + causal) and query slot
+    // j < B, masks[(v * rows + j) * cap + i] = 1 when key i is visible: i < p0 (p0 = pos[0], read
+    // from backend memory) and, for sliding variants, i > p0 + j - window; or p0 <= i < p0 + B and,
+    // for causal variants, i - p0 <= j. Everything else 0.
+    virtual void drafter_masks(uint8_t *masks, int rows, int cap, const int32_t *pos, int B, int window,
+                               unsigned variants) = 0;
     // DFlash 2 grouped dynamic causal conv within a block (spec drafters.md §2.1), out != in:
     //   out[t][c] = sum_{tau < K, tau <= t} (base[tau][c] + dyn[t * dyn_stride + tau * G + c / group])
     //               * in[t - tau][c],   G = E / group;  base [K][E].
@@ -206,6 +216,33 @@ public:
     virtual void set_prefill(bool /*on*/) {}
     virtual bool prefill() const { return false; }
 };
+
+// Step graph keys: each owner of graphs (a session's forward steps, a draft context's blocks) takes
+// an id for the high bits of its keys (key = owner << 17 | the step's shape), so owners never meet.
+inline uint64_t new_graph_owner() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+}
+
+// launches() as the step graph of key: replayed when one is recorded, recorded on the key's second
+// occurrence (the first runs eagerly, so every scratch buffer has grown to the shape), and run
+// eagerly where the backend records nothing or recording fails (graphs then go off for it, and a
+// real error surfaces in the eager run as usual). Everything that varies between steps of one key
+// must be read from backend memory written before the call.
+template <class Launches>
+void run_graphed(Backend &be, uint64_t key, Launches &&launches) {
+    if (be.graph_replay(key)) return;
+    bool ran = false;
+    if (be.graph_begin(key)) {
+        try {
+            launches();
+            ran = be.graph_end(key);
+        } catch (const Error &) {
+            be.graph_abort();
+        }
+    }
+    if (!ran) launches();
+}
 
 // The steps of a prompt's prefill, for the scope's lifetime (Backend::set_prefill).
 class PrefillScope {

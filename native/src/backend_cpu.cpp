@@ -356,6 +356,21 @@ int32_t CpuBackend::argmax(const float *x, int64_t n) {
 
 // ---- Drafter ops (backend.h's last block; the reference for gpu/drafter.cu) -------------------
 
+void CpuBackend::drafter_masks(uint8_t *masks, int rows, int cap, const int32_t *pos, int B, int window,
+                               unsigned variants) {
+    const int p0 = pos[0];
+    for (int v = 0; v < 4; ++v) {
+        if (!(variants >> v & 1)) continue;
+        const bool sliding = v & 2, causal = v & 1;
+        for (int j = 0; j < B; ++j) {
+            uint8_t *m = masks + (int64_t(v) * rows + j) * cap;
+            std::fill(m, m + cap, uint8_t(0));
+            for (int i = sliding ? std::max(0, p0 + j - window + 1) : 0; i < p0; ++i) m[i] = 1;
+            for (int jj = 0; jj < B; ++jj) m[p0 + jj] = (!causal || jj <= j) ? 1 : 0;
+        }
+    }
+}
+
 void CpuBackend::rope_table(float *x, const int32_t *pos, int T, int n_head, int head_dim, const float *inv_freq,
                             float mscale) {
     const int half = head_dim / 2;

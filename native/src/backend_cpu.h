@@ -42,6 +42,8 @@ public:
     // Drafter ops (backend.h's last block).
     void rope_table(float *x, const int32_t *pos, int T, int n_head, int head_dim, const float *inv_freq,
                     float mscale) override;
+    void drafter_masks(uint8_t *masks, int rows, int cap, const int32_t *pos, int B, int window,
+                       unsigned variants) override;
     void dyn_conv(const float *base, const float *dyn, int64_t dyn_stride, const float *in, int B, int E, int K,
                   int group, float *out) override;
     void softcap(float *x, int64_t n, float mult, float cap) override;

@@ -109,8 +109,8 @@ struct DraftContext {
     float *x, *cur, *tmp, *mix, *q, *attn, *kr, *vr, *dyn, *gate, *up;
     uint8_t *masks;
     int32_t *pos, *block;
-    std::vector<uint8_t> host_mask;   // [ROWS][cap] staging for one mask variant
     std::vector<int32_t> host_ids;    // [ROWS] staging for pos / block ids
+    uint64_t graph_id = new_graph_owner();  // the high bits of this context's block graph keys
     DraftContext(const Drafter &d, int cap);
     ~DraftContext();
     DraftContext(const DraftContext &) = delete;

@@ -16,8 +16,9 @@
 // Visibility for query slot j (position p0+j): context key i unless the layer is sliding and
 // i <= p0+j-W; block key j' always (full layers: bidirectional) or j' <= j (causal layers).
 // Output: rmsnorm(x) * output_norm, the rows the target head turns into proposals.
-// Memory: every buffer is backend memory (DraftContext); the host builds only the per-step
-// attention masks and position/token ids and uploads them (a few KiB per block).
+// Memory: every buffer is backend memory (DraftContext); the host uploads only the block's
+// position and token ids; the attention masks (B x cap bytes a variant) are built on the backend
+// (Backend::drafter_masks), so a long context costs no upload.
 #include <algorithm>
 #include <cstring>
 
@@ -54,11 +55,11 @@ DraftContext::DraftContext(const Drafter &d, int cap_) : be(*d.target->backend),
         for (void *p : owned_) be.release(p);
         throw;
     }
-    host_mask.assign(R * size_t(cap), 0);
     host_ids.assign(R, 0);
 }
 
 DraftContext::~DraftContext() {
+    be.graph_clear();  // the block graphs point into the buffers going now
     for (void *p : owned_) be.release(p);
 }
 
@@ -67,22 +68,6 @@ namespace {
 // The four mask variants: (sliding, causal) -> index.
 int mask_variant(const Drafter &d, int layer) {
     return (d.hp.sliding[size_t(layer)] ? 2 : 0) + (d.hp.causal[size_t(layer)] ? 1 : 0);
-}
-
-// Builds mask[j][key] of one variant for query slot j of a block at p0 (see the header comment)
-// on the host and uploads it to its slot of ctx.masks.
-void upload_mask(const Drafter &d, DraftContext &ctx, int variant, int p0, int B) {
-    const bool sliding = variant & 2, causal = variant & 1;
-    const int W = d.hp.sliding_window;
-    for (int j = 0; j < B; ++j) {
-        uint8_t *m = ctx.host_mask.data() + int64_t(j) * ctx.cap;
-        std::fill(m, m + ctx.cap, 0);
-        const int q_pos = p0 + j;
-        for (int i = sliding ? std::max(0, q_pos - W + 1) : 0; i < p0; ++i) m[i] = 1;
-        for (int jj = 0; jj < B; ++jj) m[p0 + jj] = (!causal || jj <= j) ? 1 : 0;
-    }
-    ctx.be.upload(ctx.masks + int64_t(variant) * DraftContext::ROWS * ctx.cap, ctx.host_mask.data(),
-                  size_t(B) * size_t(ctx.cap));
 }
 
 void upload_positions(DraftContext &ctx, int p0, int T) {
@@ -126,29 +111,19 @@ void draft_append_context(const Drafter &d, DraftContext &ctx, const float *taps
     }
 }
 
-void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, int B, float *out) {
+namespace {
+
+// A block's launches from the embedding to the last layer's residual stream ctx.x: everything
+// they read that varies between blocks (ids, positions, masks) is in backend memory, so one
+// recording per B serves every block (run_graphed).
+void draft_launches(const Drafter &d, DraftContext &ctx, int B) {
     const DrafterHparams &hp = d.hp;
     const Model &tm = *d.target;
     Backend &be = ctx.be;
     const int E = hp.n_embd, D = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv, F = hp.n_ff;
-    const int p0 = ctx.n_ctx;
-    if (B < 1 || B > DraftContext::ROWS) fail(LUCE_ERR_INVALID_ARGUMENT, "draft block of %d rows (1..%d)", B,
-                                              DraftContext::ROWS);
-    if (int64_t(p0) + B > ctx.cap)
-        fail(LUCE_ERR_CONTEXT_FULL, "drafter context holds %d positions; a block of %d at %d does not fit", ctx.cap, B,
-             p0);
-    for (int j = 0; j < B; ++j)
-        if (block[j] < 0 || block[j] >= tm.hp.n_vocab)
-            fail(LUCE_ERR_INVALID_ARGUMENT, "block token %d at slot %d is out of range (vocabulary has %d tokens)",
-                 block[j], j, tm.hp.n_vocab);
-    be.upload(ctx.block, block, sizeof(int32_t) * size_t(B));
-    upload_positions(ctx, p0, B);
-    bool uploaded[4] = {false, false, false, false};
-    for (int l = 0; l < hp.n_layer; ++l) {
-        const int v = mask_variant(d, l);
-        if (!uploaded[v]) upload_mask(d, ctx, v, p0, B);
-        uploaded[v] = true;
-    }
+    unsigned variants = 0;  // the masks the layers read, built on the backend from ctx.pos
+    for (int l = 0; l < hp.n_layer; ++l) variants |= 1u << mask_variant(d, l);
+    be.drafter_masks(ctx.masks, DraftContext::ROWS, ctx.cap, ctx.pos, B, hp.sliding_window, variants);
     float *x = ctx.x, *cur = ctx.cur, *mix = ctx.mix;
     be.get_rows(tm.token_embd, ctx.block, B, x);
     const int64_t dyn_width = 2 * int64_t(hp.conv_kernel) * (hp.conv_group ? E / hp.conv_group : 0);
@@ -188,7 +163,28 @@ void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, in
         if (conv) conv_sublayer(d, ctx, L.ffn_conv, 1, mix, B);
         be.add(x, mix, int64_t(B) * E);
     }
-    be.rmsnorm(x, E, d.output_norm.data(), B, E, hp.rms_eps, out, E);
+}
+
+}  // namespace
+
+void draft_forward(const Drafter &d, DraftContext &ctx, const int32_t *block, int B, float *out) {
+    const DrafterHparams &hp = d.hp;
+    const Model &tm = *d.target;
+    const int p0 = ctx.n_ctx;
+    if (B < 1 || B > DraftContext::ROWS) fail(LUCE_ERR_INVALID_ARGUMENT, "draft block of %d rows (1..%d)", B,
+                                              DraftContext::ROWS);
+    if (int64_t(p0) + B > ctx.cap)
+        fail(LUCE_ERR_CONTEXT_FULL, "drafter context holds %d positions; a block of %d at %d does not fit", ctx.cap, B,
+             p0);
+    for (int j = 0; j < B; ++j)
+        if (block[j] < 0 || block[j] >= tm.hp.n_vocab)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "block token %d at slot %d is out of range (vocabulary has %d tokens)",
+                 block[j], j, tm.hp.n_vocab);
+    ctx.be.upload(ctx.block, block, sizeof(int32_t) * size_t(B));
+    upload_positions(ctx, p0, B);
+    run_graphed(ctx.be, (ctx.graph_id << 17) | uint64_t(B), [&] { draft_launches(d, ctx, B); });
+    // Outside the graph: out is the caller's, and may differ from one block to the next.
+    ctx.be.rmsnorm(ctx.x, hp.n_embd, d.output_norm.data(), B, hp.n_embd, hp.rms_eps, out, hp.n_embd);
 }
 
 }  // namespace luce

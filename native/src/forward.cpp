@@ -119,21 +119,9 @@ const float *forward_rows(Session &s, const int32_t *tokens, int T, bool want_lo
     if (s.tree) upload_tree(s, T);
 
     uint64_t key = 0;
-    const bool graphable = graph_key(s, T, want_logits, logit_row0, capture, key);
-    if (!graphable || !be.graph_replay(key)) {
-        // Recording runs nothing: when it fails (an op the runtime cannot capture) the backend
-        // turns graphs off and the step runs eagerly, where a real error surfaces as usual.
-        bool ran = false;
-        if (graphable && be.graph_begin(key)) {
-            try {
-                step_launches(s, T, want_logits, logit_row0, capture);
-                ran = be.graph_end(key);
-            } catch (const Error &) {
-                be.graph_abort();
-            }
-        }
-        if (!ran) step_launches(s, T, want_logits, logit_row0, capture);
-    }
+    const auto launches = [&] { step_launches(s, T, want_logits, logit_row0, capture); };
+    if (graph_key(s, T, want_logits, logit_row0, capture, key)) run_graphed(be, key, launches);
+    else launches();
     s.n_past += T;
     return want_logits && logit_row0 < T ? b.logits : nullptr;
 }

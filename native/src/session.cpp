@@ -2,7 +2,6 @@
 #include "session.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 
 #include "errors.h"
@@ -21,8 +20,7 @@ T *take(Session &s, int64_t n) {
 }  // namespace
 
 Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), kv_f16(kv_f16_) {
-    static std::atomic<uint64_t> next_graph_id{1};
-    graph_id = next_graph_id++;
+    graph_id = new_graph_owner();
     const Hparams &hp = m->hp;
     if (n_ctx < 1 || n_ctx > hp.n_ctx_train)
         fail(LUCE_ERR_INVALID_ARGUMENT, "context size %d is not in 1..%d (the model's context length)",
