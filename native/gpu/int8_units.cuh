@@ -14,18 +14,24 @@ namespace luce::gpu::int8_units {
 
 constexpr int SLOTS = 8;  // units summed side by side in a row (the summation order, below)
 
-// Four 4-bit codes (one per byte, 0..15) -> the four signed IQ4_NL codebook values, packed.
-// The codebook lives in registers: `__constant__` memory serialises a warp whose lanes read
-// different entries, which is every lookup here.
+// The IQ4_NL codebook in the GPU's code order (quant_blocks.cuh, iq4_gpu_code), in registers:
+// `__constant__` memory serialises a warp whose lanes read different entries, which is every
+// lookup here.
 struct Codebook {
-    uint32_t w[4];  // entries 0..15, four per word, little-endian
+    uint32_t w[4];  // four int8 entries per word, little-endian
 };
 
-// kvalues_iq4nl: -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113 (spec/qwen35.md §4).
 // Kept in (never written) device memory and read once per thread by load_codebook: from a
 // constant, ptxas re-creates the operand for every permute that needs it in a register (a tenth
 // of the decode kernel's instructions); a loaded value stays in its register.
-static __device__ Codebook iq4nl_codebook_words = {{0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u}};
+#if defined(LUCE_HIP)
+// Entries 0..15 of the GPU order.
+static __device__ Codebook iq4nl_codebook_words = {{0xBFAD9881u, 0x26190D01u, 0xF6EADDCFu, 0x71594535u}};
+#else
+// w0 w1 = entries 0..7; w2 w3 = entries 8..15 as lookup8 needs them: bits 0-6 of entry
+// 8 + i XOR-ed with entry i's sign (spread over the byte), bit 7 clear.
+static __device__ Codebook iq4nl_codebook_words = {{0xBFAD9881u, 0x26190D01u, 0x09152230u, 0x71594535u}};
+#endif
 
 __device__ __forceinline__ Codebook load_codebook() { return iq4nl_codebook_words; }
 
@@ -43,11 +49,21 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
 }
+
+// Four codes (selector nibbles 0-3) -> their four int8 values. With the codes as selectors, a
+// code j < 8 picks entry j from (w0, w1) and a code j >= 8 the sign fill of entry j - 8, which
+// is j's own sign (the GPU order's pairing); with the codes XOR 8, j >= 8 picks (w2, w3)'s
+// byte j - 8 and j < 8 a sign fill of 0 (those bytes' bit 7 is clear). Bit 7 of the first
+// permute and bits 0-6 of the XOR of the two are then j's value either way (one LOP3).
+__device__ __forceinline__ uint32_t lookup4(const Codebook &cb, uint32_t codes, uint32_t flipped) {
+    const uint32_t a = prmt(cb.w[0], cb.w[1], codes), b = prmt(cb.w[2], cb.w[3], flipped);
+    return (a & 0x80808080u) | ((a ^ b) & 0x7F7F7F7Fu);
+}
 #endif
 
 // The eight 4-bit codes of one qs word in the GPU's IQ4_XS layout (byte i: element 2i of the
 // word's eight in its low nibble, element 2i + 1 in its high nibble; repack_weights, matmul.cu)
-// -> the codebook values of elements 0-3 (lo) and 4-7 (hi), packed as int8.
+// -> the values of elements 0-3 (lo) and 4-7 (hi), packed as int8.
 __device__ __forceinline__ void lookup8(const Codebook &cb, uint32_t codes, uint32_t &lo, uint32_t &hi) {
 #if defined(LUCE_HIP)
     lo = hi = 0;
@@ -58,19 +74,13 @@ __device__ __forceinline__ void lookup8(const Codebook &cb, uint32_t codes, uint
         hi |= ((cb.w[ch >> 2] >> (8 * (ch & 3))) & 0xFF) << (8 * i);
     }
 #else
-    // prmt picks byte (selector nibble & 7) of the pair (a, b) for result byte i from selector
-    // nibble i; a nibble's bit 3 would ask for a sign fill instead, so the codes are masked to 3
-    // bits once and select entry c & 7 of entries 0-7 (w0, w1) and of entries 8-15 (w2, w3); a
-    // third permute keeps one of the two by bit 3 of the code (selector n or n + 4). Nibbles 0-3
-    // are elements 0-3 in order, nibbles 4-7 (the selectors shifted down) elements 4-7. (The
-    // __byte_perm intrinsic masks every selector again, which cost a fifth of the decode
-    // kernel's instructions; GGUF's pairing, element i with i + 16 in one byte, cost two more
-    // permutes per word to separate the halves: the reason for the GPU layout.)
-    const uint32_t sel = codes & 0x77777777u;
-    const uint32_t pick = ((codes & 0x88888888u) >> 1) + 0x32103210u;  // one shift-and-add
-    lo = prmt(prmt(cb.w[0], cb.w[1], sel), prmt(cb.w[2], cb.w[3], sel), pick);
-    const uint32_t s16 = sel >> 16, p16 = pick >> 16;
-    hi = prmt(prmt(cb.w[0], cb.w[1], s16), prmt(cb.w[2], cb.w[3], s16), p16);
+    // prmt reads the low 16 bits of its selector: nibbles 0-3, or 4-7 once shifted down. (The
+    // __byte_perm intrinsic masks every selector, which cost a fifth of the decode kernel's
+    // instructions; GGUF's pairing, element i with i + 16 in one byte, cost two more permutes per
+    // word to separate the halves: the reason for the GPU layout.)
+    const uint32_t flipped = codes ^ 0x88888888u;
+    lo = lookup4(cb, codes, flipped);
+    hi = lookup4(cb, codes >> 16, flipped >> 16);
 #endif
 }
 

@@ -79,8 +79,9 @@ __global__ void get_rows_kernel(const uint8_t *w, int64_t row_bytes, int n_in, c
 }
 
 // The GPU's IQ4_XS layout, in place: each sub-block's 16 code bytes re-paired so byte m holds
-// elements 2m (low nibble) and 2m + 1 (high nibble), GGUF's holding m and m + 16. A lookup of
-// four bytes then yields eight consecutive values with no permute to separate the halves
+// elements 2m (low nibble) and 2m + 1 (high nibble), GGUF's holding m and m + 16, and every code
+// renumbered (iq4_gpu_code, quant_blocks.cuh). A lookup of four bytes then yields eight
+// consecutive values with no permute to separate the halves, two permutes per four codes
 // (int8_units.cuh, lookup8). One thread per 32-element unit; d and the scales stay in place.
 __global__ void repack_iq4_xs_kernel(uint8_t *w, int64_t n_units) {
     wait_for_inputs();
@@ -97,7 +98,7 @@ __global__ void repack_iq4_xs_kernel(uint8_t *w, int64_t n_units) {
         const int e0 = 2 * m, e1 = 2 * m + 1;
         const uint32_t c0 = (in[(e0 % 16) / 4] >> (8 * (e0 % 4) + (e0 < 16 ? 0 : 4))) & 0xF;
         const uint32_t c1 = (in[(e1 % 16) / 4] >> (8 * (e1 % 4) + (e1 < 16 ? 0 : 4))) & 0xF;
-        out[m / 4] |= (c0 | (c1 << 4)) << (8 * (m % 4));
+        out[m / 4] |= uint32_t(iq4_gpu_code(int(c0)) | (iq4_gpu_code(int(c1)) << 4)) << (8 * (m % 4));
     }
     qs[0] = make_uint2(out[0], out[1]);
     qs[1] = make_uint2(out[2], out[3]);

@@ -12,8 +12,16 @@
 
 namespace luce::gpu {
 
-static __constant__ int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                         1,    13,   25,  38,  53,  69,  89,  113};
+// The GPU's IQ4_XS codes (repack_weights, matmul.cu) are GGUF's with bits 2 and 3 swapped (its
+// own inverse): GGUF code c is stored as iq4_gpu_code(c). The order pairs every code j < 8 with
+// the code j + 8 of the same sign, which lets the CUDA codebook lookup take two byte permutes per
+// four codes instead of three (int8_units.cuh, lookup4). The values are GGUF's.
+__host__ __device__ constexpr int iq4_gpu_code(int c) { return (c & 3) | ((c & 4) << 1) | ((c & 8) >> 1); }
+
+// kvalues_iq4nl (spec/qwen35.md §4: -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113),
+// indexed by the GPU's code.
+static __constant__ int8_t kIq4nlGpu[16] = {-127, -104, -83, -65, 1,   13,  25,  38,
+                                            -49,  -35,  -22, -10, 53,  69,  89,  113};
 
 // Block geometry of the supported types (the device-side twin of quants.cpp's table).
 __host__ __device__ constexpr int block_elems(int type) {
@@ -118,7 +126,7 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_v
     } else if constexpr (TYPE == GGML_IQ4_XS) {
         // f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. Sub-block ib: 6-bit scale ls, in the
         // GPU layout (repack_weights, matmul.cu) elements 32ib + 2m = (d (ls - 32)) K[low nibble
-        // of qs[16ib + m]], + 1: its high nibble.
+        // of qs[16ib + m]], + 1: its high nibble, K indexed by the GPU's code (kIq4nlGpu).
         const uint8_t *b = row + 136 * (u / 8);
         const int ib = int(u % 8);
         const int scales_h = int(b[2]) | (int(b[3]) << 8);
@@ -129,8 +137,8 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_v
 #pragma unroll
         for (int m = 0; m < 16; ++m) {
             const int byte = byte_of(qs, m);
-            w[2 * m] = dl * float(kIq4nl[byte & 0xF]);
-            w[2 * m + 1] = dl * float(kIq4nl[byte >> 4]);
+            w[2 * m] = dl * float(kIq4nlGpu[byte & 0xF]);
+            w[2 * m + 1] = dl * float(kIq4nlGpu[byte >> 4]);
         }
     }
 }
