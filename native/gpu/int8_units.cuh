@@ -102,8 +102,9 @@ struct alignas(16) Unit {  // 16-aligned: copied to shared memory as three 16-by
 // waits on them), decode_unit turns those into a Unit. Kernels fetch the next units before they
 // decode and apply the current ones, so DRAM latency hides behind the arithmetic: a decode-step
 // matmul is one pass over ~47 MB with little else to overlap (formats: spec/qwen35.md §4).
-// Q8_0 and Q6_K fields are only 2-byte aligned (34- and 210-byte blocks): they are fetched as
-// the 4-byte-aligned words around them and shifted into place by decode_unit (`shift` 0 or 16).
+// Q8_0 fields are only 2-byte aligned (34-byte blocks): they are fetched as the 4-byte-aligned
+// words around them and shifted into place by decode_unit (`shift` 0 or 16). (Q6_K's 210-byte
+// blocks are rearranged at upload so that its units are word-aligned: quant_blocks.cuh.)
 template <int TYPE>
 struct RawUnit {  // Q8_0: f16 d; i8 qs[32]
     uint32_t w[9], shift;
@@ -117,8 +118,8 @@ struct RawUnit<GGML_Q5_K> {  // as Q4_K, plus the block's 32 bytes of 5th bits
     uint4 head, qs[2], qh[2];
 };
 template <>
-struct RawUnit<GGML_Q6_K> {  // the unit's 32 bytes of low and high bits, its two sub-scales, d
-    uint32_t ql[9], qh[9], shift;
+struct RawUnit<GGML_Q6_K> {  // the GPU layout's unit (quant_blocks.cuh): low nibbles, high bits; its two sub-scales, d
+    uint32_t lw[4], hw[2];
     uint16_t sc, d;
 };
 template <>
@@ -129,14 +130,14 @@ struct RawUnit<GGML_IQ4_XS> {  // f16 d, u16 scales_h, u8 scales_l[4]; the unit'
 __device__ __forceinline__ uint16_t u16_at(const uint8_t *p) { return *reinterpret_cast<const uint16_t *>(p); }
 
 // The nine aligned words around the 2-byte-aligned 34 bytes at p: [p & ~3, (p & ~3) + 36). When
-// p is 4-aligned the last word would reach 2 bytes past the run, so `tail_u16` reads only its
-// first half there (the run may end the tensor).
-__device__ __forceinline__ uint32_t fetch_words_a2(const uint8_t *p, uint32_t (&w)[9], bool tail_u16) {
+// p is 4-aligned the last word would reach 2 bytes past the run, so only its first half is read
+// there (the run may end the tensor).
+__device__ __forceinline__ uint32_t fetch_words_a2(const uint8_t *p, uint32_t (&w)[9]) {
     const uint32_t shift = (reinterpret_cast<uintptr_t>(p) & 2) ? 16u : 0u;
     const uint32_t *a = reinterpret_cast<const uint32_t *>(p - shift / 8);
 #pragma unroll
     for (int i = 0; i < 8; ++i) w[i] = a[i];
-    w[8] = tail_u16 && !shift ? uint32_t(*reinterpret_cast<const uint16_t *>(a + 8)) : a[8];
+    w[8] = !shift ? uint32_t(*reinterpret_cast<const uint16_t *>(a + 8)) : a[8];
     return shift;
 }
 
@@ -182,7 +183,7 @@ __host__ __device__ constexpr int group_bytes(int type) { return block_bytes(typ
 template <int TYPE>
 __device__ __forceinline__ void fetch_group_unit(const uint8_t *g, int j, RawUnit<TYPE> &r) {
     if constexpr (TYPE == GGML_Q8_0) {
-        r.shift = fetch_words_a2(g + 34 * j, r.w, true);
+        r.shift = fetch_words_a2(g + 34 * j, r.w);
     } else if constexpr (TYPE == GGML_Q4_K || TYPE == GGML_Q5_K) {
         // 144- and 176-byte blocks from an aligned base: every field below is 16-byte aligned.
         const int c = j / 2;
@@ -194,12 +195,16 @@ __device__ __forceinline__ void fetch_group_unit(const uint8_t *g, int j, RawUni
             r.qh[0] = qh[0], r.qh[1] = qh[1];
         }
     } else if constexpr (TYPE == GGML_Q6_K) {
-        // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d. Sub-block j (half h = j / 4, quarter k = j % 4).
-        const int h = j / 4, k = j % 4;
-        r.shift = fetch_words_a2(g + 64 * h + 32 * (k % 2), r.ql, false);  // inside the block either way
-        fetch_words_a2(g + 128 + 32 * h, r.qh, false);
-        r.sc = u16_at(g + 192 + 8 * h + 2 * k);
-        r.d = u16_at(g + 208);
+        // The GPU layout (quant_blocks.cuh): the unit's 24 bytes are word-aligned; scales[2j],
+        // scales[2j + 1] and d wherever the block's parity put them.
+        const bool odd = q6k_odd(g);
+        const uint32_t *w = reinterpret_cast<const uint32_t *>(g + q6k_units_at(odd) + Q6K_UNIT_BYTES * j);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.lw[i] = w[i];
+        r.hw[0] = w[4], r.hw[1] = w[5];
+        const uint8_t *sc = g + q6k_scales_at(odd);
+        r.sc = u16_at(sc + 2 * j);
+        r.d = u16_at(sc + 16);
     } else if constexpr (TYPE == GGML_IQ4_XS) {
         const uint2 *q2 = reinterpret_cast<const uint2 *>(g + 8 + 16 * j);  // 8-byte aligned: 8-byte loads
         r.head = *reinterpret_cast<const uint2 *>(g);
@@ -241,15 +246,10 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
             un.q[i] = v;
         }
     } else if constexpr (TYPE == GGML_Q6_K) {
-        // 6-bit q = nibble k / 2 of ql[64h + 32(k % 2) + l] | bits 2k..2k+1 of qh[32h + l] << 4,
-        // value d * scales[8h + 2k + l / 16] * (q - 32). The unit keeps q (0..63); the -32 is
-        // applied through the activation sums.
-        const int k = (u % 8) % 4;
+        // 6-bit q (q6k_word), value d * scales[2j + l / 16] * (q - 32). The unit keeps q
+        // (0..63); the -32 is applied through the activation sums.
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const uint32_t ql = word_a2(r.ql, r.shift, i), qh = word_a2(r.qh, r.shift, i);
-            un.q[i] = ((ql >> (4 * (k / 2))) & 0x0F0F0F0Fu) | (((qh >> (2 * k)) & 0x03030303u) << 4);
-        }
+        for (int i = 0; i < 8; ++i) un.q[i] = q6k_word(r.lw, r.hw, i);
         un.s.sc0 = int8_t(r.sc & 0xFF);
         un.s.sc1 = int8_t(r.sc >> 8);
         un.s.d = f16_bits(r.d);

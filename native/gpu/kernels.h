@@ -81,7 +81,8 @@ void matmul_gemm(cudaStream_t stream, int type, int64_t n_in, const RowSegments 
                  int splits, float *partial);
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);
 // matmul.cu: a weight's GGUF bytes in device memory -> the layout the kernels read, in place
-// (IQ4_XS: codes re-paired within each sub-block; other types unchanged).
+// (IQ4_XS: codes re-paired within each sub-block and renumbered; Q6_K: each unit's bits made
+// contiguous and word-aligned, quant_blocks.cuh; other types unchanged).
 void repack_weights(cudaStream_t stream, int type, void *data, int64_t n_bytes);
 
 // norms.cu. The ops that feed a matmul can quantize their output for it (act_quant.cuh) when

@@ -104,6 +104,35 @@ __global__ void repack_iq4_xs_kernel(uint8_t *w, int64_t n_units) {
     qs[1] = make_uint2(out[2], out[3]);
 }
 
+// The GPU's Q6_K layout (quant_blocks.cuh, q6k_word), in place: one thread per 210-byte block,
+// which reads the whole block before it writes. Block b of the tensor is odd when b is: the
+// tensor starts 4-aligned (checked by the launcher), so that is its address's bit 1.
+__global__ void repack_q6_k_kernel(uint8_t *w, int64_t n_blocks) {
+    wait_for_inputs();
+    const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    if (b >= n_blocks) return;
+    constexpr int BLOCK = block_bytes(GGML_Q6_K);  // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d
+    uint8_t *blk = w + BLOCK * b;
+    uint8_t in[BLOCK], out[BLOCK];
+    for (int i = 0; i < BLOCK; ++i) in[i] = blk[i], out[i] = 0;
+    const bool odd = b % 2 != 0;
+    for (int j = 0; j < 8; ++j) {
+        // Unit j = elements 128h + 32k + l: nibble k / 2 of ql[64h + 32(k % 2) + l], bits 2k..2k+1
+        // of qh[32h + l] (spec/qwen35.md §4).
+        const int h = j / 4, k = j % 4;
+        uint8_t *unit = out + q6k_units_at(odd) + Q6K_UNIT_BYTES * j;
+        for (int l = 0; l < 32; ++l) {
+            const int lo = (in[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0xF;
+            const int hi = (in[128 + 32 * h + l] >> (2 * k)) & 3;
+            const int m = l / 4, byte = l % 4;  // element l is byte `byte` of q6k_word m
+            unit[4 * (m / 2) + byte] |= uint8_t(lo << (4 * (m % 2)));
+            unit[16 + 4 * (m / 4) + byte] |= uint8_t(hi << (2 * (m % 4)));
+        }
+    }
+    for (int i = 0; i < 18; ++i) out[q6k_scales_at(odd) + i] = in[192 + i];  // scales[16], d
+    for (int i = 0; i < BLOCK; ++i) blk[i] = out[i];
+}
+
 // ---- launchers ---------------------------------------------------------------------------------
 
 constexpr int MATMUL_THREADS = 128;  // 4 rows per block on wave32 parts, 2 on wave64
@@ -161,13 +190,19 @@ void matmul(cudaStream_t stream, int warp, const Weight &w, const float *x, int 
 }
 
 void repack_weights(cudaStream_t stream, int type, void *data, int64_t n_bytes) {
-    if (type != GGML_IQ4_XS) return;  // every other type keeps its GGUF bytes
-    constexpr int BLOCK = block_bytes(GGML_IQ4_XS);
-    if (n_bytes % BLOCK != 0) fail(LUCE_ERR_INTERNAL, "repack_weights: %lld bytes of IQ4_XS", (long long)n_bytes);
-    const int64_t n_units = n_bytes / BLOCK * 8;
+    if (type != GGML_IQ4_XS && type != GGML_Q6_K) return;  // every other type keeps its GGUF bytes
+    const int block = block_bytes(type);
+    if (n_bytes % block != 0 || reinterpret_cast<uintptr_t>(data) % 4 != 0)
+        fail(LUCE_ERR_INTERNAL, "repack_weights: %lld bytes of type %d", (long long)n_bytes, type);
     constexpr int threads = 256;
-    launch_kernel(repack_iq4_xs_kernel, unsigned((n_units + threads - 1) / threads), threads, 0, stream,
-                  static_cast<uint8_t *>(data), n_units);
+    const auto blocks_for = [](int64_t n) { return unsigned((n + threads - 1) / threads); };
+    auto *w = static_cast<uint8_t *>(data);
+    if (type == GGML_IQ4_XS) {
+        const int64_t n_units = n_bytes / block * 8;
+        launch_kernel(repack_iq4_xs_kernel, blocks_for(n_units), threads, 0, stream, w, n_units);
+    } else {
+        launch_kernel(repack_q6_k_kernel, blocks_for(n_bytes / block), threads, 0, stream, w, n_bytes / block);
+    }
 }
 
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out) {

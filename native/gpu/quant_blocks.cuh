@@ -72,6 +72,29 @@ __device__ __forceinline__ int byte_of(const uint32_t (&w)[N], int b) {
     return int((w[b / 4] >> (8 * (b % 4))) & 0xFF);
 }
 
+// The GPU's Q6_K layout (repack_weights, matmul.cu). GGUF's blocks are 210 bytes, so every odd
+// block of a tensor starts 2 bytes off a word, and a 32-element unit's bits lie in two 32-byte
+// runs it shares with other units (18 word loads and ~60 instructions per unit to pick them
+// out). On the device each block keeps its 210 bytes and its scales and d, rearranged so that
+// every unit's 24 bytes are contiguous and word-aligned: a block at a 4-aligned address (an even
+// block of its 4-aligned tensor) holds its eight units, then scales[16], then d; one at 2 mod 4
+// holds scales[16], d, then its units. A unit: 4 words of low nibbles (word i, byte b: element
+// 8i + b in the low nibble, 8i + 4 + b in the high one), then 2 words of 2-bit high parts (word
+// w, byte b, bits 2s and 2s + 1: element 16w + 4s + b).
+constexpr int Q6K_UNIT_BYTES = 24;
+__host__ __device__ constexpr int q6k_units_at(bool odd) { return odd ? 18 : 0; }
+__host__ __device__ constexpr int q6k_scales_at(bool odd) { return odd ? 0 : 8 * Q6K_UNIT_BYTES; }
+__device__ __forceinline__ bool q6k_odd(const uint8_t *block) { return (reinterpret_cast<uintptr_t>(block) & 2) != 0; }
+
+// q (0..63) of elements 4m..4m+3 of a unit, one per byte, from its low-nibble words lw and high
+// words hw (m a compile-time constant once unrolled: the shifts are immediates).
+__host__ __device__ __forceinline__ uint32_t q6k_word(const uint32_t (&lw)[4], const uint32_t (&hw)[2], int m) {
+    const uint32_t lo = (m % 2 ? lw[m / 2] >> 4 : lw[m / 2]) & 0x0F0F0F0Fu;
+    const int s = m % 4;
+    const uint32_t hi = s < 2 ? hw[m / 4] << (4 - 2 * s) : hw[m / 4] >> (2 * s - 4);
+    return lo | (hi & 0x30303030u);
+}
+
 // w[0..32) = elements [32u, 32u + 32) of a row (zeros past n_valid for float rows).
 template <int TYPE>
 __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_valid, float w[32]) {
@@ -109,18 +132,19 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_v
             w[l] = d0 * float(q) - dm;
         }
     } else if constexpr (TYPE == GGML_Q6_K) {
-        // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d. Sub-block j: half h = j/4, quarter k = j%4
-        // holds elements 128h + 32k + l with low nibble (k < 2) or high nibble of
-        // ql[64h + 32(k%2) + l], bits 2k..2k+1 of qh[32h + l], scale scales[8h + 2k + l/16].
+        // The GPU layout (q6k_word, above): unit j's 6-bit q, value d * scales[2j + l / 16] * (q - 32).
         const uint8_t *b = row + 210 * (u / 8);
-        const int j = int(u % 8), h = j / 4, k = j % 4;
-        const float d = f16_at(b + 208);
-        const uint8_t *ql = b + 64 * h + 32 * (k % 2), *qh = b + 128 + 32 * h;
-        const int8_t *sc = reinterpret_cast<const int8_t *>(b + 192 + 8 * h + 2 * k);
-        const float d_lo = d * float(sc[0]), d_hi = d * float(sc[1]);
+        const int j = int(u % 8);
+        const bool odd = q6k_odd(b);
+        uint32_t lw[4], hw[2];
+        load_words(b + q6k_units_at(odd) + Q6K_UNIT_BYTES * j, lw);
+        load_words(b + q6k_units_at(odd) + Q6K_UNIT_BYTES * j + 16, hw);
+        const uint8_t *sc = b + q6k_scales_at(odd);
+        const float d = f16_at(sc + 16);
+        const float d_lo = d * float(int8_t(sc[2 * j])), d_hi = d * float(int8_t(sc[2 * j + 1]));
 #pragma unroll
         for (int l = 0; l < 32; ++l) {
-            const int q = (((ql[l] >> (4 * (k / 2))) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+            const int q = int((q6k_word(lw, hw, l / 4) >> (8 * (l % 4))) & 0xFF) - 32;
             w[l] = (l < 16 ? d_lo : d_hi) * float(q);
         }
     } else if constexpr (TYPE == GGML_IQ4_XS) {
