@@ -15,7 +15,7 @@
 namespace luce::gpu {
 
 // Every lane of the calling warp must call this with the same block (<= 256 values). Lane l
-// handles the values l, l + warpSize, ...: the max and the 16-sums are exact whatever the order
+// handles the values l, l + LUCE_WARP, ...: the max and the 16-sums are exact whatever the order
 // (the sums are integers < 2^11, exact in fp32), so this is the contract for any lane mapping.
 // The lane's values are loaded together first: the fused ops read back outputs other threads
 // just wrote, from L2, and one round trip costs what the rest of the block's work does.
@@ -37,15 +37,44 @@ struct FragDst {
 // Byte e (0..31) of a unit in the fragment order: word e / 4 = 4 w + tq goes to word 2 tq + w.
 __device__ __forceinline__ int frag_byte(int e) { return ((e % 16) / 4) * 8 + (e / 16) * 4 + e % 4; }
 
-// The same from values the lanes already hold: v[k] = value lane + k * warpSize of the block
+#if !defined(LUCE_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define LUCE_WARP_REDUX 1  // redux.sync: a whole-warp integer sum or max in one instruction
+#endif
+
+// The warp's largest a (every a >= 0 and not NaN): on sm_80+ one redux over the bits, which such
+// floats order as their values do; five shuffles elsewhere.
+__device__ __forceinline__ float warp_max_nonneg(float a) {
+#if defined(LUCE_WARP_REDUX)
+    return __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(a)));
+#else
+    return warp_max(a);
+#endif
+}
+
+// The sum of q (-127..127) over the calling lane's 16 consecutive lanes: on sm_80+ one redux of
+// q + 128 packed into its half-warp's 16 bits (16 x 255 < 2^16); four shuffles elsewhere (which
+// stay inside each 16 lanes on wave64 too). Exact either way.
+__device__ __forceinline__ int sum16_lanes(int q) {
+#if defined(LUCE_WARP_REDUX)
+    const int half = (threadIdx.x % LUCE_WARP) & 16;  // 0 or 16: where the half's sum sits
+    const uint32_t total = __reduce_add_sync(0xFFFFFFFFu, uint32_t(q + 128) << half);
+    return int((total >> half) & 0xFFFFu) - 16 * 128;
+#else
+    float s = float(q);
+    for (int o = 8; o > 0; o >>= 1) s += shfl_xor(s, o);
+    return int(s);
+#endif
+}
+
+// The same from values the lanes already hold: v[k] = value lane + k * LUCE_WARP of the block
 // (0 past its end), as quantize_block_warp loads them.
 __device__ __forceinline__ void quantize_values_warp(const float (&v)[QUANT_MAX_PER_LANE], int block, int8_t *qb,
                                                      float *db, int16_t *sb, const FragDst &frag = {}) {
-    const int lane = threadIdx.x % warpSize;
+    const int lane = threadIdx.x % LUCE_WARP;
     float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) amax = fmaxf(amax, fabsf(v[k]));
-    amax = warp_max(amax);
+    amax = warp_max_nonneg(amax);  // fmaxf drops NaNs: amax is never one
     const float id = amax > 0.f ? 127.f / amax : 0.f;
     if (lane == 0) {
         *db = amax / 127.f;
@@ -53,35 +82,31 @@ __device__ __forceinline__ void quantize_values_warp(const float (&v)[QUANT_MAX_
     }
 #pragma unroll
     for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
-        const int i = lane + k * warpSize;
-        if (k * warpSize >= block) break;  // warp-uniform: the shuffles need every lane
-        float qf = 0.f;
+        const int i = lane + k * LUCE_WARP;
+        if (k * LUCE_WARP >= block) break;  // warp-uniform: the shuffles need every lane
+        int q = 0;
         if (i < block) {
             const float r = rintf(v[k] * id);
-            const int8_t q = r >= -127.f && r <= 127.f ? int8_t(r) : int8_t(0);
-            qb[i] = q;
-            if (frag.q) frag.q[(i / 32) * 256 + frag_byte(i % 32)] = q;
-            qf = float(q);
+            q = r >= -127.f && r <= 127.f ? int(r) : 0;
+            qb[i] = int8_t(q);
+            if (frag.q) frag.q[(i / 32) * 256 + frag_byte(i % 32)] = int8_t(q);
         }
-        // 16 consecutive values = 16 consecutive lanes (warpSize is a multiple of 16).
-        qf += shfl_xor(qf, 8);
-        qf += shfl_xor(qf, 4);
-        qf += shfl_xor(qf, 2);
-        qf += shfl_xor(qf, 1);
+        // 16 consecutive values = 16 consecutive lanes (LUCE_WARP is a multiple of 16).
+        const int sum = sum16_lanes(q);
         if (i < block && i % 16 == 0) {
-            sb[i / 16] = int16_t(qf);
-            if (frag.q) frag.s[(i / 32) * 16 + (i / 16) % 2] = int16_t(qf);
+            sb[i / 16] = int16_t(sum);
+            if (frag.q) frag.s[(i / 32) * 16 + (i / 16) % 2] = int16_t(sum);
         }
     }
 }
 
 __device__ __forceinline__ void quantize_block_warp(const float *xb, int block, int8_t *qb, float *db, int16_t *sb,
                                                     const FragDst &frag = {}) {
-    const int lane = threadIdx.x % warpSize;
+    const int lane = threadIdx.x % LUCE_WARP;
     float v[QUANT_MAX_PER_LANE];
 #pragma unroll
     for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
-        const int i = lane + k * warpSize;
+        const int i = lane + k * LUCE_WARP;
         v[k] = i < block ? xb[i] : 0.f;
     }
     quantize_values_warp(v, block, qb, db, sb, frag);

@@ -63,7 +63,7 @@ __global__ void kv_store_kernel(float *kc, float *vc, int n_ctx, const float *k,
 }
 
 // A warp's share of the keys [j0, j1) visible to one query (mrow: the tree or drafter mask row,
-// null for causal). The warp takes warpSize / 8 keys at a time, eight lanes per key, each lane
+// null for causal). The warp takes LUCE_WARP / 8 keys at a time, eight lanes per key, each lane
 // every eighth 16-byte chunk of the key's K and V rows (so one load instruction reads whole
 // 128-byte lines); all of a round's loads are issued before any is used, so a round costs one
 // memory latency. The eight lanes form q.k, the round's max over the warp moves the running max
@@ -82,8 +82,8 @@ __device__ __forceinline__ void attend_keys(const float *qh, float *sq, const fl
                                             const uint8_t *mrow, int j0, int j1, float scale, float *acc_s,
                                             float *sm, float *sl) {
     constexpr int KEY_LANES = 8;
-    const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize, W = blockDim.x / warpSize;
-    const int nc = D / 4, sub = lane % KEY_LANES, per_round = warpSize / KEY_LANES, stride = W * per_round;
+    const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP, W = blockDim.x / LUCE_WARP;
+    const int nc = D / 4, sub = lane % KEY_LANES, per_round = LUCE_WARP / KEY_LANES, stride = W * per_round;
     for (int d = threadIdx.x; d < D; d += blockDim.x) sq[d] = qh[d];
     __syncthreads();
     const auto *q4 = reinterpret_cast<const float4 *>(sq);
@@ -116,7 +116,7 @@ __device__ __forceinline__ void attend_keys(const float *qh, float *sq, const fl
             dot += shfl_xor(dot, 4);
             const float sc = vis ? dot * scale : -INFINITY;
             float mx = sc;
-            for (int o = KEY_LANES; o < warpSize; o *= 2) mx = fmaxf(mx, shfl_xor(mx, o));
+            for (int o = KEY_LANES; o < LUCE_WARP; o *= 2) mx = fmaxf(mx, shfl_xor(mx, o));
             const float m_new = fmaxf(m, mx);  // finite: the round has a visible key
             const float corr = expf(m - m_new), p = vis ? expf(sc - m_new) : 0.f;
             l = l * corr + p;
@@ -130,7 +130,7 @@ __device__ __forceinline__ void attend_keys(const float *qh, float *sq, const fl
         }
         vis = vis_next;
     }
-    for (int o = KEY_LANES; o < warpSize; o *= 2) {  // the groups' sums, in a fixed order
+    for (int o = KEY_LANES; o < LUCE_WARP; o *= 2) {  // the groups' sums, in a fixed order
         l += shfl_xor(l, o);
 #pragma unroll
         for (int c = 0; c < QC; ++c) {
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
                      const uint8_t *mask, int n_head, int group, int head_dim, float scale, float *out) {
     wait_for_inputs();
     extern __shared__ float smem[];
-    const int h = blockIdx.x, t = blockIdx.y, D = head_dim, W = blockDim.x / warpSize;
+    const int h = blockIdx.x, t = blockIdx.y, D = head_dim, W = blockDim.x / LUCE_WARP;
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
     const float *K = kc + int64_t(h / group) * n_ctx * D;
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     wait_for_inputs();
     extern __shared__ float smem[];
     const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z, n_split = gridDim.z, D = head_dim;
-    const int W = blockDim.x / warpSize;
+    const int W = blockDim.x / LUCE_WARP;
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
     const float *K = kc + int64_t(h / group) * n_ctx * D;

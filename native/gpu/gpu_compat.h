@@ -1,13 +1,24 @@
 // gpu_compat.h — one source for CUDA and HIP.
 //
 // Kernels are written in the CUDA dialect. Under hipcc (CMake defines LUCE_HIP) the few runtime
-// calls and intrinsics we use are mapped to their HIP names here, and nowhere else. Warp size is
-// never a constant: RDNA runs wave32, CDNA wave64, so kernels use the built-in `warpSize` and
-// host code reads it from the device properties (GpuBackend::warp_size_).
+// calls and intrinsics we use are mapped to their HIP names here, and nowhere else. Warp size:
+// kernels use LUCE_WARP (below), host code reads it from the device properties
+// (GpuBackend::warp_).
 #pragma once
 
 #include <cstdint>
 #include <utility>
+
+// The warp width in device code. On HIP the built-in `warpSize` (RDNA runs wave32, CDNA wave64).
+// On CUDA it is 32 on every part, and saying so as a constant matters: nvcc reads `warpSize`
+// from a register, so `threadIdx.x / warpSize` became a ~20-instruction division and every
+// `k * warpSize` offset an address computed per load (the decode step's add_rmsnorm executed
+// ~1500 instructions per warp for 8 values a lane; H200 ncu, 2026-12-04).
+#if defined(LUCE_HIP)
+#define LUCE_WARP warpSize
+#else
+#define LUCE_WARP 32
+#endif
 
 #if defined(LUCE_HIP)
 #include <hip/hip_fp16.h>
@@ -104,25 +115,25 @@ __device__ __forceinline__ bool warp_any(bool p) {
 
 // Sum over the lanes of one warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = warpSize / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
+    for (int o = LUCE_WARP / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
     return v;
 }
 
 __device__ __forceinline__ float warp_max(float v) {
-    for (int o = warpSize / 2; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
+    for (int o = LUCE_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
     return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of warpSize, at most 1024 threads); every
+// Sum over the whole block (blockDim.x a multiple of LUCE_WARP, at most 1024 threads); every
 // thread gets the result. Partials are added in warp order, so the result is deterministic.
 __device__ __forceinline__ float block_sum(float v) {
     __shared__ float partial[32];  // 1024 threads / 32 lanes at most
-    const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
+    const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP;
     v = warp_sum(v);
     if (lane == 0) partial[warp] = v;
     __syncthreads();
     float s = 0.f;
-    const int n_warps = blockDim.x / warpSize;
+    const int n_warps = blockDim.x / LUCE_WARP;
     for (int i = 0; i < n_warps; ++i) s += partial[i];
     __syncthreads();  // partial[] may be reused by the caller's next block_sum
     return s;

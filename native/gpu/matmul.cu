@@ -1,6 +1,6 @@
 // matmul.cu — y = W x over weights kept in their GGUF encoding, and the embedding gather.
 //
-// One warp per weight row. Lane l dequantizes units u = l, l + warpSize, ... of the row (32
+// One warp per weight row. Lane l dequantizes units u = l, l + LUCE_WARP, ... of the row (32
 // elements each, quant_blocks.cuh) into registers and applies each unit to NT tokens at once,
 // so a step of T tokens streams the weight row from memory once per NT-token tile; tiles after
 // the first re-read the row from L1/L2, not from DRAM (a row is a few KB). NT = 1 is the decode
@@ -19,8 +19,8 @@ template <int TYPE, int NT>
 __global__ void matmul_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int64_t n_out,
                               const float *x, int T, float *y, int64_t ldy) {
     wait_for_inputs();
-    const int lane = threadIdx.x % warpSize;
-    const int64_t r = int64_t(blockIdx.x) * (blockDim.x / warpSize) + threadIdx.x / warpSize;
+    const int lane = threadIdx.x % LUCE_WARP;
+    const int64_t r = int64_t(blockIdx.x) * (blockDim.x / LUCE_WARP) + threadIdx.x / LUCE_WARP;
     if (r >= n_out) return;  // whole warps leave together: no block-level sync below
     const uint8_t *row = w + r * row_bytes;
     const int n_units = (n_in + 31) / 32;
@@ -28,7 +28,7 @@ __global__ void matmul_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int
         float acc[NT];
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-        for (int u = lane; u < n_units; u += warpSize) {
+        for (int u = lane; u < n_units; u += LUCE_WARP) {
             const int n_valid = min(32, n_in - 32 * u);
             float wv[32];
             load_unit<TYPE>(row, u, n_valid, wv);
