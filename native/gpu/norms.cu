@@ -25,7 +25,7 @@ constexpr int WIDE_NORM_DIM = 2048;
 __device__ __forceinline__ void quantize_row(const FusedQuant &fq, const float *y, int dim) {
     if (!fq.q) return;
     __syncthreads();  // every thread's outputs are visible to the whole block
-    const int n_blocks = dim / fq.block, warp = threadIdx.x / warpSize, n_warps = blockDim.x / warpSize;
+    const int n_blocks = dim / fq.block, warp = threadIdx.x / LUCE_WARP, n_warps = blockDim.x / LUCE_WARP;
     for (int b = warp; b < n_blocks; b += n_warps) fq.block_at(y, int64_t(blockIdx.x) * n_blocks + b);
 }
 
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(WIDE_NORM_THREADS) rmsnorm_kernel(const float 
 }
 
 // x += y, then out = rmsnorm(x) * w, quantized for the next matmul when fq asks. Warp w owns the
-// row's chunks of NORM_CHUNK values w, w + n_warps, ..., lane l their values l + k * warpSize,
+// row's chunks of NORM_CHUNK values w, w + n_warps, ..., lane l their values l + k * LUCE_WARP,
 // held in registers from the add to the quantization: quantize_values_warp's lane mapping, so
 // an activation block of NORM_CHUNK values is quantized straight from them (other block sizes
 // read the output back). On an H200 (2026-12-03) the earlier strided 1024-thread form, which read
@@ -55,39 +55,45 @@ __global__ void __launch_bounds__(WIDE_NORM_THREADS) rmsnorm_kernel(const float 
 // knows, so a store between two loads would make each load wait for the one before (the add's
 // stores of x sat between the loads of x and y, the output's between those of w). The weights
 // are loaded before wait_for_inputs(): they do not depend on the previous kernel.
+//
+// A row is one block, on one SM, so its instructions are the kernel's time: rows of whole chunks
+// (every hidden size; WHOLE) test a chunk once per warp instead of every value (with the values'
+// tests and addresses, 1500 instructions per warp, 8 us a call; H200 ncu, 2026-12-04).
 constexpr int NORM_CHUNK = 256;
 // 768 threads at most, so the 32 values a lane holds stay in registers (1024 spilled).
 constexpr int ADD_NORM_THREADS = 768;
 constexpr int NORM_MAX_CHUNKS = 2;  // per warp: rows of up to 2 x 24 x 256 values (wave32)
 
+template <bool WHOLE>
 __global__ void __launch_bounds__(ADD_NORM_THREADS) add_rmsnorm_kernel(float *x, const float *y, const float *w,
                                                                         int dim, float eps, float *out,
                                                                         FusedQuant fq) {
-    const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize, n_warps = blockDim.x / warpSize;
+    const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP, n_warps = blockDim.x / LUCE_WARP;
     const int64_t row = int64_t(blockIdx.x) * dim;
+    // value k of chunk c: lane + k * LUCE_WARP of the chunk; in the row when `has(c, k)`
+    const auto first = [&](int c) { return (warp + c * n_warps) * NORM_CHUNK + lane; };
+    const auto has = [&](int c, int k) {
+        return k * LUCE_WARP < NORM_CHUNK && (WHOLE ? (warp + c * n_warps) * NORM_CHUNK < dim : first(c) + k * LUCE_WARP < dim);
+    };
     float v[NORM_MAX_CHUNKS][QUANT_MAX_PER_LANE], wv[NORM_MAX_CHUNKS][QUANT_MAX_PER_LANE];
 #pragma unroll
     for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
 #pragma unroll
-        for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
-            const int i = (warp + c * n_warps) * NORM_CHUNK + lane + k * warpSize;
-            wv[c][k] = k * warpSize < NORM_CHUNK && i < dim ? w[i] : 0.f;
-        }
+        for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) wv[c][k] = has(c, k) ? w[first(c) + k * LUCE_WARP] : 0.f;
     wait_for_inputs();
 #pragma unroll
     for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
 #pragma unroll
         for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
-            const int i = (warp + c * n_warps) * NORM_CHUNK + lane + k * warpSize;
-            v[c][k] = k * warpSize < NORM_CHUNK && i < dim ? x[row + i] + y[row + i] : 0.f;
+            const int64_t i = row + first(c) + k * LUCE_WARP;
+            v[c][k] = has(c, k) ? x[i] + y[i] : 0.f;
         }
     float ss = 0.f;
 #pragma unroll
     for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
 #pragma unroll
         for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
-            const int i = (warp + c * n_warps) * NORM_CHUNK + lane + k * warpSize;
-            if (k * warpSize < NORM_CHUNK && i < dim) x[row + i] = v[c][k];
+            if (has(c, k)) x[row + first(c) + k * LUCE_WARP] = v[c][k];
             ss += v[c][k] * v[c][k];  // zero past the row
         }
     const float scale = 1.0f / sqrtf(block_sum(ss) / float(dim) + eps);
@@ -95,11 +101,8 @@ __global__ void __launch_bounds__(ADD_NORM_THREADS) add_rmsnorm_kernel(float *x,
     for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
 #pragma unroll
         for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
-            const int i = (warp + c * n_warps) * NORM_CHUNK + lane + k * warpSize;
-            if (k * warpSize < NORM_CHUNK && i < dim) {
-                v[c][k] = v[c][k] * scale * wv[c][k];
-                out[row + i] = v[c][k];
-            }
+            v[c][k] = v[c][k] * scale * wv[c][k];
+            if (has(c, k)) out[row + first(c) + k * LUCE_WARP] = v[c][k];
         }
     if (!fq.q) return;
     if (fq.block != NORM_CHUNK) return quantize_row(fq, out, dim);
@@ -121,46 +124,62 @@ __global__ void rmsnorm_gated_kernel(float *o, const float *w, const float *z, i
     for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = orow[i] * scale * w[i] * silu(zr[i]);
 }
 
-// The elementwise ops: op(i) is output value i, computed from loads only (the kernels store it).
+// The elementwise ops: output value i is apply(load(i)), from loads only (the kernels store it).
+// Loading and computing are apart so a kernel can issue all of a lane's loads before the first
+// computation waits on one: with op(i) in one piece, the fused-quantization kernel below made one
+// round trip to L2 per value (a decode step's SwiGLU took 9 us; H200 ncu, 2026-12-04).
 struct MulSigmoid {
     const float *o;
     const float *g;
     int64_t g_stride;
     int dim;
-    __device__ float operator()(int64_t i) const { return o[i] * sigmoid(g[(i / dim) * g_stride + i % dim]); }
+    struct In {
+        float o, g;
+    };
+    __device__ In load(int64_t i) const { return {o[i], g[(i / dim) * g_stride + i % dim]}; }
+    __device__ static float apply(In in) { return in.o * sigmoid(in.g); }
 };
 
 struct Swiglu {
     const float *gate;
     const float *up;
-    __device__ float operator()(int64_t i) const { return silu(gate[i]) * up[i]; }
+    struct In {
+        float gate, up;
+    };
+    __device__ In load(int64_t i) const { return {gate[i], up[i]}; }
+    __device__ static float apply(In in) { return silu(in.gate) * in.up; }
 };
 
-// out[i] = op(i) for the n values (out may be one of op's inputs: each value is read before it is
-// written, by the same thread).
+// out[i] = op's value i for the n values (out may be one of op's inputs: each value is read
+// before it is written, by the same thread).
 template <class Op>
 __global__ void elementwise_kernel(Op op, float *out, int64_t n) {
     wait_for_inputs();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        out[i] = op(i);
+        out[i] = Op::apply(op.load(i));
 }
 
 // The same, one warp per activation block of `out`, which it then quantizes for the next matmul
-// from the values its lanes hold (lane l: values l, l + warpSize, ...). Every value is computed
-// before the first store, so the loads go out together instead of one round trip per value.
+// from the values its lanes hold (lane l: values l, l + LUCE_WARP, ...). Every input is loaded
+// before the first value is computed and every value computed before the first store.
 template <class Op>
 __global__ void elementwise_quant_kernel(Op op, float *out, int64_t n_blocks, FusedQuant fq) {
     wait_for_inputs();
-    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / warpSize;
+    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LUCE_WARP;
     if (b >= n_blocks) return;  // whole warps
-    const int lane = threadIdx.x % warpSize;
+    const int lane = threadIdx.x % LUCE_WARP;
+    const int64_t first = b * fq.block + lane;
+    const auto has = [&](int k) { return lane + k * LUCE_WARP < fq.block; };
+    typename Op::In in[QUANT_MAX_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k)
+        if (has(k)) in[k] = op.load(first + k * LUCE_WARP);
     float v[QUANT_MAX_PER_LANE];
 #pragma unroll
-    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k)
-        v[k] = lane + k * warpSize < fq.block ? op(b * fq.block + lane + k * warpSize) : 0.f;
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) v[k] = has(k) ? Op::apply(in[k]) : 0.f;
 #pragma unroll
     for (int k = 0; k < QUANT_MAX_PER_LANE; ++k)
-        if (lane + k * warpSize < fq.block) out[b * fq.block + lane + k * warpSize] = v[k];
+        if (has(k)) out[first + k * LUCE_WARP] = v[k];
     fq.values_at(v, b);
 }
 
@@ -197,7 +216,10 @@ void add_rmsnorm(cudaStream_t stream, int warp, float *x, const float *y, const 
     const int chunks = (dim + NORM_CHUNK - 1) / NORM_CHUNK, max_warps = ADD_NORM_THREADS / warp;
     const int warps = std::min(chunks, max_warps);
     if (chunks > warps * NORM_MAX_CHUNKS) fail(LUCE_ERR_UNSUPPORTED, "add_rmsnorm: rows of %d values", dim);
-    launch_kernel(add_rmsnorm_kernel, n_rows, warps * warp, 0, stream, x, y, w, dim, eps, out, fq);
+    if (dim % NORM_CHUNK == 0)
+        launch_kernel(add_rmsnorm_kernel<true>, n_rows, warps * warp, 0, stream, x, y, w, dim, eps, out, fq);
+    else
+        launch_kernel(add_rmsnorm_kernel<false>, n_rows, warps * warp, 0, stream, x, y, w, dim, eps, out, fq);
 }
 
 void rmsnorm_gated(cudaStream_t stream, float *o, const float *w, const float *z, int n_rows, int dim,
@@ -213,10 +235,12 @@ void launch_elementwise(cudaStream_t stream, int warp, Op op, float *out, int64_
     if (!fq.q) {
         launch_kernel(elementwise_kernel<Op>, elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream, op, out, n);
     } else {
+        // One warp per launch block, as quantize_acts: a decode step's SwiGLU is 68 activation
+        // blocks, which in launch blocks of 8 warps sat on 9 SMs (9.8 us a call against
+        // quantize_acts' 3.8 for 20 warps on 20; H200 ncu, 2026-12-04).
         if (n % fq.block != 0) fail(LUCE_ERR_INTERNAL, "elementwise op: %lld values in blocks of %d", (long long)n, fq.block);
-        const int64_t n_blocks = n / fq.block, per_launch_block = ELEMENTWISE_THREADS / warp;
-        launch_kernel(elementwise_quant_kernel<Op>, unsigned((n_blocks + per_launch_block - 1) / per_launch_block),
-                      ELEMENTWISE_THREADS, 0, stream, op, out, n_blocks, fq);
+        const int64_t n_blocks = n / fq.block;
+        launch_kernel(elementwise_quant_kernel<Op>, unsigned(n_blocks), warp, 0, stream, op, out, n_blocks, fq);
     }
 }
 
