@@ -163,7 +163,9 @@ struct Int8Launch {
 
     // Decode keeps four units per lane in flight (eight on long rows, whose matrices have few
     // rows: fewer lanes to spread the loads over; two for Q4_K / Q5_K, whose raw units are
-    // large, four for Q6_K, whose loads are many small ones: its 27B matrices have few rows);
+    // large; for Q6_K eight on rows of one part (the 27B's attn_v, 1024 x 5120: 128 launch
+    // blocks, 15.7 us for 4 MB at four), four on longer ones, which spill at eight under
+    // min_blocks_per_sm's bound);
     // wider steps keep two and apply each to up to eight tokens. Wider than eight, tiles
     // of eight tokens re-read the weights (from L2 mostly): the tensor-core kernel serves those
     // widths where it exists.
@@ -178,7 +180,8 @@ struct Int8Launch {
                     if (n_in >= 8192) launch<TYPE, 1, 8>();
                     else launch<TYPE, 1, 4>();
                 } else if constexpr (TYPE == GGML_Q6_K) {
-                    launch<TYPE, 1, 4>();
+                    if (row_parts(int(n_in)) == 1) launch<TYPE, 1, 8>();
+                    else launch<TYPE, 1, 4>();
                 } else {
                     launch<TYPE, 1, 2>();
                 }
