@@ -88,20 +88,11 @@ __global__ void repack_iq4_xs_kernel(uint8_t *w, int64_t n_units) {
     const int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (u >= n_units) return;
     constexpr int BLOCK = block_bytes(GGML_IQ4_XS);  // f16 d, u16 scales_h, u8 scales_l[4], qs[128]
-    uint2 *qs = reinterpret_cast<uint2 *>(w + BLOCK * (u / 8) + 8 + 16 * (u % 8));  // 8-byte aligned
-    const uint2 lo = qs[0], hi = qs[1];
-    const uint32_t in[4] = {lo.x, lo.y, hi.x, hi.y};
-    uint32_t out[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int m = 0; m < 16; ++m) {
-        // element e's code: the low nibble of byte e (e < 16), the high one of byte e - 16
-        const int e0 = 2 * m, e1 = 2 * m + 1;
-        const uint32_t c0 = (in[(e0 % 16) / 4] >> (8 * (e0 % 4) + (e0 < 16 ? 0 : 4))) & 0xF;
-        const uint32_t c1 = (in[(e1 % 16) / 4] >> (8 * (e1 % 4) + (e1 < 16 ? 0 : 4))) & 0xF;
-        out[m / 4] |= uint32_t(iq4_gpu_code(int(c0)) | (iq4_gpu_code(int(c1)) << 4)) << (8 * (m % 4));
-    }
-    qs[0] = make_uint2(out[0], out[1]);
-    qs[1] = make_uint2(out[2], out[3]);
+    uint8_t *qs = w + BLOCK * (u / 8) + 8 + 16 * (u % 8);
+    uint8_t in[16], out[16];
+    for (int i = 0; i < 16; ++i) in[i] = qs[i];
+    iq4_xs_codes_to_gpu(in, out);
+    for (int i = 0; i < 16; ++i) qs[i] = out[i];
 }
 
 // The GPU's Q6_K layout (quant_blocks.cuh, q6k_word), in place: one thread per 210-byte block,
@@ -111,25 +102,11 @@ __global__ void repack_q6_k_kernel(uint8_t *w, int64_t n_blocks) {
     wait_for_inputs();
     const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (b >= n_blocks) return;
-    constexpr int BLOCK = block_bytes(GGML_Q6_K);  // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d
+    constexpr int BLOCK = block_bytes(GGML_Q6_K);
     uint8_t *blk = w + BLOCK * b;
     uint8_t in[BLOCK], out[BLOCK];
-    for (int i = 0; i < BLOCK; ++i) in[i] = blk[i], out[i] = 0;
-    const bool odd = b % 2 != 0;
-    for (int j = 0; j < 8; ++j) {
-        // Unit j = elements 128h + 32k + l: nibble k / 2 of ql[64h + 32(k % 2) + l], bits 2k..2k+1
-        // of qh[32h + l] (spec/qwen35.md §4).
-        const int h = j / 4, k = j % 4;
-        uint8_t *unit = out + q6k_units_at(odd) + Q6K_UNIT_BYTES * j;
-        for (int l = 0; l < 32; ++l) {
-            const int lo = (in[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0xF;
-            const int hi = (in[128 + 32 * h + l] >> (2 * k)) & 3;
-            const int m = l / 4, byte = l % 4;  // element l is byte `byte` of q6k_word m
-            unit[4 * (m / 2) + byte] |= uint8_t(lo << (4 * (m % 2)));
-            unit[16 + 4 * (m / 4) + byte] |= uint8_t(hi << (2 * (m % 4)));
-        }
-    }
-    for (int i = 0; i < 18; ++i) out[q6k_scales_at(odd) + i] = in[192 + i];  // scales[16], d
+    for (int i = 0; i < BLOCK; ++i) in[i] = blk[i];
+    q6_k_block_to_gpu(in, out, b % 2 != 0);
     for (int i = 0; i < BLOCK; ++i) blk[i] = out[i];
 }
 

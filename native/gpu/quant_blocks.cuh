@@ -19,9 +19,29 @@ namespace luce::gpu {
 __host__ __device__ constexpr int iq4_gpu_code(int c) { return (c & 3) | ((c & 4) << 1) | ((c & 8) >> 1); }
 
 // kvalues_iq4nl (spec/qwen35.md §4: -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113),
-// indexed by the GPU's code.
-static __constant__ int8_t kIq4nlGpu[16] = {-127, -104, -83, -65, 1,   13,  25,  38,
-                                            -49,  -35,  -22, -10, 53,  69,  89,  113};
+// indexed by the GPU's code: in constant memory for the device, in the function for the host
+// (tests/native/gpu_layouts.cu runs the layouts on the host against gguf's dequantization).
+#define LUCE_IQ4NL_GPU_ORDER -127, -104, -83, -65, 1, 13, 25, 38, -49, -35, -22, -10, 53, 69, 89, 113
+static __constant__ int8_t kIq4nlGpu[16] = {LUCE_IQ4NL_GPU_ORDER};
+
+__host__ __device__ inline int iq4_gpu_value(int code) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    return kIq4nlGpu[code];
+#else
+    constexpr int8_t values[16] = {LUCE_IQ4NL_GPU_ORDER};
+    return values[code];
+#endif
+}
+
+// One IQ4_XS sub-block's 16 code bytes, GGUF's (byte m: elements m and m + 16) -> the GPU's (byte
+// m: elements 2m in the low nibble and 2m + 1 in the high one, each code renumbered).
+__host__ __device__ inline void iq4_xs_codes_to_gpu(const uint8_t *in, uint8_t *out) {
+    for (int m = 0; m < 16; ++m) {
+        const int e0 = 2 * m, e1 = 2 * m + 1;  // element e: nibble e / 16 of byte e % 16
+        const int c0 = (in[e0 % 16] >> (4 * (e0 / 16))) & 0xF, c1 = (in[e1 % 16] >> (4 * (e1 / 16))) & 0xF;
+        out[m] = uint8_t(iq4_gpu_code(c0) | (iq4_gpu_code(c1) << 4));
+    }
+}
 
 // Block geometry of the supported types (the device-side twin of quants.cpp's table).
 __host__ __device__ constexpr int block_elems(int type) {
@@ -38,9 +58,9 @@ __host__ __device__ constexpr int act_block_of(int type) {
 
 // IEEE binary16 -> binary32: the hardware conversion, exact for every input (one instruction;
 // a decode-step matmul converts a scale per 32 weights).
-__device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
+__host__ __device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
 
-__device__ __forceinline__ float f16_at(const uint8_t *p) { return f16_bits(uint32_t(p[0]) | (uint32_t(p[1]) << 8)); }
+__host__ __device__ __forceinline__ float f16_at(const uint8_t *p) { return f16_bits(uint32_t(p[0]) | (uint32_t(p[1]) << 8)); }
 
 __device__ __forceinline__ float bf16_at(const uint8_t *p) {
     return __uint_as_float((uint32_t(p[0]) | (uint32_t(p[1]) << 8)) << 16);
@@ -61,14 +81,14 @@ __device__ __forceinline__ void k_scale_min(const uint8_t *q, int j, int &sc, in
 // sizes that are multiples of 8 or 16 bytes keep every field aligned from a cudaMalloc'd base):
 // 4-byte loads instead of 1-byte ones, and byte b of the run is (w[b / 4] >> 8 (b % 4)) & 0xFF.
 template <int N>
-__device__ __forceinline__ void load_words(const uint8_t *p, uint32_t (&w)[N]) {
+__host__ __device__ __forceinline__ void load_words(const uint8_t *p, uint32_t (&w)[N]) {
     const uint32_t *q = reinterpret_cast<const uint32_t *>(p);
 #pragma unroll
     for (int i = 0; i < N; ++i) w[i] = q[i];
 }
 
 template <int N>
-__device__ __forceinline__ int byte_of(const uint32_t (&w)[N], int b) {
+__host__ __device__ __forceinline__ int byte_of(const uint32_t (&w)[N], int b) {
     return int((w[b / 4] >> (8 * (b % 4))) & 0xFF);
 }
 
@@ -84,7 +104,26 @@ __device__ __forceinline__ int byte_of(const uint32_t (&w)[N], int b) {
 constexpr int Q6K_UNIT_BYTES = 24;
 __host__ __device__ constexpr int q6k_units_at(bool odd) { return odd ? 18 : 0; }
 __host__ __device__ constexpr int q6k_scales_at(bool odd) { return odd ? 0 : 8 * Q6K_UNIT_BYTES; }
-__device__ __forceinline__ bool q6k_odd(const uint8_t *block) { return (reinterpret_cast<uintptr_t>(block) & 2) != 0; }
+__host__ __device__ __forceinline__ bool q6k_odd(const uint8_t *block) { return (reinterpret_cast<uintptr_t>(block) & 2) != 0; }
+
+// One GGUF Q6_K block -> the GPU's (`odd`: whether the block sits at 2 mod 4).
+__host__ __device__ inline void q6_k_block_to_gpu(const uint8_t *in, uint8_t *out, bool odd) {
+    for (int i = 0; i < 210; ++i) out[i] = 0;
+    for (int j = 0; j < 8; ++j) {
+        // Unit j = elements 128h + 32k + l: nibble k / 2 of ql[64h + 32(k % 2) + l], bits 2k..2k+1
+        // of qh[32h + l] (spec/qwen35.md §4).
+        const int h = j / 4, k = j % 4;
+        uint8_t *unit = out + q6k_units_at(odd) + Q6K_UNIT_BYTES * j;
+        for (int l = 0; l < 32; ++l) {
+            const int lo = (in[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0xF;
+            const int hi = (in[128 + 32 * h + l] >> (2 * k)) & 3;
+            const int m = l / 4, byte = l % 4;  // element l is byte `byte` of q6k_word m
+            unit[4 * (m / 2) + byte] |= uint8_t(lo << (4 * (m % 2)));
+            unit[16 + 4 * (m / 4) + byte] |= uint8_t(hi << (2 * (m % 4)));
+        }
+    }
+    for (int i = 0; i < 18; ++i) out[q6k_scales_at(odd) + i] = in[192 + i];  // scales[16], d
+}
 
 // q (0..63) of elements 4m..4m+3 of a unit, one per byte, from its low-nibble words lw and high
 // words hw (m a compile-time constant once unrolled: the shifts are immediates).
@@ -97,7 +136,7 @@ __host__ __device__ __forceinline__ uint32_t q6k_word(const uint32_t (&lw)[4], c
 
 // w[0..32) = elements [32u, 32u + 32) of a row (zeros past n_valid for float rows).
 template <int TYPE>
-__device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_valid, float w[32]) {
+__host__ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_valid, float w[32]) {
     if constexpr (TYPE == GGML_F32) {
         const float *src = reinterpret_cast<const float *>(row) + 32 * u;
 #pragma unroll
@@ -150,7 +189,7 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_v
     } else if constexpr (TYPE == GGML_IQ4_XS) {
         // f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. Sub-block ib: 6-bit scale ls, in the
         // GPU layout (repack_weights, matmul.cu) elements 32ib + 2m = (d (ls - 32)) K[low nibble
-        // of qs[16ib + m]], + 1: its high nibble, K indexed by the GPU's code (kIq4nlGpu).
+        // of qs[16ib + m]], + 1: its high nibble, K indexed by the GPU's code (iq4_gpu_value).
         const uint8_t *b = row + 136 * (u / 8);
         const int ib = int(u % 8);
         const int scales_h = int(b[2]) | (int(b[3]) << 8);
@@ -161,8 +200,8 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_v
 #pragma unroll
         for (int m = 0; m < 16; ++m) {
             const int byte = byte_of(qs, m);
-            w[2 * m] = dl * float(kIq4nlGpu[byte & 0xF]);
-            w[2 * m + 1] = dl * float(kIq4nlGpu[byte >> 4]);
+            w[2 * m] = dl * float(iq4_gpu_value(byte & 0xF));
+            w[2 * m + 1] = dl * float(iq4_gpu_value(byte >> 4));
         }
     }
 }

@@ -1,0 +1,61 @@
+"""The GPU's own weight layouts (docs/gpu.md): the upload rewrites IQ4_XS and Q6_K blocks in place
+(native/gpu/quant_blocks.cuh) so the kernels decode them with fewer instructions. The values must
+stay GGUF's to the bit. tests/native/gpu_layouts.cu runs the device's conversion and its
+dequantizer of the converted bytes on the host; here they meet gguf's own dequantization of the
+original blocks, which nobody here wrote. Random blocks reach every code and bit pattern; a Q6_K
+tensor of an odd number of blocks has blocks of both parities (the layout differs between them).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf.quants import dequantize
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = REPO / "tests" / "native" / "gpu_layouts.cu"
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> Path:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:  # the GPU backend is not built either (test_gpu_build.py)
+        pytest.skip("nvcc is not installed: the GPU sources cannot be compiled here")
+    exe = tmp_path_factory.mktemp("layouts") / "gpu_layouts"
+    include = [f"-I{REPO / d}" for d in ("native/include", "native/src", "native/gpu")]
+    subprocess.run([nvcc, "-std=c++17", *include, str(SOURCE), "-o", str(exe)], check=True, capture_output=True)
+    return exe
+
+
+def _random_blocks(qtype: Q, n_blocks: int, seed: int) -> np.ndarray:
+    _, block_bytes = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (n_blocks, block_bytes), dtype=np.uint8)
+    d = rng.uniform(-2.0, 2.0, n_blocks).astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    at = 0 if qtype == Q.IQ4_XS else block_bytes - 2  # where the block's f16 d sits
+    blocks[:, at:at + 2] = d  # a finite scale: random bytes may spell inf or NaN
+    return blocks
+
+
+def _through_gpu_layout(program: Path, name: str, blocks: np.ndarray) -> np.ndarray:
+    out = subprocess.run([str(program), name], input=blocks.tobytes(), capture_output=True, check=True).stdout
+    return np.frombuffer(out, dtype=np.float32)
+
+
+@pytest.mark.parametrize("qtype, name", [(Q.IQ4_XS, "iq4_xs"), (Q.Q6_K, "q6_k")])
+def test_gpu_layout_keeps_gguf_values(program, qtype, name):
+    blocks = _random_blocks(qtype, 257, seed=int(qtype))
+    want = dequantize(blocks, qtype).reshape(-1).astype(np.float32)
+    got = _through_gpu_layout(program, name, blocks)
+    assert got.shape == want.shape
+    # Same values, same fp32 products up to the order of one multiply (d * scale first here).
+    np.testing.assert_allclose(got, want, rtol=2e-7, atol=0)
+
+
+def test_gpu_layout_program_refuses_partial_blocks(program):
+    proc = subprocess.run([str(program), "q6_k"], input=b"\0" * 211, capture_output=True)
+    assert proc.returncode == 2 and b"not a whole number of blocks" in proc.stderr
