@@ -64,36 +64,44 @@ constexpr int NORM_CHUNK = 256;
 constexpr int ADD_NORM_THREADS = 768;
 constexpr int NORM_MAX_CHUNKS = 2;  // per warp: rows of up to 2 x 24 x 256 values (wave32)
 
+// The calling lane's values in a row: value k of the warp's chunk c is at at(c, k), in the row
+// when has(c, k).
+template <bool WHOLE>
+struct ChunkLanes {
+    int dim, lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP, n_warps = blockDim.x / LUCE_WARP;
+
+    __device__ int chunk(int c) const { return warp + c * n_warps; }
+    __device__ int at(int c, int k) const { return chunk(c) * NORM_CHUNK + lane + k * LUCE_WARP; }
+    __device__ bool has(int c, int k) const {
+        return k * LUCE_WARP < NORM_CHUNK && (WHOLE ? chunk(c) * NORM_CHUNK < dim : at(c, k) < dim);
+    }
+};
+
 template <bool WHOLE>
 __global__ void __launch_bounds__(ADD_NORM_THREADS) add_rmsnorm_kernel(float *x, const float *y, const float *w,
                                                                         int dim, float eps, float *out,
                                                                         FusedQuant fq) {
-    const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP, n_warps = blockDim.x / LUCE_WARP;
+    const ChunkLanes<WHOLE> lanes{dim};
     const int64_t row = int64_t(blockIdx.x) * dim;
-    // value k of chunk c: lane + k * LUCE_WARP of the chunk; in the row when `has(c, k)`
-    const auto first = [&](int c) { return (warp + c * n_warps) * NORM_CHUNK + lane; };
-    const auto has = [&](int c, int k) {
-        return k * LUCE_WARP < NORM_CHUNK && (WHOLE ? (warp + c * n_warps) * NORM_CHUNK < dim : first(c) + k * LUCE_WARP < dim);
-    };
     float v[NORM_MAX_CHUNKS][QUANT_MAX_PER_LANE], wv[NORM_MAX_CHUNKS][QUANT_MAX_PER_LANE];
 #pragma unroll
     for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
 #pragma unroll
-        for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) wv[c][k] = has(c, k) ? w[first(c) + k * LUCE_WARP] : 0.f;
+        for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) wv[c][k] = lanes.has(c, k) ? w[lanes.at(c, k)] : 0.f;
     wait_for_inputs();
 #pragma unroll
     for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
 #pragma unroll
         for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
-            const int64_t i = row + first(c) + k * LUCE_WARP;
-            v[c][k] = has(c, k) ? x[i] + y[i] : 0.f;
+            const int64_t i = row + lanes.at(c, k);
+            v[c][k] = lanes.has(c, k) ? x[i] + y[i] : 0.f;
         }
     float ss = 0.f;
 #pragma unroll
     for (int c = 0; c < NORM_MAX_CHUNKS; ++c)
 #pragma unroll
         for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
-            if (has(c, k)) x[row + first(c) + k * LUCE_WARP] = v[c][k];
+            if (lanes.has(c, k)) x[row + lanes.at(c, k)] = v[c][k];
             ss += v[c][k] * v[c][k];  // zero past the row
         }
     const float scale = 1.0f / sqrtf(block_sum(ss) / float(dim) + eps);
@@ -102,14 +110,13 @@ __global__ void __launch_bounds__(ADD_NORM_THREADS) add_rmsnorm_kernel(float *x,
 #pragma unroll
         for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
             v[c][k] = v[c][k] * scale * wv[c][k];
-            if (has(c, k)) out[row + first(c) + k * LUCE_WARP] = v[c][k];
+            if (lanes.has(c, k)) out[row + lanes.at(c, k)] = v[c][k];
         }
     if (!fq.q) return;
     if (fq.block != NORM_CHUNK) return quantize_row(fq, out, dim);
 #pragma unroll
     for (int c = 0; c < NORM_MAX_CHUNKS; ++c) {
-        const int chunk = warp + c * n_warps;
-        if (chunk * NORM_CHUNK < dim) fq.values_at(v[c], row / NORM_CHUNK + chunk);
+        if (lanes.chunk(c) * NORM_CHUNK < dim) fq.values_at(v[c], row / NORM_CHUNK + lanes.chunk(c));
     }
 }
 
@@ -169,17 +176,19 @@ __global__ void elementwise_quant_kernel(Op op, float *out, int64_t n_blocks, Fu
     if (b >= n_blocks) return;  // whole warps
     const int lane = threadIdx.x % LUCE_WARP;
     const int64_t first = b * fq.block + lane;
-    const auto has = [&](int k) { return lane + k * LUCE_WARP < fq.block; };
+    bool has[QUANT_MAX_PER_LANE];  // value k of the lane is in the block
     typename Op::In in[QUANT_MAX_PER_LANE];
 #pragma unroll
-    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k)
-        if (has(k)) in[k] = op.load(first + k * LUCE_WARP);
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+        has[k] = lane + k * LUCE_WARP < fq.block;
+        if (has[k]) in[k] = op.load(first + k * LUCE_WARP);
+    }
     float v[QUANT_MAX_PER_LANE];
 #pragma unroll
-    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) v[k] = has(k) ? Op::apply(in[k]) : 0.f;
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) v[k] = has[k] ? Op::apply(in[k]) : 0.f;
 #pragma unroll
     for (int k = 0; k < QUANT_MAX_PER_LANE; ++k)
-        if (has(k)) out[first + k * LUCE_WARP] = v[k];
+        if (has[k]) out[first + k * LUCE_WARP] = v[k];
     fq.values_at(v, b);
 }
 
