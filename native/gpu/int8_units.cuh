@@ -118,7 +118,7 @@ struct RawUnit<GGML_Q5_K> {  // as Q4_K, plus the block's 32 bytes of 5th bits
     uint4 head, qs[2], qh[2];
 };
 template <>
-struct RawUnit<GGML_Q6_K> {  // the GPU layout's unit (quant_blocks.cuh): low nibbles, high bits; its two sub-scales, d
+struct RawUnit<GGML_Q6_K> {  // the GPU layout's unit (quant_blocks.cuh); its two sub-scales, d
     uint32_t lw[4], hw[2];
     uint16_t sc, d;
 };

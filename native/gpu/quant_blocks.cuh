@@ -60,7 +60,9 @@ __host__ __device__ constexpr int act_block_of(int type) {
 // a decode-step matmul converts a scale per 32 weights).
 __host__ __device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
 
-__host__ __device__ __forceinline__ float f16_at(const uint8_t *p) { return f16_bits(uint32_t(p[0]) | (uint32_t(p[1]) << 8)); }
+__host__ __device__ __forceinline__ float f16_at(const uint8_t *p) {
+    return f16_bits(uint32_t(p[0]) | (uint32_t(p[1]) << 8));
+}
 
 __device__ __forceinline__ float bf16_at(const uint8_t *p) {
     return __uint_as_float((uint32_t(p[0]) | (uint32_t(p[1]) << 8)) << 16);
@@ -104,7 +106,9 @@ __host__ __device__ __forceinline__ int byte_of(const uint32_t (&w)[N], int b) {
 constexpr int Q6K_UNIT_BYTES = 24;
 __host__ __device__ constexpr int q6k_units_at(bool odd) { return odd ? 18 : 0; }
 __host__ __device__ constexpr int q6k_scales_at(bool odd) { return odd ? 0 : 8 * Q6K_UNIT_BYTES; }
-__host__ __device__ __forceinline__ bool q6k_odd(const uint8_t *block) { return (reinterpret_cast<uintptr_t>(block) & 2) != 0; }
+__host__ __device__ __forceinline__ bool q6k_odd(const uint8_t *block) {
+    return (reinterpret_cast<uintptr_t>(block) & 2) != 0;
+}
 
 // One GGUF Q6_K block -> the GPU's (`odd`: whether the block sits at 2 mod 4).
 __host__ __device__ inline void q6_k_block_to_gpu(const uint8_t *in, uint8_t *out, bool odd) {
