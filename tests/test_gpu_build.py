@@ -120,10 +120,11 @@ def test_auto_falls_back_to_the_cpu_with_identical_logits(tiny_path):
 def test_bad_gpu_index_is_an_argument_error(tiny_path):
     from luce.binding import ffi, lib
 
+    L = lib()  # declares luce.h's types before ffi.new (as every caller must)
     m = ffi.new("luce_model **")
     params = ffi.new("luce_model_params *", {"device": 1, "n_threads": 1, "gpu_index": -1})
-    assert lib().luce_model_load(str(tiny_path).encode(), params, m) == 1  # INVALID_ARGUMENT
-    assert "gpu_index" in ffi.string(lib().luce_last_error()).decode()
+    assert L.luce_model_load(str(tiny_path).encode(), params, m) == 1  # INVALID_ARGUMENT
+    assert "gpu_index" in ffi.string(L.luce_last_error()).decode()
 
 
 def test_bad_luce_gpu_value_stops_configure(tmp_path):
