@@ -69,8 +69,8 @@ public:
         for (int i = 0; i < n; ++i) copy(ops[i].dst, ops[i].src, ops[i].n_bytes);
     }
     // A weight matrix's copy in backend memory, from its GGUF bytes (n_bytes): the encoding the
-    // backend's kernels read, which may re-lay bytes within a block (the GPU pairs IQ4_XS codes
-    // differently: docs/gpu.md). Only device backends are asked; the CPU reads the mapping.
+    // backend's kernels read, which may re-lay bytes within a block (the GPU's IQ4_XS and Q6_K
+    // layouts: docs/gpu.md). Only device backends are asked; the CPU reads the mapping.
     virtual void *upload_weight(const Weight &w, size_t n_bytes) {
         void *dst = alloc(n_bytes);
         upload(dst, w.data, n_bytes);
