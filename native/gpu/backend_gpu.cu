@@ -367,9 +367,12 @@ void GpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n
     gpu::rmsnorm(stream_, x, x_stride, w, n_rows, dim, eps, y, y_stride, fq);
 }
 
-void GpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim, float eps) {
+void GpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int T, int n_heads, int dim, float eps) {
     LUCE_OP("rmsnorm_gated");
-    gpu::rmsnorm_gated(stream_, o, w, z, n_rows, dim, eps);
+    const int64_t row = int64_t(n_heads) * dim;  // one token's values: the next matmul's input row
+    const bool blocks = gpu::rmsnorm_gated_by_blocks(warp_, n_heads, dim);
+    gpu::rmsnorm_gated(stream_, warp_, o, w, z, T, n_heads, dim, eps,
+                       blocks ? quantize_output(o, T * row, row) : gpu::FusedQuant{});
 }
 
 void GpuBackend::mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) {

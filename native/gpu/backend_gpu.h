@@ -38,7 +38,7 @@ public:
     void get_rows(const Weight &w, const int32_t *ids, int T, float *out) override;
     void rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim, float eps,
                  float *y, int64_t y_stride) override;
-    void rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim, float eps) override;
+    void rmsnorm_gated(float *o, const float *w, const float *z, int T, int n_heads, int dim, float eps) override;
     void mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) override;
     void swiglu(float *gate, const float *up, int n_rows, int64_t dim) override;
     void add(float *x, const float *y, int64_t n) override;

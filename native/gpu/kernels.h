@@ -91,8 +91,11 @@ void rmsnorm(cudaStream_t stream, const float *x, int64_t x_stride, const float 
              float eps, float *y, int64_t y_stride, const FusedQuant &fq = {});
 void add_rmsnorm(cudaStream_t stream, int warp, float *x, const float *y, const float *w, int n_rows, int dim,
                  float eps, float *out, const FusedQuant &fq = {});
-void rmsnorm_gated(cudaStream_t stream, float *o, const float *w, const float *z, int n_rows, int dim,
-                   float eps);
+// rmsnorm_gated: T tokens of n_heads rows of dim. Where rmsnorm_gated_by_blocks (a property of
+// the model's shape, never of T) it runs by activation blocks and can quantize its output.
+bool rmsnorm_gated_by_blocks(int warp, int n_heads, int dim);
+void rmsnorm_gated(cudaStream_t stream, int warp, float *o, const float *w, const float *z, int T, int n_heads,
+                   int dim, float eps, const FusedQuant &fq = {});
 void mul_sigmoid(cudaStream_t stream, int warp, float *o, const float *g, int64_t g_stride, int n_rows, int dim,
                  const FusedQuant &fq = {});
 void swiglu(cudaStream_t stream, int warp, float *gate, const float *up, int64_t n, const FusedQuant &fq = {});

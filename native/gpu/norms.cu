@@ -120,7 +120,8 @@ __global__ void __launch_bounds__(ADD_NORM_THREADS) add_rmsnorm_kernel(float *x,
     }
 }
 
-// o = rmsnorm(o) * w * silu(z), rows of `dim` (DeltaNet output norm).
+// o = rmsnorm(o) * w * silu(z), rows of `dim` (DeltaNet output norm): one block per row, for
+// shapes rmsnorm_gated_blocks_kernel does not take.
 __global__ void rmsnorm_gated_kernel(float *o, const float *w, const float *z, int dim, float eps) {
     wait_for_inputs();
     float *orow = o + int64_t(blockIdx.x) * dim;
@@ -129,6 +130,48 @@ __global__ void rmsnorm_gated_kernel(float *o, const float *w, const float *z, i
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += orow[i] * orow[i];
     const float scale = 1.0f / sqrtf(block_sum(ss) / float(dim) + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = orow[i] * scale * w[i] * silu(zr[i]);
+}
+
+// The same by activation blocks: one warp per NORM_CHUNK values, which are whole rows of DIM (DIM
+// divides NORM_CHUNK and is a multiple of the warp); lane l holds values l + k * LUCE_WARP, of
+// row k * LUCE_WARP / DIM of the block, so each row's sum of squares is one warp sum and the
+// output is quantized from the registers for the next matmul (ssm_out): a decode step's 48
+// standalone quantizations go. The fp32 order depends on the shape alone, never on T.
+template <int DIM>
+__global__ void rmsnorm_gated_blocks_kernel(float *o, const float *w, const float *z, float eps, FusedQuant fq) {
+    constexpr int ROWS = NORM_CHUNK / DIM;
+    static_assert(ROWS * DIM == NORM_CHUNK && ROWS <= QUANT_MAX_PER_LANE, "whole rows per block");
+    const int lane = threadIdx.x % LUCE_WARP;
+    const int64_t first = int64_t(blockIdx.x) * NORM_CHUNK + lane;
+    bool has[QUANT_MAX_PER_LANE];  // value k of the lane is in the block (fewer values per lane on wave64)
+    float v[QUANT_MAX_PER_LANE], zv[QUANT_MAX_PER_LANE], wv[QUANT_MAX_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+        has[k] = k * LUCE_WARP < NORM_CHUNK;
+        wv[k] = has[k] ? w[(lane + k * LUCE_WARP) % DIM] : 0.f;
+    }
+    wait_for_inputs();
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+        v[k] = has[k] ? o[first + k * LUCE_WARP] : 0.f;
+        zv[k] = has[k] ? z[first + k * LUCE_WARP] : 0.f;
+    }
+    float ss[ROWS] = {};
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k)
+        if (has[k]) ss[k * LUCE_WARP / DIM] += v[k] * v[k];
+    float scale[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) scale[r] = 1.0f / sqrtf(warp_sum(ss[r]) / float(DIM) + eps);
+#pragma unroll
+    for (int k = 0; k < QUANT_MAX_PER_LANE; ++k) {
+        v[k] = has[k] ? v[k] * scale[k * LUCE_WARP / DIM] * wv[k] * silu(zv[k]) : 0.f;
+        if (has[k]) o[first + k * LUCE_WARP] = v[k];
+    }
+    if (!fq.q) return;
+    if (fq.block == NORM_CHUNK) return fq.values_at(v, blockIdx.x);
+    __syncthreads();  // smaller activation blocks (Q8_0's 32) are read back (the block is the one warp)
+    for (int sb = 0; sb < NORM_CHUNK / fq.block; ++sb) fq.block_at(o, int64_t(blockIdx.x) * (NORM_CHUNK / fq.block) + sb);
 }
 
 // The elementwise ops: output value i is apply(load(i)), from loads only (the kernels store it).
@@ -231,10 +274,27 @@ void add_rmsnorm(cudaStream_t stream, int warp, float *x, const float *y, const 
         launch_kernel(add_rmsnorm_kernel<false>, n_rows, warps * warp, 0, stream, x, y, w, dim, eps, out, fq);
 }
 
-void rmsnorm_gated(cudaStream_t stream, float *o, const float *w, const float *z, int n_rows, int dim,
-                   float eps) {
+bool rmsnorm_gated_by_blocks(int warp, int n_heads, int dim) {
+    const bool dims = dim == 32 || dim == 64 || dim == 128 || dim == 256;
+    return dims && dim % warp == 0 && int64_t(n_heads) * dim % NORM_CHUNK == 0;
+}
+
+void rmsnorm_gated(cudaStream_t stream, int warp, float *o, const float *w, const float *z, int T, int n_heads,
+                   int dim, float eps, const FusedQuant &fq) {
+    const int64_t n_rows = int64_t(T) * n_heads;
     if (n_rows < 1) return;
-    launch_kernel(rmsnorm_gated_kernel, n_rows, NORM_THREADS, 0, stream, o, w, z, dim, eps);
+    if (!rmsnorm_gated_by_blocks(warp, n_heads, dim)) {
+        if (fq.q) fail(LUCE_ERR_INTERNAL, "rmsnorm_gated: rows of %d cannot quantize their output", dim);
+        return launch_kernel(rmsnorm_gated_kernel, unsigned(n_rows), NORM_THREADS, 0, stream, o, w, z, dim, eps);
+    }
+    if (fq.q && NORM_CHUNK % fq.block != 0) fail(LUCE_ERR_INTERNAL, "rmsnorm_gated: activation blocks of %d", fq.block);
+    const unsigned blocks = unsigned(n_rows * dim / NORM_CHUNK);
+    switch (dim) {
+    case 32: return launch_kernel(rmsnorm_gated_blocks_kernel<32>, blocks, warp, 0, stream, o, w, z, eps, fq);
+    case 64: return launch_kernel(rmsnorm_gated_blocks_kernel<64>, blocks, warp, 0, stream, o, w, z, eps, fq);
+    case 128: return launch_kernel(rmsnorm_gated_blocks_kernel<128>, blocks, warp, 0, stream, o, w, z, eps, fq);
+    default: return launch_kernel(rmsnorm_gated_blocks_kernel<256>, blocks, warp, 0, stream, o, w, z, eps, fq);
+    }
 }
 
 // op over n values of `out`, quantized afterwards when fq asks for it.

@@ -98,8 +98,10 @@ public:
     // y_r = x_r * rsqrt(mean(x_r^2) + eps) * w for n_rows rows of `dim`; strides in floats.
     virtual void rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
                          float eps, float *y, int64_t y_stride) = 0;
-    // o_r = rmsnorm(o_r) * w * silu(z_r) per row of `dim` (DeltaNet output norm; plain weight).
-    virtual void rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim,
+    // o_r = rmsnorm(o_r) * w * silu(z_r) per row of `dim` (DeltaNet output norm; plain weight),
+    // for T tokens of n_heads rows each (a token's n_heads * dim values are the next matmul's
+    // input row).
+    virtual void rmsnorm_gated(float *o, const float *w, const float *z, int T, int n_heads, int dim,
                                float eps) = 0;
     // o[r][d] *= sigmoid(g[r * g_stride + d]) (attention output gate).
     virtual void mul_sigmoid(float *o, const float *g, int64_t g_stride, int n_rows, int dim) = 0;

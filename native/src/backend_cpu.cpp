@@ -170,9 +170,9 @@ void CpuBackend::rmsnorm(const float *x, int64_t x_stride, const float *w, int n
     }, grain_for(2 * dim));
 }
 
-void CpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int n_rows, int dim,
+void CpuBackend::rmsnorm_gated(float *o, const float *w, const float *z, int T, int n_heads, int dim,
                                float eps) {
-    pool_.run(n_rows, [&](int64_t r0, int64_t r1) {
+    pool_.run(int64_t(T) * n_heads, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
             float *orow = o + r * dim;
             const float *zr = z + r * dim;

@@ -32,7 +32,7 @@ void deltanet_mixer(Session &s, int il, int T) {
     const DeltaNetDims dims{hp.ssm_hk, hp.ssm_hv, hp.ssm_dk, hp.ssm_dv, hp.rms_eps};
     be.gated_delta_net(b.conv, b.b, b.a, w.a.data(), w.dt_bias.data(), dims, T, st.ssm, b.attn,
                        st.ssm_history, parent);
-    be.rmsnorm_gated(b.attn, w.norm.data(), b.z, T * HV, hp.ssm_dv, hp.rms_eps);
+    be.rmsnorm_gated(b.attn, w.norm.data(), b.z, T, HV, hp.ssm_dv, hp.rms_eps);
     be.matmul(w.out, b.attn, T, b.mix, E);
 }
 
