@@ -86,6 +86,12 @@ constexpr int DECODE_THREADS = 64;
 // 14.8 us). Tried on IQ4_XS's 17408 x 5120 (2176 blocks, 1.03 waves at 16 per SM): 17 per SM
 // needed 56 registers, and the spills cost more (19.5 -> 23.7 us). 0: no bound (an explicit 1
 // changes ptxas's register choices).
+// Q6_K rows of one part (at most 23 units a lane; the 27B's attn_v, 1024 x 5120, is 20: 128
+// launch blocks) fetch 20 units at once, 216 registers and no spills: its few lanes cannot hide
+// DRAM latency over rounds (H200, 2026-12-04, kernel bench: 15.7 us at 4, 11.7 at 8, 11.1 at
+// 10, 10.2 at 12, 6.8 at 20).
+constexpr int ONE_PART_Q6_UNROLL = 20;
+
 template <int TYPE, int NT, int PARTS>
 constexpr int min_blocks_per_sm() {
     return NT == 1 && TYPE == GGML_Q6_K && PARTS == 2 ? 10 * DECODE_THREADS / MATMUL_THREADS : 0;
@@ -163,9 +169,8 @@ struct Int8Launch {
 
     // Decode keeps four units per lane in flight (eight on long rows, whose matrices have few
     // rows: fewer lanes to spread the loads over; two for Q4_K / Q5_K, whose raw units are
-    // large; for Q6_K eight on rows of one part (the 27B's attn_v, 1024 x 5120: 128 launch
-    // blocks, 15.7 us for 4 MB at four), four on longer ones, which spill at eight under
-    // min_blocks_per_sm's bound);
+    // large; for Q6_K a whole row's worth on rows of one part, four on longer ones, which spill
+    // at eight under min_blocks_per_sm's bound);
     // wider steps keep two and apply each to up to eight tokens. Wider than eight, tiles
     // of eight tokens re-read the weights (from L2 mostly): the tensor-core kernel serves those
     // widths where it exists.
@@ -180,7 +185,7 @@ struct Int8Launch {
                     if (n_in >= 8192) launch<TYPE, 1, 8>();
                     else launch<TYPE, 1, 4>();
                 } else if constexpr (TYPE == GGML_Q6_K) {
-                    if (row_parts(int(n_in)) == 1) launch<TYPE, 1, 8>();
+                    if (row_parts(int(n_in)) == 1) launch_parts<TYPE, 1, ONE_PART_Q6_UNROLL, 1>();
                     else launch<TYPE, 1, 4>();
                 } else {
                     launch<TYPE, 1, 2>();
