@@ -182,6 +182,55 @@ __device__ __forceinline__ void multiply_staged(const WarpStage &st, uint32_t q_
     }
 }
 
+// Group k of the warp's pair: this lane's decoded unit `un` goes to the warp's stage `st` (read
+// back from q_addr by ldmatrix), then both units are multiplied into acc for the tile's tokens.
+template <int TYPE, int NTILES>
+__device__ __forceinline__ void stage_and_multiply(const Unit &un, int k, int pair, int n_units, WarpStage &st,
+                                                   uint32_t q_addr, const ActLoads<TYPE, NTILES> &now,
+                                                   float (&acc)[WARP_SLOTS][NTILES][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, r = lane % 16, h = lane / 16;
+    uint4 *dst = reinterpret_cast<uint4 *>(&st.q[r][8 * h]);
+    const uint4 *src = reinterpret_cast<const uint4 *>(un.q);
+    dst[0] = src[0], dst[1] = src[1];
+    st.s[h][r] = un.s;
+    __syncwarp();
+    TokenScales<NTILES> ts;
+    if constexpr (group_is_block(TYPE)) token_scales<TYPE, NTILES>(st.s[0][g], st.s[0][g + 8], now.dx[0], ts);
+#pragma unroll
+    for (int s = 0; s < WARP_SLOTS; ++s)  // warp-uniform: a last Q8_0 group may end mid-pair
+        if (unit_in_row<TYPE>(k, WARP_SLOTS * pair + s, n_units))
+            multiply_staged<TYPE>(st, q_addr, now, ts, s, g, acc[s]);
+}
+
+// The block's outputs: slot_tree over the eight slots of each part, then the parts left to
+// right, one n-tile at a time through shared memory (every thread takes part).
+template <int PARTS, int NTILES>
+__device__ __forceinline__ void reduce_and_store(const MmaArgs &p, int64_t r0, int t0, int pair, int part,
+                                                 const float (&acc)[WARP_SLOTS][NTILES][4],
+                                                 float (&red)[PARTS][SLOTS][4][32]) {
+    const int lane = threadIdx.x % 32;
+    for (int j = 0; j < NTILES; ++j) {
+        __syncthreads();  // the previous n-tile's sums are read
+#pragma unroll
+        for (int s = 0; s < WARP_SLOTS; ++s)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) red[part][WARP_SLOTS * pair + s][c][lane] = acc[s][j][c];
+        __syncthreads();
+        for (int e = threadIdx.x; e < 4 * 32; e += blockDim.x) {
+            const int c = e / 32, l = e % 32;  // C fragment element c at lane l
+            float total = 0.f;
+#pragma unroll
+            for (int q = 0; q < PARTS; ++q) {
+                float v[SLOTS];
+#pragma unroll
+                for (int s = 0; s < SLOTS; ++s) v[s] = red[q][s][c][l];
+                total = q == 0 ? slot_tree(v) : total + slot_tree(v);
+            }
+            store_output(p, r0 + l / 4 + (c < 2 ? 0 : 8), t0 + MMA_NTILE * j + 2 * (l % 4) + c % 2, total);
+        }
+    }
+}
+
 template <int TYPE, int NTILES, int UNROLL, int PARTS>
 __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kernel(MmaArgs p) {
     // The activations of the next ACT_RING groups are in flight (their registers are refilled
@@ -247,19 +296,9 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
             const int kn = k + UNROLL;
             if (kn < k_end && unit_in_row<TYPE>(kn, slot, n_units))
                 fetch_group_unit<TYPE>(wr + group_bytes(TYPE) * (i + UNROLL), slot, raw[i]);
-            WarpStage &st = stages[i % STAGES][warp];
-            uint4 *dst = reinterpret_cast<uint4 *>(&st.q[r][8 * h]);
-            const uint4 *src = reinterpret_cast<const uint4 *>(un.q);
-            dst[0] = src[0], dst[1] = src[1];
-            st.s[h][r] = un.s;
             ActLoads<TYPE, NTILES> &now = acts[i % ACT_RING];
-            __syncwarp();
-            TokenScales<NTILES> ts;
-            if constexpr (group_is_block(TYPE)) token_scales<TYPE, NTILES>(st.s[0][g], st.s[0][g + 8], now.dx[0], ts);
-#pragma unroll
-            for (int s = 0; s < WARP_SLOTS; ++s)  // warp-uniform: a last Q8_0 group may end mid-pair
-                if (unit_in_row<TYPE>(k, WARP_SLOTS * pair + s, n_units))
-                    multiply_staged<TYPE>(st, q_addr + STAGE_STRIDE * (i % STAGES), now, ts, s, g, acc[s]);
+            stage_and_multiply<TYPE>(un, k, pair, n_units, stages[i % STAGES][warp],
+                                     q_addr + STAGE_STRIDE * (i % STAGES), now, acc);
             // Refilled only now: loading into registers still being read would make ptxas load
             // into others and copy, and the copy waits for the load (measured: a fifth of all stalls).
             if (k + ACT_RING < k_end)
@@ -271,28 +310,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
         advance(cur, UNROLL, dx_per_group);
     }
 
-    // slot_tree over the block's eight slots of each part, then the parts left to right: one
-    // n-tile at a time through shared memory (every thread takes part).
-    for (int j = 0; j < NTILES; ++j) {
-        __syncthreads();  // the previous n-tile's sums are read
-#pragma unroll
-        for (int s = 0; s < WARP_SLOTS; ++s)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) red[part][WARP_SLOTS * pair + s][c][lane] = acc[s][j][c];
-        __syncthreads();
-        for (int e = threadIdx.x; e < 4 * 32; e += blockDim.x) {
-            const int c = e / 32, l = e % 32;  // C fragment element c at lane l
-            float total = 0.f;
-#pragma unroll
-            for (int q = 0; q < PARTS; ++q) {
-                float v[SLOTS];
-#pragma unroll
-                for (int s = 0; s < SLOTS; ++s) v[s] = red[q][s][c][l];
-                total = q == 0 ? slot_tree(v) : total + slot_tree(v);
-            }
-            store_output(p, r0 + l / 4 + (c < 2 ? 0 : 8), t0 + MMA_NTILE * j + 2 * (l % 4) + c % 2, total);
-        }
-    }
+    reduce_and_store<PARTS>(p, r0, t0, pair, part, acc, red);
 }
 
 struct FragLaunch {
