@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bulk_copy.cuh"
 #include "kernels.h"
 #include "quant_blocks.cuh"
 
@@ -113,6 +114,7 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     // Programmatic dependent launch (gpu_compat.h): Hopper and later, unless LUCE_GPU_PDL=0.
 #if !defined(LUCE_HIP)
     gpu::dependent_launch = prop.major >= 9 && !env_is("LUCE_GPU_PDL", "0");
+    gpu::frag_bulk_copies = gpu::bulk::bulk_copies_supported(prop.major) && !env_is("LUCE_GPU_BULK", "0");
 #endif
     delta_registers_ = !env_is("LUCE_GPU_DELTANET_REG", "0");
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
@@ -242,7 +244,8 @@ void GpuBackend::copy_batch(const CopyOp *ops, int n) {
 }
 
 void *GpuBackend::upload_weight(const Weight &w, size_t n_bytes) {
-    void *dst = alloc(n_bytes);
+    // 16 zero bytes past the end: a bulk copy reads the 16-byte-aligned window around its rows.
+    void *dst = alloc(n_bytes + 16);
     upload(dst, w.data, n_bytes);
     gpu::repack_weights(stream_, w.type, dst, int64_t(n_bytes));
     return dst;

@@ -67,6 +67,9 @@ void matmul_mma(cudaStream_t stream, int type, int64_t n_in, const RowSegments &
 // staging its own units as fragments (no block-wide waits); matmul_mma stages column groups per
 // block. Same bits as both others; mma_frag_serves: where it measured faster on an H200.
 constexpr int MMA_FRAG_MAX_TOKENS = 32;
+// Whether matmul_mma_frag may bring weights in with bulk copies (sm_90+): set once by the GPU
+// backend from the device and LUCE_GPU_BULK (docs/gpu.md).
+inline bool frag_bulk_copies = false;
 bool mma_frag_serves(int type, int64_t n_in, int T);
 void matmul_mma_frag(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a);
 // matmul_gemm.cu: prefill only (Backend::set_prefill): the tensor cores on 128-row x 64-token

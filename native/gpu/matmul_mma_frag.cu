@@ -24,6 +24,7 @@
 // per group, of which the unit's decode ~75 (32 permutes); it was 261 before the fragments came
 // from ldmatrix, the group's shared d * dx was formed once per group, the activation addresses
 // became cursors and the codebook left the uniform registers (35 us against 41).
+#include "bulk_copy.cuh"
 #include "kernels.h"
 #include "mma_int8.cuh"
 #include "quant_blocks.cuh"
@@ -313,6 +314,137 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
     reduce_and_store<PARTS>(p, r0, t0, pair, part, acc, red);
 }
 
+// ---- the same with the weights brought in by the copy engine (sm_90+) ---------------------------
+//
+// Why: in the kernel above each lane loads its row's unit from global memory itself, and a warp's
+// 16 rows are 16 cache lines per load: ncu (H200, 2026-12-04, IQ4_XS 17408x5120 at 8 tokens) saw
+// L1 throughput at 90% with 48 L1 tag lookups per warp and group (three 8-byte loads a unit,
+// 4x the ideal sectors), DRAM at 19% and IMMA waiting on its operands. Here lane r of the first
+// warp asks the copy engine for row r's bytes of the next BULK_GROUPS groups (one cp.async.bulk,
+// L1 untouched) into a ring of BULK_RING buffers in shared memory, and every warp reads its
+// units from there. A buffer's barrier `full` completes when its 16 copies have landed; `empty`
+// when the four warps have read it, after which it is refilled. Same units, same order, same bits.
+//
+// Rows of one part only (the 27B's projections from 5120: most of a step's bytes); a row of any
+// 2-byte alignment (Q8_0's 34-byte blocks) is copied as the 16-byte-aligned window around it.
+constexpr int BULK_GROUPS = 2;  // groups per copy
+constexpr int BULK_RING = 4;    // copies in flight per row
+
+// Bytes of one row's buffer: the window around BULK_GROUPS groups at any 2-byte alignment, plus 16
+// so that rows start 16 bytes further round the banks (304 for IQ4_XS: lanes reading 8 bytes of
+// rows r and r + 1 .. r + 7 hit different banks).
+template <int TYPE>
+constexpr int bulk_row_bytes() {
+    return (group_bytes(TYPE) * BULK_GROUPS + 30) / 16 * 16 + 16;
+}
+
+template <int TYPE>
+struct BulkRing {
+    uint8_t raw[BULK_RING][16][bulk_row_bytes<TYPE>()];
+    uint64_t full[BULK_RING], empty[BULK_RING];
+};
+
+// Copy c of a row at wr (groups BULK_GROUPS c ..): the window's first byte and its length.
+template <int TYPE>
+__device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wr, int c, int n_groups, uint32_t &bytes) {
+    const int k = BULK_GROUPS * c, n = min(BULK_GROUPS, n_groups - k);
+    const uintptr_t a = reinterpret_cast<uintptr_t>(wr) + uintptr_t(group_bytes(TYPE)) * k;
+    const uintptr_t lo = a & ~uintptr_t(15), hi = (a + uintptr_t(group_bytes(TYPE)) * n + 15) & ~uintptr_t(15);
+    bytes = uint32_t(hi - lo);
+    return lo;
+}
+
+template <int TYPE, int NTILES>
+__global__ void __launch_bounds__(PAIR_WARPS * 32) matmul_mma_bulk_kernel(MmaArgs p) {
+    constexpr int ACT_RING = NTILES >= 4 ? 1 : 2;
+    static_assert(BULK_GROUPS % ACT_RING == 0 && BULK_GROUPS % 2 == 0, "rings indexed by the group in its copy");
+    __shared__ __align__(16) WarpStage stages[2][PAIR_WARPS];
+    __shared__ __align__(16) BulkRing<TYPE> ring;
+    __shared__ float red[1][SLOTS][4][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp;
+    const int g = lane / 4, tq = lane % 4, r = lane % 16, h = lane / 16;
+    const int64_t r0 = int64_t(blockIdx.x) * 16;
+    const int t0 = blockIdx.y * MMA_NTILE * NTILES;
+    const uint32_t q_addr = uint32_t(__cvta_generic_to_shared(&stages[0][warp].q[r][4 * h]));
+    constexpr uint32_t STAGE_STRIDE = sizeof(WarpStage) * PAIR_WARPS;
+
+    const int64_t row = min(r0 + r, p.rows.n_out() - 1);  // rows past n_out: computed, not stored
+    const int seg = p.rows.find(row);
+    const int n_units = p.n_in / 32, n_blocks = p.n_in / act_block_of(TYPE);
+    const int n_groups = (n_units + SLOTS - 1) / SLOTS, n_copies = (n_groups + BULK_GROUPS - 1) / BULK_GROUPS;
+    const int slot = WARP_SLOTS * pair + h;
+    const uint8_t *wr = p.rows.w[seg] + (row - p.rows.start(seg)) * p.row_bytes;
+    const bool producer = warp == 0 && lane < 16;  // lane r copies row r
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < BULK_RING; ++s) bulk::barrier_init(&ring.full[s], 16), bulk::barrier_init(&ring.empty[s], PAIR_WARPS);
+        bulk::barrier_init_fence();
+    }
+    __syncthreads();
+    auto issue = [&](int c) {  // the weights are immutable: no wait for the previous kernel
+        uint32_t bytes;
+        const uintptr_t src = bulk_window<TYPE>(wr, c, n_groups, bytes);
+        uint64_t *full = &ring.full[c % BULK_RING];
+        bulk::arrive_expect_bytes(full, bytes);
+        bulk::copy_to_shared(ring.raw[c % BULK_RING][r], reinterpret_cast<const void *>(src), bytes, full);
+    };
+    if (producer)
+        for (int c = 0; c < BULK_RING && c < n_copies; ++c) issue(c);
+    const Codebook cb = load_codebook_lanes();
+    wait_for_inputs();
+
+    ActCursor<NTILES> cur;
+    const int u0 = WARP_SLOTS * pair;  // the warp's first unit
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j) {
+        const int64_t tile = min(t0 / MMA_NTILE + j, (p.T - 1) / MMA_NTILE);
+        cur.x[j] = p.xqf + ((tile * n_units + u0) * 8 + g) * 32 + 8 * tq;
+        cur.dx[j] = p.xdf + (tile * n_blocks + u0 / (act_block_of(TYPE) / 32)) * 8 + 2 * tq;
+        cur.sums[j] = p.xsf + ((tile * n_units + u0) * 8 + 2 * tq) * 2;
+    }
+    constexpr int dx_per_group = group_is_block(TYPE) ? 1 : SLOTS;
+    ActLoads<TYPE, NTILES> acts[ACT_RING];
+#pragma unroll
+    for (int i = 0; i < ACT_RING; ++i)
+        if (i < n_groups) fetch_acts<TYPE, NTILES>(cur, i, n_units - (u0 + SLOTS * i), acts[i]);
+    float acc[WARP_SLOTS][NTILES][4] = {};
+
+    for (int c = 0; c < n_copies; ++c) {
+        const int b = c % BULK_RING;
+        const uint32_t parity = (c / BULK_RING) & 1;
+        bulk::wait(&ring.full[b], parity);
+        uint32_t bytes;
+        const uint8_t *win = ring.raw[b][r] + (reinterpret_cast<uintptr_t>(wr) + uintptr_t(group_bytes(TYPE)) * BULK_GROUPS * c -
+                                               bulk_window<TYPE>(wr, c, n_groups, bytes));
+#pragma unroll
+        for (int i = 0; i < BULK_GROUPS; ++i) {
+            const int k = BULK_GROUPS * c + i;
+            if (k >= n_groups) break;
+            Unit un;
+            if (unit_in_row<TYPE>(k, slot, n_units)) {
+                RawUnit<TYPE> raw;
+                fetch_group_unit<TYPE>(win + group_bytes(TYPE) * i, slot, raw);
+                decode_unit<TYPE>(raw, SLOTS * k + slot, cb, un);
+            } else {
+                un = Unit{};  // past a Q8_0 row's end: staged, never multiplied
+            }
+            ActLoads<TYPE, NTILES> &now = acts[i % ACT_RING];
+            stage_and_multiply<TYPE>(un, k, pair, n_units, stages[i % 2][warp], q_addr + STAGE_STRIDE * (i % 2), now, acc);
+            if (k + ACT_RING < n_groups)
+                fetch_acts<TYPE, NTILES>(cur, i + ACT_RING, n_units - (SLOTS * (k + ACT_RING) + u0), now);
+        }
+        advance(cur, BULK_GROUPS, dx_per_group);
+        __syncwarp();
+        if (lane == 0) bulk::arrive(&ring.empty[b]);
+        if (producer && c + BULK_RING < n_copies) {
+            bulk::wait(&ring.empty[b], parity);
+            issue(c + BULK_RING);
+        }
+        __syncwarp();  // the producer's warp meets again before its next mma (.aligned)
+    }
+    reduce_and_store<1>(p, r0, t0, pair, 0, acc, red);
+}
+
 struct FragLaunch {
     cudaStream_t stream;
     int64_t n_in;
@@ -324,9 +456,13 @@ struct FragLaunch {
     void launch_with() const {
         const int toks = MMA_NTILE * NTILES;
         const dim3 grid(unsigned((rows.n_out() + 15) / 16), unsigned((T + toks - 1) / toks));
-        const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T,
-                        a.qf, a.df, a.sf};
-        launch_kernel(matmul_mma_frag_kernel<TYPE, NTILES, UNROLL, PARTS>, grid, PAIR_WARPS * 32 * PARTS, 0, stream, p);
+        launch_kernel(matmul_mma_frag_kernel<TYPE, NTILES, UNROLL, PARTS>, grid, PAIR_WARPS * 32 * PARTS, 0, stream,
+                      args<TYPE>());
+    }
+
+    template <int TYPE>
+    MmaArgs args() const {
+        return MmaArgs{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T, a.qf, a.df, a.sf};
     }
 
     // Units in flight per lane: four, two for the large raw units of the K-quants and Q6_K (for
@@ -335,6 +471,14 @@ struct FragLaunch {
     // 2026-12-04). Rows of several parts put each part on its own four warps.
     template <int TYPE, int NTILES>
     void launch() const {
+        if constexpr (TYPE == GGML_IQ4_XS) {
+          if (frag_bulk_copies && row_parts(int(n_in)) == 1) {
+            const int toks = MMA_NTILE * NTILES;
+            const dim3 grid(unsigned((rows.n_out() + 15) / 16), unsigned((T + toks - 1) / toks));
+            launch_kernel(matmul_mma_bulk_kernel<TYPE, NTILES>, grid, PAIR_WARPS * 32, 0, stream, args<TYPE>());
+            return;
+          }
+        }
         constexpr int UNROLL = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 2;
         with_row_parts(int(n_in), [&](auto parts) { launch_with<TYPE, NTILES, UNROLL, decltype(parts)::value>(); });
     }
