@@ -321,83 +321,118 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
 // L1 throughput at 90% with 48 L1 tag lookups per warp and group (three 8-byte loads a unit,
 // 4x the ideal sectors), DRAM at 19% and IMMA waiting on its operands. Here lane r of the first
 // warp asks the copy engine for row r's bytes of the next BULK_GROUPS groups (one cp.async.bulk,
-// L1 untouched) into a ring of BULK_RING buffers in shared memory, and every warp reads its
+// L1 untouched) into a ring of bulk_ring buffers in shared memory, and every warp reads its
 // units from there. A buffer's barrier `full` completes when its 16 copies have landed; `empty`
 // when the four warps have read it, after which it is refilled. Same units, same order, same bits.
 //
-// Rows of one part only (the 27B's projections from 5120: most of a step's bytes); a row of any
-// 2-byte alignment (Q8_0's 34-byte blocks) is copied as the 16-byte-aligned window around it.
+// Rows of several parts give each part its own four warps and ring, as above; a row of any
+// 2-byte alignment (Q6_K's 210-byte blocks) is copied as the 16-byte-aligned window around it,
+// which may reach 15 bytes past the tensor (upload_weight pads every weight by 16).
 constexpr int BULK_GROUPS = 2;  // groups per copy
-constexpr int BULK_RING = 4;    // copies in flight per row
+
+// Copies in flight per row and part: four where shared memory allows several blocks per SM (7 at
+// one part, IQ4_XS; H200, 2026-12-04, IQ4_XS at 8 tokens, 34816x5120 with 4 / 3 / 2: 48.4 / 48.3
+// / 49.1 us, 10240x5120 20.1 / 20.4 / 22.6), fewer for the larger rings of Q6_K and four parts.
+template <int TYPE, int PARTS>
+__host__ __device__ constexpr int bulk_ring() {
+    return PARTS == 1 ? 4 : PARTS == 2 ? (TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 3) : 2;
+}
 
 // Bytes of one row's buffer: the window around BULK_GROUPS groups at any 2-byte alignment, plus 16
 // so that rows start 16 bytes further round the banks (304 for IQ4_XS: lanes reading 8 bytes of
 // rows r and r + 1 .. r + 7 hit different banks).
 template <int TYPE>
-constexpr int bulk_row_bytes() {
+__host__ __device__ constexpr int bulk_row_bytes() {
     return (group_bytes(TYPE) * BULK_GROUPS + 30) / 16 * 16 + 16;
 }
 
-template <int TYPE>
-struct BulkRing {
-    uint8_t raw[BULK_RING][16][bulk_row_bytes<TYPE>()];
-    uint64_t full[BULK_RING], empty[BULK_RING];
+// Where the copies serve: measured per shape against this file's first kernel (H200, 2026-12-04,
+// gpu_check --only kernels with and without LUCE_GPU_BULK, us at 8 / 16 / 32 tokens): IQ4_XS
+// 17408x5120 29.7 / 42.4 / 55.8 against 35.6 / 45.0 / 52.3, 34816x5120 51.1 / 74.9 / 105.3
+// against 65.4 / 81.1 / 103.0, FFN down 5120x17408 (four parts) 37.0 / 55.8 / 70.2 against 43.1
+// / 47.7 / 73.6; Q6_K ssm_out 5120x6144 (two parts) 14.9 / 25.1 / 44.2 against 19.2 / 30.8 /
+// 43.9, attn_v 1024x5120 12.0 / 12.9 / 17.4 against 17.6 / 19.8 / 21.6. At 16 tokens the
+// instances for four parts hold 111 registers a thread, one block of 512 per SM. Q5_K and Q8_0
+// measured slower (32768x5120 Q5_K at 8 tokens 155.7 against 112.7) and keep the lanes' loads.
+__host__ __device__ constexpr bool bulk_serves(int type, int parts, int ntiles) {
+    if (type == GGML_IQ4_XS) return ntiles == 1 || (ntiles == 2 && parts < MAX_PARTS);
+    return type == GGML_Q6_K && parts < MAX_PARTS;
+}
+
+template <int TYPE, int RING>
+struct alignas(16) BulkRing {
+    uint8_t raw[RING][16][bulk_row_bytes<TYPE>()];
+    uint64_t full[RING], empty[RING];
 };
 
-// Copy c of a row at wr (groups BULK_GROUPS c ..): the window's first byte and its length.
+// The block's shared memory (dynamic: four parts need more than the 48 KB of static memory). One
+// staging slice per warp (a __syncwarp before it is overwritten), not two as above: 31 KB a block
+// at one part instead of 38, 7 blocks per SM instead of 5 (IQ4_XS 34816x5120 at 8 tokens 56.7 ->
+// 48.4 us, 17408x5120 30.4 -> 28.4).
+template <int TYPE, int PARTS>
+struct alignas(16) BulkShared {
+    WarpStage stages[PAIR_WARPS * PARTS];
+    BulkRing<TYPE, bulk_ring<TYPE, PARTS>()> ring[PARTS];
+    float red[PARTS][SLOTS][4][32];
+};
+
+// Copy c of the part whose first group is at wp (groups BULK_GROUPS c .. of its n_groups, none
+// past row_end): the 16-byte-aligned window's first byte and its length.
 template <int TYPE>
-__device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wr, int c, int n_groups, uint32_t &bytes) {
+__device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wp, const uint8_t *row_end, int c, int n_groups,
+                                                 uint32_t &bytes) {
     const int k = BULK_GROUPS * c, n = min(BULK_GROUPS, n_groups - k);
-    const uintptr_t a = reinterpret_cast<uintptr_t>(wr) + uintptr_t(group_bytes(TYPE)) * k;
-    const uintptr_t lo = a & ~uintptr_t(15), hi = (a + uintptr_t(group_bytes(TYPE)) * n + 15) & ~uintptr_t(15);
+    const uintptr_t a = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * k;
+    const uintptr_t end = min(a + uintptr_t(group_bytes(TYPE)) * n, reinterpret_cast<uintptr_t>(row_end));
+    const uintptr_t lo = a & ~uintptr_t(15), hi = (end + 15) & ~uintptr_t(15);
     bytes = uint32_t(hi - lo);
     return lo;
 }
 
-template <int TYPE, int NTILES>
-__global__ void __launch_bounds__(PAIR_WARPS * 32) matmul_mma_bulk_kernel(MmaArgs p) {
-    constexpr int ACT_RING = NTILES >= 4 ? 1 : 2;
+template <int TYPE, int NTILES, int PARTS>
+__global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_bulk_kernel(MmaArgs p) {
+    constexpr int ACT_RING = NTILES >= 4 ? 1 : 2, RING = bulk_ring<TYPE, PARTS>();
     static_assert(BULK_GROUPS % ACT_RING == 0, "the activations' ring is indexed by the group in its copy");
-    // One stage per warp (a __syncwarp before it is overwritten), not two: 31 KB of shared memory
-    // a block instead of 38, 7 blocks per SM instead of 5 (H200, 2026-12-04, IQ4_XS at 8 tokens:
-    // 34816x5120 56.7 -> 48.4 us, 17408x5120 30.4 -> 28.4; a ring of 3 or 2 measured the same
-    // or worse).
-    __shared__ __align__(16) WarpStage stages[PAIR_WARPS];
-    __shared__ __align__(16) BulkRing<TYPE> ring;
-    __shared__ float red[1][SLOTS][4][32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp;
+    extern __shared__ __align__(16) uint8_t bulk_shared[];
+    BulkShared<TYPE, PARTS> &sh = *reinterpret_cast<BulkShared<TYPE, PARTS> *>(bulk_shared);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp % PAIR_WARPS, part = warp / PAIR_WARPS;
     const int g = lane / 4, tq = lane % 4, r = lane % 16, h = lane / 16;
     const int64_t r0 = int64_t(blockIdx.x) * 16;
     const int t0 = blockIdx.y * MMA_NTILE * NTILES;
-    const uint32_t q_addr = uint32_t(__cvta_generic_to_shared(&stages[warp].q[r][4 * h]));
+    const uint32_t q_addr = uint32_t(__cvta_generic_to_shared(&sh.stages[warp].q[r][4 * h]));
+    BulkRing<TYPE, RING> &ring = sh.ring[part];
 
     const int64_t row = min(r0 + r, p.rows.n_out() - 1);  // rows past n_out: computed, not stored
     const int seg = p.rows.find(row);
     const int n_units = p.n_in / 32, n_blocks = p.n_in / act_block_of(TYPE);
-    const int n_groups = (n_units + SLOTS - 1) / SLOTS, n_copies = (n_groups + BULK_GROUPS - 1) / BULK_GROUPS;
+    const int n_groups = (n_units + SLOTS - 1) / SLOTS;
+    const int k_begin = part_begin(part, n_groups, PARTS), k_end = part_begin(part + 1, n_groups, PARTS);
+    const int part_groups = k_end - k_begin, n_copies = (part_groups + BULK_GROUPS - 1) / BULK_GROUPS;
     const int slot = WARP_SLOTS * pair + h;
     const uint8_t *wr = p.rows.w[seg] + (row - p.rows.start(seg)) * p.row_bytes;
-    const bool producer = warp == 0 && lane < 16;  // lane r copies row r
+    const uint8_t *wp = wr + int64_t(group_bytes(TYPE)) * k_begin, *row_end = wr + p.row_bytes;
+    const bool producer = pair == 0 && lane < 16;  // lane r copies row r for its part
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < BULK_RING; ++s) bulk::barrier_init(&ring.full[s], 16), bulk::barrier_init(&ring.empty[s], PAIR_WARPS);
+    if (threadIdx.x < PARTS) {
+        for (int s = 0; s < RING; ++s)
+            bulk::barrier_init(&sh.ring[threadIdx.x].full[s], 16), bulk::barrier_init(&sh.ring[threadIdx.x].empty[s], PAIR_WARPS);
         bulk::barrier_init_fence();
     }
     __syncthreads();
     auto issue = [&](int c) {  // the weights are immutable: no wait for the previous kernel
         uint32_t bytes;
-        const uintptr_t src = bulk_window<TYPE>(wr, c, n_groups, bytes);
-        uint64_t *full = &ring.full[c % BULK_RING];
+        const uintptr_t src = bulk_window<TYPE>(wp, row_end, c, part_groups, bytes);
+        uint64_t *full = &ring.full[c % RING];
         bulk::arrive_expect_bytes(full, bytes);
-        bulk::copy_to_shared(ring.raw[c % BULK_RING][r], reinterpret_cast<const void *>(src), bytes, full);
+        bulk::copy_to_shared(ring.raw[c % RING][r], reinterpret_cast<const void *>(src), bytes, full);
     };
     if (producer)
-        for (int c = 0; c < BULK_RING && c < n_copies; ++c) issue(c);
+        for (int c = 0; c < RING && c < n_copies; ++c) issue(c);
     const Codebook cb = load_codebook_lanes();
     wait_for_inputs();
 
     ActCursor<NTILES> cur;
-    const int u0 = WARP_SLOTS * pair;  // the warp's first unit
+    const int u0 = SLOTS * k_begin + WARP_SLOTS * pair;  // the warp's first unit
 #pragma unroll
     for (int j = 0; j < NTILES; ++j) {
         const int64_t tile = min(t0 / MMA_NTILE + j, (p.T - 1) / MMA_NTILE);
@@ -409,20 +444,20 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32) matmul_mma_bulk_kernel(MmaArg
     ActLoads<TYPE, NTILES> acts[ACT_RING];
 #pragma unroll
     for (int i = 0; i < ACT_RING; ++i)
-        if (i < n_groups) fetch_acts<TYPE, NTILES>(cur, i, n_units - (u0 + SLOTS * i), acts[i]);
+        if (i < part_groups) fetch_acts<TYPE, NTILES>(cur, i, n_units - (u0 + SLOTS * i), acts[i]);
     float acc[WARP_SLOTS][NTILES][4] = {};
 
     for (int c = 0; c < n_copies; ++c) {
-        const int b = c % BULK_RING;
-        const uint32_t parity = (c / BULK_RING) & 1;
+        const int b = c % RING;
+        const uint32_t parity = (c / RING) & 1;
         bulk::wait(&ring.full[b], parity);
         uint32_t bytes;
-        const uint8_t *win = ring.raw[b][r] + (reinterpret_cast<uintptr_t>(wr) + uintptr_t(group_bytes(TYPE)) * BULK_GROUPS * c -
-                                               bulk_window<TYPE>(wr, c, n_groups, bytes));
+        const uintptr_t first = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * BULK_GROUPS * c;
+        const uint8_t *win = ring.raw[b][r] + (first - bulk_window<TYPE>(wp, row_end, c, part_groups, bytes));
 #pragma unroll
         for (int i = 0; i < BULK_GROUPS; ++i) {
-            const int k = BULK_GROUPS * c + i;
-            if (k >= n_groups) break;
+            const int k = k_begin + BULK_GROUPS * c + i;
+            if (k >= k_end) break;
             Unit un;
             if (unit_in_row<TYPE>(k, slot, n_units)) {
                 RawUnit<TYPE> raw;
@@ -432,22 +467,24 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32) matmul_mma_bulk_kernel(MmaArg
                 un = Unit{};  // past a Q8_0 row's end: staged, never multiplied
             }
             ActLoads<TYPE, NTILES> &now = acts[i % ACT_RING];
-            stage_and_multiply<TYPE>(un, k, pair, n_units, stages[warp], q_addr, now, acc);
-            if (k + ACT_RING < n_groups)
-                fetch_acts<TYPE, NTILES>(cur, i + ACT_RING, n_units - (SLOTS * (k + ACT_RING) + u0), now);
+            stage_and_multiply<TYPE>(un, k, pair, n_units, sh.stages[warp], q_addr, now, acc);
+            if (k + ACT_RING < k_end)
+                fetch_acts<TYPE, NTILES>(cur, i + ACT_RING, n_units - (SLOTS * (k + ACT_RING) + WARP_SLOTS * pair), now);
             __syncwarp();  // the next group's stores overwrite the stage
         }
         advance(cur, BULK_GROUPS, dx_per_group);
-        __syncwarp();
         if (lane == 0) bulk::arrive(&ring.empty[b]);
-        if (producer && c + BULK_RING < n_copies) {
+        if (producer && c + RING < n_copies) {
             bulk::wait(&ring.empty[b], parity);
-            issue(c + BULK_RING);
+            issue(c + RING);
         }
         __syncwarp();  // the producer's warp meets again before its next mma (.aligned)
     }
-    reduce_and_store<1>(p, r0, t0, pair, 0, acc, red);
+    reduce_and_store<PARTS>(p, r0, t0, pair, part, acc, sh.red);
 }
+
+// n-tiles of 8 tokens per block for a width of T tokens.
+inline int frag_ntiles(int T) { return T <= 8 ? 1 : T <= 16 ? 2 : 4; }
 
 struct FragLaunch {
     cudaStream_t stream;
@@ -464,6 +501,20 @@ struct FragLaunch {
                       args<TYPE>());
     }
 
+    template <int TYPE, int NTILES, int PARTS>
+    void launch_bulk() const {
+        const auto kernel = matmul_mma_bulk_kernel<TYPE, NTILES, PARTS>;
+        constexpr size_t shared = sizeof(BulkShared<TYPE, PARTS>);
+        static bool attribute_set = false;  // once per instance (before any graph capture: eager steps come first)
+        if (!attribute_set) {
+            LUCE_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+            attribute_set = true;
+        }
+        const int toks = MMA_NTILE * NTILES;
+        const dim3 grid(unsigned((rows.n_out() + 15) / 16), unsigned((T + toks - 1) / toks));
+        launch_kernel(kernel, grid, PAIR_WARPS * 32 * PARTS, shared, stream, args<TYPE>());
+    }
+
     template <int TYPE>
     MmaArgs args() const {
         return MmaArgs{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T, a.qf, a.df, a.sf};
@@ -475,16 +526,14 @@ struct FragLaunch {
     // 2026-12-04). Rows of several parts put each part on its own four warps.
     template <int TYPE, int NTILES>
     void launch() const {
-        if constexpr (TYPE == GGML_IQ4_XS) {
-          if (frag_bulk_copies && row_parts(int(n_in)) == 1) {
-            const int toks = MMA_NTILE * NTILES;
-            const dim3 grid(unsigned((rows.n_out() + 15) / 16), unsigned((T + toks - 1) / toks));
-            launch_kernel(matmul_mma_bulk_kernel<TYPE, NTILES>, grid, PAIR_WARPS * 32, 0, stream, args<TYPE>());
-            return;
-          }
-        }
         constexpr int UNROLL = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 2;
-        with_row_parts(int(n_in), [&](auto parts) { launch_with<TYPE, NTILES, UNROLL, decltype(parts)::value>(); });
+        with_row_parts(int(n_in), [&](auto parts) {
+            constexpr int PARTS = decltype(parts)::value;
+            if constexpr (bulk_serves(TYPE, PARTS, NTILES)) {
+                if (frag_bulk_copies) return launch_bulk<TYPE, NTILES, PARTS>();
+            }
+            launch_with<TYPE, NTILES, UNROLL, PARTS>();
+        });
     }
 
     template <int TYPE>
@@ -492,9 +541,11 @@ struct FragLaunch {
         if constexpr (act_block_of(TYPE) == 0) {
             fail(LUCE_ERR_INTERNAL, "mma matmul called for float type %d", TYPE);
         } else {
-            if (T <= 8) launch<TYPE, 1>();
-            else if (T <= 16) launch<TYPE, 2>();
-            else launch<TYPE, 4>();
+            switch (frag_ntiles(T)) {
+            case 1: return launch<TYPE, 1>();
+            case 2: return launch<TYPE, 2>();
+            default: return launch<TYPE, 4>();
+            }
         }
     }
 };
@@ -509,11 +560,15 @@ struct FragLaunch {
 // 24 / 28 / 32) but on ssm_out's rows of two parts only past 16 tokens (5120x6144: 43 / 47 / 55
 // against 37 / 45 / 90); Q5_K and Q8_0 slower (their raw units are large: two in flight per
 // lane). The kernels give the same bits, so this only picks the faster. The backend asks from
-// MMA_MIN_TOKENS up (backend_gpu.cu).
+// MMA_MIN_TOKENS up (backend_gpu.cu). With the bulk copies (sm_90+) Q6_K's rows of two parts
+// are faster here at every width too (ssm_out at 8 tokens 14.9 us against the staged kernel's
+// 35.1; bulk_serves).
 bool mma_frag_serves(int type, int64_t n_in, int T) {
     if (T > MMA_FRAG_MAX_TOKENS) return false;
     if (type == GGML_IQ4_XS) return true;
-    return type == GGML_Q6_K && (int8_units::row_parts(int(n_in)) == 1 || T > 16);
+    const int parts = int8_units::row_parts(int(n_in));
+    if (type == GGML_Q6_K && frag_bulk_copies && bulk_serves(type, parts, frag_ntiles(T))) return true;
+    return type == GGML_Q6_K && (parts == 1 || T > 16);
 }
 
 void matmul_mma_frag(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a) {
