@@ -335,7 +335,7 @@ constexpr int BULK_GROUPS = 2;  // groups per copy
 // / 49.1 us, 10240x5120 20.1 / 20.4 / 22.6), fewer for the larger rings of Q6_K and four parts.
 template <int TYPE, int PARTS>
 __host__ __device__ constexpr int bulk_ring() {
-    return PARTS == 1 ? 4 : PARTS == 2 ? (TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 3) : 2;
+    return PARTS == 1 ? 4 : PARTS == 2 ? (TYPE == GGML_IQ4_XS ? 4 : 3) : 2;
 }
 
 // Bytes of one row's buffer: the window around BULK_GROUPS groups at any 2-byte alignment, plus 16
@@ -393,6 +393,7 @@ template <int TYPE, int NTILES, int PARTS>
 __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_bulk_kernel(MmaArgs p) {
     constexpr int ACT_RING = NTILES >= 4 ? 1 : 2, RING = bulk_ring<TYPE, PARTS>();
     static_assert(BULK_GROUPS % ACT_RING == 0, "the activations' ring is indexed by the group in its copy");
+    static_assert(group_is_block(TYPE), "whole groups only (bulk_serves): every unit of a group is in the row");
     extern __shared__ __align__(16) uint8_t bulk_shared[];
     BulkShared<TYPE, PARTS> &sh = *reinterpret_cast<BulkShared<TYPE, PARTS> *>(bulk_shared);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp % PAIR_WARPS, part = warp / PAIR_WARPS;
@@ -458,14 +459,10 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_bulk_kerne
         for (int i = 0; i < BULK_GROUPS; ++i) {
             const int k = k_begin + BULK_GROUPS * c + i;
             if (k >= k_end) break;
+            RawUnit<TYPE> raw;
+            fetch_group_unit<TYPE>(win + group_bytes(TYPE) * i, slot, raw);
             Unit un;
-            if (unit_in_row<TYPE>(k, slot, n_units)) {
-                RawUnit<TYPE> raw;
-                fetch_group_unit<TYPE>(win + group_bytes(TYPE) * i, slot, raw);
-                decode_unit<TYPE>(raw, SLOTS * k + slot, cb, un);
-            } else {
-                un = Unit{};  // past a Q8_0 row's end: staged, never multiplied
-            }
+            decode_unit<TYPE>(raw, SLOTS * k + slot, cb, un);
             ActLoads<TYPE, NTILES> &now = acts[i % ACT_RING];
             stage_and_multiply<TYPE>(un, k, pair, n_units, sh.stages[warp], q_addr, now, acc);
             if (k + ACT_RING < k_end)
@@ -505,7 +502,9 @@ struct FragLaunch {
     void launch_bulk() const {
         const auto kernel = matmul_mma_bulk_kernel<TYPE, NTILES, PARTS>;
         constexpr size_t shared = sizeof(BulkShared<TYPE, PARTS>);
-        static bool attribute_set = false;  // once per instance (before any graph capture: eager steps come first)
+        // Once per instance and process (luce drives one GPU), before any graph capture: a step
+        // runs eagerly before it is captured.
+        static bool attribute_set = false;
         if (!attribute_set) {
             LUCE_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
             attribute_set = true;
