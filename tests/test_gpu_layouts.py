@@ -4,6 +4,10 @@ stay GGUF's to the bit. tests/native/gpu_layouts.cu runs the device's conversion
 dequantizer of the converted bytes on the host; here they meet gguf's own dequantization of the
 original blocks, which nobody here wrote. Random blocks reach every code and bit pattern; a Q6_K
 tensor of an odd number of blocks has blocks of both parities (the layout differs between them).
+
+The fragment kernel's bulk copies (native/gpu/bulk_copy.cuh) move 16-byte-aligned windows around
+a row's groups into fixed-size shared buffers: the windows must cover the run, stay within 15
+bytes of it, and never exceed the buffer, at every alignment a row can have.
 """
 from __future__ import annotations
 
@@ -59,3 +63,17 @@ def test_gpu_layout_keeps_gguf_values(program, qtype, name):
 def test_gpu_layout_program_refuses_partial_blocks(program):
     proc = subprocess.run([str(program), "q6_k"], input=b"\0" * 211, capture_output=True)
     assert proc.returncode == 2 and b"not a whole number of blocks" in proc.stderr
+
+
+# Two groups of each type the copies serve, and one (a part's odd last copy).
+@pytest.mark.parametrize("span", [136, 272, 210, 420])
+def test_bulk_copy_windows_cover_the_run_and_fit_the_buffer(program, span):
+    out = subprocess.run([str(program), "windows", str(span)], capture_output=True, check=True, text=True).stdout
+    rows = [tuple(int(v) for v in line.split()) for line in out.splitlines()]
+    assert len(rows) == 64
+    worst = max(-(-(offset + span) // 16) * 16 for offset in range(16))  # ceil16 of the run at each alignment
+    for a, end, first, n_bytes, buffer in rows:
+        assert end - a == span
+        assert first % 16 == 0 and n_bytes % 16 == 0  # cp.async.bulk's alignment rules
+        assert first <= a < first + 16 and end <= first + n_bytes < end + 16
+        assert n_bytes <= buffer == worst

@@ -19,6 +19,18 @@ inline bool bulk_copies_supported(int major) { return major >= 9; }
 #define LUCE_BULK_ASM(...) __trap()
 #endif
 
+// The 16-byte-aligned window [first, first + bytes) around the bytes [a, end): a bulk copy needs a
+// 16-byte-aligned source and length, so a run at any alignment is copied with up to 15 more bytes
+// on either side (tests/test_gpu_layouts.py holds the bounds).
+__host__ __device__ inline uintptr_t aligned_window(uintptr_t a, uintptr_t end, uint32_t &bytes) {
+    const uintptr_t first = a & ~uintptr_t(15), last = (end + 15) & ~uintptr_t(15);
+    bytes = uint32_t(last - first);
+    return first;
+}
+
+// The longest window around `span` bytes at any alignment: the size of a buffer that takes them.
+__host__ __device__ constexpr int max_window_bytes(int span) { return (span + 30) / 16 * 16; }
+
 __device__ __forceinline__ uint32_t shared_addr(const void *p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
 // A barrier whose phase completes after `arrivals` arrivals (and every byte it was told to expect).

@@ -338,12 +338,12 @@ __host__ __device__ constexpr int bulk_ring() {
     return PARTS == 1 ? 4 : PARTS == 2 ? (TYPE == GGML_IQ4_XS ? 4 : 3) : 2;
 }
 
-// Bytes of one row's buffer: the window around BULK_GROUPS groups at any 2-byte alignment, plus 16
-// so that rows start 16 bytes further round the banks (304 for IQ4_XS: lanes reading 8 bytes of
-// rows r and r + 1 .. r + 7 hit different banks).
+// Bytes of one row's buffer: the window around BULK_GROUPS groups, plus 16 so that rows start 16
+// bytes further round the banks (304 for IQ4_XS: lanes reading 8 bytes of rows r and r + 1 ..
+// r + 7 hit different banks).
 template <int TYPE>
 __host__ __device__ constexpr int bulk_row_bytes() {
-    return (group_bytes(TYPE) * BULK_GROUPS + 30) / 16 * 16 + 16;
+    return bulk::max_window_bytes(group_bytes(TYPE) * BULK_GROUPS) + 16;
 }
 
 // Where the copies serve: measured per shape against this file's first kernel (H200, 2026-12-04,
@@ -384,9 +384,7 @@ __device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wp, const uint8_
     const int k = BULK_GROUPS * c, n = min(BULK_GROUPS, n_groups - k);
     const uintptr_t a = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * k;
     const uintptr_t end = min(a + uintptr_t(group_bytes(TYPE)) * n, reinterpret_cast<uintptr_t>(row_end));
-    const uintptr_t lo = a & ~uintptr_t(15), hi = (end + 15) & ~uintptr_t(15);
-    bytes = uint32_t(hi - lo);
-    return lo;
+    return bulk::aligned_window(a, end, bytes);
 }
 
 template <int TYPE, int NTILES, int PARTS>

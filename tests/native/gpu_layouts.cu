@@ -4,13 +4,20 @@
 // (iq4_xs_codes_to_gpu, q6_k_block_to_gpu, as repack_weights applies them) and the dequantizer
 // that reads that layout (load_unit), so the test can hold them to gguf's own dequantization
 // on a machine without a GPU. Usage: gpu_layouts iq4_xs|q6_k < blocks > values
+//
+// Also the bulk copies' windows (native/gpu/bulk_copy.cuh): gpu_layouts windows SPAN prints, for
+// a run of SPAN bytes at each offset 0..63, "a end first bytes max" with the window the device
+// copies and the buffer size it relies on.
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "bulk_copy.cuh"
 #include "quant_blocks.cuh"
 
 using namespace luce;
@@ -44,11 +51,27 @@ std::vector<float> values(const std::vector<uint8_t> &gpu) {
 
 }  // namespace
 
+int print_windows(const char *span_arg) {
+    const int span = std::atoi(span_arg);
+    if (span < 1 || span > 1 << 20) {
+        std::fprintf(stderr, "gpu_layouts: bad span %s\n", span_arg);
+        return 2;
+    }
+    for (uintptr_t a = 4096; a < 4096 + 64; ++a) {
+        uint32_t bytes = 0;
+        const uintptr_t first = bulk::aligned_window(a, a + uintptr_t(span), bytes);
+        std::printf("%ju %ju %ju %u %d\n", uintmax_t(a), uintmax_t(a + span), uintmax_t(first), bytes,
+                    bulk::max_window_bytes(span));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && std::string(argv[1]) == "windows") return print_windows(argv[2]);
     const std::string name = argc == 2 ? argv[1] : "";
     const int type = name == "iq4_xs" ? GGML_IQ4_XS : name == "q6_k" ? GGML_Q6_K : -1;
     if (type < 0) {
-        std::fprintf(stderr, "usage: gpu_layouts iq4_xs|q6_k < blocks > values\n");
+        std::fprintf(stderr, "usage: gpu_layouts iq4_xs|q6_k < blocks > values, or gpu_layouts windows SPAN\n");
         return 2;
     }
     const std::vector<uint8_t> gguf{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
