@@ -99,6 +99,22 @@ struct ActCursor {
     const int16_t *sums[NTILES];  // and their two 16-sums each (16 per unit)
 };
 
+// The cursor of a warp whose first unit is u0, for the n-tiles from token t0 (tiles past the
+// last token repeat it: computed, not stored).
+template <int TYPE, int NTILES>
+__device__ __forceinline__ ActCursor<NTILES> act_cursor(const MmaArgs &p, int t0, int u0, int n_units, int n_blocks,
+                                                        int g, int tq) {
+    ActCursor<NTILES> cur;
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j) {
+        const int64_t tile = min(t0 / MMA_NTILE + j, (p.T - 1) / MMA_NTILE);
+        cur.x[j] = p.xqf + ((tile * n_units + u0) * 8 + g) * 32 + 8 * tq;
+        cur.dx[j] = p.xdf + (tile * n_blocks + u0 / (act_block_of(TYPE) / 32)) * 8 + 2 * tq;
+        cur.sums[j] = p.xsf + ((tile * n_units + u0) * 8 + 2 * tq) * 2;
+    }
+    return cur;
+}
+
 // One 8-byte load per (unit, n-tile) for the B fragments, one per group (per unit for Q8_0) for
 // the C columns' scales, one per unit for their 16-sums: a warp's loads of one unit are 256
 // contiguous bytes. Group `ahead` groups past the cursor, of whose units `left` are in the row
@@ -270,15 +286,8 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
             fetch_group_unit<TYPE>(wr + int64_t(group_bytes(TYPE)) * i, slot, raw[i]);
     wait_for_inputs();  // the first weights are on their way while the previous kernel finishes
 
-    ActCursor<NTILES> cur;
     const int u0 = SLOTS * k_begin + WARP_SLOTS * pair;  // the warp's first unit
-#pragma unroll
-    for (int j = 0; j < NTILES; ++j) {
-        const int64_t tile = min(t0 / MMA_NTILE + j, (p.T - 1) / MMA_NTILE);
-        cur.x[j] = p.xqf + ((tile * n_units + u0) * 8 + g) * 32 + 8 * tq;
-        cur.dx[j] = p.xdf + (tile * n_blocks + u0 / (act_block_of(TYPE) / 32)) * 8 + 2 * tq;
-        cur.sums[j] = p.xsf + ((tile * n_units + u0) * 8 + 2 * tq) * 2;
-    }
+    ActCursor<NTILES> cur = act_cursor<TYPE, NTILES>(p, t0, u0, n_units, n_blocks, g, tq);
     constexpr int dx_per_group = group_is_block(TYPE) ? 1 : SLOTS;
     ActLoads<TYPE, NTILES> acts[ACT_RING];  // groups k, k + 1, ... (Q8_0: dx is per unit, u0 is its block)
 #pragma unroll
@@ -430,15 +439,8 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_bulk_kerne
     const Codebook cb = load_codebook_lanes();
     wait_for_inputs();
 
-    ActCursor<NTILES> cur;
     const int u0 = SLOTS * k_begin + WARP_SLOTS * pair;  // the warp's first unit
-#pragma unroll
-    for (int j = 0; j < NTILES; ++j) {
-        const int64_t tile = min(t0 / MMA_NTILE + j, (p.T - 1) / MMA_NTILE);
-        cur.x[j] = p.xqf + ((tile * n_units + u0) * 8 + g) * 32 + 8 * tq;
-        cur.dx[j] = p.xdf + (tile * n_blocks + u0 / (act_block_of(TYPE) / 32)) * 8 + 2 * tq;
-        cur.sums[j] = p.xsf + ((tile * n_units + u0) * 8 + 2 * tq) * 2;
-    }
+    ActCursor<NTILES> cur = act_cursor<TYPE, NTILES>(p, t0, u0, n_units, n_blocks, g, tq);
     constexpr int dx_per_group = group_is_block(TYPE) ? 1 : SLOTS;
     ActLoads<TYPE, NTILES> acts[ACT_RING];
 #pragma unroll
