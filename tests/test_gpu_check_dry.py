@@ -29,3 +29,37 @@ def test_kernel_stage_dry_run_passes_the_int8_oracle(tmp_path):
         m = rows[key]
         assert m["ok"] and m["rel_err_fast"] <= 1e-5 and m["rel_err"] <= 1e-5, m
     assert "RESULT: PASS" in (out / "gpu_report.md").read_text()
+
+
+def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
+    """Every stage of the device run, with the CPU standing in for the GPU and the tiny synthetic
+    shapes: a stage that breaks between device runs fails here, not in the next GPU session.
+    The synthetic drafter bench carries two invariants of its own: the random drafter's drafts are
+    all rejected (tau 1), the oracle's all accepted (tau = the block)."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--dut", "cpu", "--skip-build", "--bench-shape", "tiny",
+         "--ref-spec-budget", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "LUCE_CHECK_WORK": str(tmp_path / "work")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    report = json.loads((out / "gpu_report.json").read_text())
+    for stage in ("matmul", "attention", "select", "deltanet", "checks", "drafters"):
+        assert report[stage] and all(row["ok"] for row in report[stage]), stage
+    assert report["graphs"]["ok"] and report["graphs"]["identical_tokens"]
+    assert {row["kind"] for row in report["drafters"]} == {"dflash", "dflash2", "dspark"}
+
+    bench = report["bench"]
+    assert bench["decode"]["tok_s"] > 0 and set(bench["prefill"]) == {"512", "2048"}
+    assert set(bench["verify"]) == {"1", "2", "4", "8", "16", "32"}
+    steps = report["drafter_bench"]
+    assert steps["zero_accept"]["tau"] == 1.0 and steps["full_accept"]["tau"] == steps["block"] == 8
+    assert steps["ddtree_oracle"]["tau"] > 1.0
+
+    # One second of budget: the first drafter is measured (chain and tree), the others are skipped.
+    spec = report["reference_spec"]
+    measured = [r for r in spec if "tok_s" in r]
+    assert {(r["draft"], r["verify"]) for r in measured} == {("dflash", "chain"), ("dflash", "tree")}
+    assert all(r["tau"] >= 1.0 and r["tok_s"] > 0 and r["plain_tok_s"] > 0 for r in measured)
+    assert {r["draft"] for r in spec if "skipped" in r} == {"dflash2", "dspark"}
+    text = (out / "gpu_report.md").read_text()
+    assert "reference pair, speculative vs plain" in text and "RESULT: PASS" in text

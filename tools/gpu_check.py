@@ -23,6 +23,9 @@
            the GPU, speculative GPU == CPU, DDTree (or the backend's refusal); then a whole DFlash 2
            step at block 8 on the synthetic 27B pair (models/synthetic_drafter.py) vs a plain step,
            and its per-op device time (appended to gpu_profile.txt; GPU only).
+5. spec     the reference pair's speculative decoding on held-out code, GPU against the host's CPU:
+           plain and speculative tok/s, tau and speedup per drafter, block and verify mode
+           (--ref-spec-budget).
 
 Writes gpu_report.md and gpu_report.json. Exit status 0 iff every check passed. `--dut cpu` runs
 the same script with the CPU standing in for the GPU (a dry run of the script itself).
@@ -1095,6 +1098,40 @@ def check_drafters(dut: str, threads: int, root: Path, deadline: float) -> list[
     return rows
 
 
+# The reference pair's speculative decoding, GPU against CPU (issue 6's "spec decode on the
+# reference models"): the committed Q8_0 drafters on held-out code, as the CPU table of
+# docs/benchmarks.md measured them, at each checkpoint's block and at DFlash 2's block 8.
+REF_SPEC_PROMPTS = 12  # first prompts of models/reference/prompts/code.jsonl
+REF_SPEC_TOKENS = 64
+REF_SPEC_BLOCKS = {"dflash": (0,), "dflash2": (0, 8), "dspark": (0,)}  # 0: the checkpoint's block
+
+
+def bench_reference_spec(dut: str, threads: int, deadline: float) -> list[dict]:
+    """tok/s of plain and speculative greedy decoding (chain and DDTree, adaptive off) with each
+    reference drafter, on the device under test and on the CPU of the same host: one row per
+    (device, drafter, block, verify) with its tau, acceptance and speedup over plain."""
+    from luce import bench as luce_bench
+
+    ref = REPO / "models" / "reference"
+    prompts = [json.loads(line)["prompt"] for line in
+               (ref / "prompts" / "code.jsonl").read_text().splitlines()[:REF_SPEC_PROMPTS]]
+    tests = [luce_bench.Test("tg", REF_SPEC_TOKENS)]
+    rows = []
+    for kind, blocks in REF_SPEC_BLOCKS.items():  # a drafter's devices together: the budget cuts whole drafters
+        for device in dict.fromkeys((dut, "cpu")):
+            if time.perf_counter() > deadline:
+                rows.append({"device": device, "draft": kind, "skipped": "time budget (--drafter-budget)"})
+                continue
+            log(f"reference speculative bench: {kind} on {device}")
+            plain, *spec = luce_bench.bench_speculative(
+                ref / "target-q8_0.gguf", ref / f"{kind}-q8_0.gguf", tests, 0, [threads], list(blocks),
+                list(luce_bench.VERIFY_MODES), False, device, 1, True, prompt_set=prompts)
+            rows += [{"device": device, "draft": kind, "block": r.block, "verify": r.verify, "tok_s": r.tok_s,
+                      "plain_tok_s": plain.tok_s, "tau": r.tau, "acceptance": r.acceptance, "speedup": r.speedup}
+                     for r in spec]
+    return rows
+
+
 def bench_drafter(shape: str, dut: str, threads: int, deadline: float, profile_path: Path | None = None) -> dict:
     """A whole DFlash 2 speculative step (draft, verify, rollback, bookkeeping) at block 8 on the
     synthetic pair (target from bench(), drafter from models/synthetic_drafter.py) against a plain
@@ -1202,6 +1239,32 @@ def _select_table(cases: list[dict]) -> list[str]:
             f"| {a['case']} | {a['rows_wrong']} | {a['first_wrong']} | {'ok' if a['ok'] else 'FAIL'} |" for a in cases]
     return ["| selection case (ties across chunks, an all -inf row) | rows wrong | first wrong [row, got, want] | ok |",
             "| --- | --- | --- | --- |", *rows, ""]
+
+
+def _reference_spec_table(rows: list[dict]) -> list[str]:
+    """One line per (drafter, block, verify), each device's speculative and plain tok/s side by side."""
+    if not rows:
+        return []
+    lines = ["", f"## Bench: reference pair, speculative vs plain, {REF_SPEC_TOKENS} tokens after each of "
+                 f"{REF_SPEC_PROMPTS} held-out code prompts", ""]
+    lines += [f"- {r.get('device', '')} {r.get('draft', '')}: {r.get('error') or r.get('skipped')}"
+              for r in rows if "error" in r or "skipped" in r]
+    measured = [r for r in rows if "tok_s" in r]
+    devices = list(dict.fromkeys(r["device"] for r in measured))
+    if not measured:
+        return lines
+    lines += ["| drafter | block | verify | tau | " + " | ".join(f"{d} spec tok/s | {d} plain tok/s | {d} speedup"
+                                                           for d in devices) + " |",
+              "| --- | ---: | --- | ---: |" + " ---: | ---: | ---: |" * len(devices)]
+    by_key: dict = {}
+    for r in measured:
+        by_key.setdefault((r["draft"], r["block"], r["verify"]), {})[r["device"]] = r
+    for (draft, block, verify), per in by_key.items():
+        taus = " / ".join(dict.fromkeys(f"{r['tau']:.2f}" for r in per.values()))
+        cells = [f"{per[d]['tok_s']:.0f} | {per[d]['plain_tok_s']:.0f} | {per[d]['speedup']:.2f}x" if d in per
+                 else "- | - | -" for d in devices]
+        lines.append(f"| {draft} | {block} | {verify} | {taus} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_report(out: Path, report: dict) -> None:
@@ -1330,6 +1393,7 @@ def write_report(out: Path, report: dict) -> None:
                              f"{r['spec_steps']} steps, tau {r['tau']:.2f})"))
             if db.get("profile"):
                 lines.append(f"- per-op profile of the zero-acceptance run: {Path(db['profile']).name}")
+    lines += _reference_spec_table(report.get("reference_spec", []))
     lines.append(f"\nRESULT: {'PASS' if report['ok'] else 'FAIL'} ({report['seconds']:.0f} s)")
     text = "\n".join(lines) + "\n"
     (out / "gpu_report.md").write_text(text)
@@ -1413,6 +1477,13 @@ def run(args, out: Path, build_info: dict | None) -> int:
                                                         out / "gpu_profile.txt")
             except Exception as e:
                 report["drafter_bench"] = {"error": f"{type(e).__name__}: {e}"}
+    if not args.no_drafters and args.ref_spec_budget > 0:
+        log("reference speculative bench")
+        try:
+            report["reference_spec"] = bench_reference_spec(args.dut, threads,
+                                                            time.perf_counter() + args.ref_spec_budget)
+        except Exception as e:
+            report["reference_spec"] = [{"error": f"{type(e).__name__}: {e}"}]
     report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("attention", [])
                         + report.get("select", []) + report.get("deltanet", []) + [report.get("graphs", {"ok": True})]
                         + report.get("drafters", []))
@@ -1433,9 +1504,11 @@ def main(argv=None) -> int:
     ap.add_argument("--bench-shape", default="27b", choices=("27b", "0.8b", "tiny", "none"))
     ap.add_argument("--budget", type=float, default=330.0, help="seconds after which bench items are skipped")
     ap.add_argument("--no-memcheck", action="store_true", help="skip the compute-sanitizer pass")
-    ap.add_argument("--no-drafters", action="store_true", help="skip the drafter checks and the drafter bench")
+    ap.add_argument("--no-drafters", action="store_true", help="skip the drafter checks and the drafter benches")
     ap.add_argument("--drafter-budget", type=float, default=90.0,
                     help="seconds for the drafter checks and bench, after the target bench")
+    ap.add_argument("--ref-spec-budget", type=float, default=90.0,
+                    help="seconds for the reference pair's speculative bench, GPU against CPU (0: skip it)")
     ap.add_argument("--only", choices=("all", "kernels"), default="all",
                     help="kernels: build, the per-type matmul checks and the matmul kernel bench only")
     ap.add_argument("--build-info", default=None, help=argparse.SUPPRESS)
@@ -1447,7 +1520,8 @@ def main(argv=None) -> int:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([info["site"], os.environ.get("PYTHONPATH", "")])}
         cmd = [sys.executable, str(Path(__file__).resolve()), "--skip-build", "--out", str(args.out.resolve()),
                "--dut", args.dut, "--bench-shape", args.bench_shape, "--budget", str(args.budget),
-               "--build-info", json.dumps(info), "--drafter-budget", str(args.drafter_budget), "--only", args.only] \
+               "--build-info", json.dumps(info), "--drafter-budget", str(args.drafter_budget), "--only", args.only,
+               "--ref-spec-budget", str(args.ref_spec_budget)] \
             + (["--no-memcheck"] if args.no_memcheck else []) + (["--no-drafters"] if args.no_drafters else [])
         return subprocess.run(cmd, cwd="/", env=env).returncode
     return run(args, args.out, json.loads(args.build_info) if args.build_info else None)
