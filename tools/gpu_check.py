@@ -911,11 +911,26 @@ KERNEL_REPS = 20
 KERNEL_WIDTHS = VERIFY_WIDTHS + (64,)  # 64: a prefill chunk (MAX_STEP), where the prefill GEMM runs
 
 
-def bench_matmul_kernels(dut: str, deadline: float) -> list[dict]:
+def parse_kernel_ab(text: str) -> dict[str, str]:
+    """--kernel-ab's 'NAME=VALUE[,NAME=VALUE...]': environment settings of the GPU backend."""
+    settings = {}
+    for item in text.split(","):
+        name, eq, value = item.strip().partition("=")
+        if not eq or not name.startswith("LUCE_"):
+            raise argparse.ArgumentTypeError(f"{item.strip()!r}: expected LUCE_NAME=VALUE")
+        settings[name] = value
+    return settings
+
+
+def bench_matmul_kernels(dut: str, deadline: float, ab: list[dict[str, str]] = ()) -> list[dict]:
     """Device time of one quantized matmul kernel (activations already quantized) per 27B shape and
     width: the default choice by width, and the dp4a, the two tensor-core kernels and the prefill GEMM
     forced. GB/s counts the weight bytes once per call. Each timed call reads its own copy of the
-    weights (the hook's copies add up to 4x the L2), so they come from DRAM as in a model step."""
+    weights (the hook's copies add up to 4x the L2), so they come from DRAM as in a model step.
+
+    Each setting in `ab` (--kernel-ab) times the default choice again under those environment
+    variables: the hook builds a backend per call, which reads them, so one run holds an A/B of
+    any switch the backend reads at start (LUCE_GPU_BULK=0, say) on the same weights."""
     import numpy as np
     from gguf.constants import GGMLQuantizationType as Q
 
@@ -940,12 +955,21 @@ def bench_matmul_kernels(dut: str, deadline: float) -> list[dict]:
                 with kernels("fast"), env(LUCE_GPU_MATMUL=None if kind == "auto" else kind):
                     _, us = run(int(qtype), raw, n_rows, n_cols, x, timing_reps=KERNEL_REPS)
                 row[kind] = {"us": us, "GBps": raw.nbytes / us / 1e3}
+            row["ab"] = {}
+            for setting in ab:
+                with kernels("fast"), env(**setting):
+                    _, us = run(int(qtype), raw, n_rows, n_cols, x, timing_reps=KERNEL_REPS)
+                row["ab"][ab_label(setting)] = {"us": us, "GBps": raw.nbytes / us / 1e3}
             rows.append(row)
     for row in rows:
         one = next(r for r in rows if (r["type"], r["rows"], r["cols"], r["T"]) ==
                    (row["type"], row["rows"], row["cols"], 1))
         row["x_width1"] = row["auto"]["us"] / one["auto"]["us"]
     return rows
+
+
+def ab_label(setting: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in setting.items())
 
 
 def profile_steps(path: Path, threads: int, ids, profile_path: Path) -> str:
@@ -1333,10 +1357,11 @@ def write_report(out: Path, report: dict) -> None:
                          f"{'ok' if r['ok'] else 'FAIL'} |")
     ks = report.get("kernels")
     if ks:
+        ab = list(next((k["ab"] for k in ks if "ab" in k), {}))
         lines += ["", f"## Matmul kernels: device time per call, {KERNEL_REPS} calls (activations quantized once)", "",
                   "| type | rows x cols | T | default: us (GB/s of weights) | x T=1 | dp4a forced | fragment tensor-core "
-                  "forced | staged tensor-core forced | prefill GEMM forced |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "forced | staged tensor-core forced | prefill GEMM forced |" + "".join(f" default, {a} |" for a in ab),
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(ab)]
         for k in ks:
             if "error" in k:
                 lines.append(f"| error: {k['error']} | | | | | | | | |")
@@ -1344,7 +1369,7 @@ def write_report(out: Path, report: dict) -> None:
             cell = lambda r: f"{r['us']:.1f} ({r['GBps']:.0f})"  # noqa: E731
             lines.append(f"| {k['type']} | {k['rows']} x {k['cols']} | {k['T']} | {cell(k['auto'])} | "
                          f"{k['x_width1']:.2f} | {cell(k['dp4a'])} | {cell(k['frag'])} | {cell(k['staged'])} | "
-                         f"{cell(k['gemm'])} |")
+                         f"{cell(k['gemm'])} |" + "".join(f" {cell(k['ab'][a])} |" for a in ab))
     b = report.get("bench")
     if b:
         lines += ["", f"## Bench: synthetic {b['shape']} {b['mix']} ({b.get('file_gib')} GiB)", ""]
@@ -1422,7 +1447,7 @@ def run(args, out: Path, build_info: dict | None) -> int:
     if args.bench_shape != "none" and args.dut == "gpu":
         log("matmul kernel bench")
         try:
-            report["kernels"] = bench_matmul_kernels(args.dut, deadline)
+            report["kernels"] = bench_matmul_kernels(args.dut, deadline, args.kernel_ab)
         except Exception as e:
             report["kernels"] = [{"error": f"{type(e).__name__}: {e}"}]
     if args.only == "kernels":
@@ -1509,6 +1534,8 @@ def main(argv=None) -> int:
                     help="seconds for the drafter checks and bench, after the target bench")
     ap.add_argument("--ref-spec-budget", type=float, default=90.0,
                     help="seconds for the reference pair's speculative bench, GPU against CPU (0: skip it)")
+    ap.add_argument("--kernel-ab", type=parse_kernel_ab, action="append", default=[], metavar="LUCE_X=V[,...]",
+                    help="also time the kernel bench's default choice under these backend settings (repeatable)")
     ap.add_argument("--only", choices=("all", "kernels"), default="all",
                     help="kernels: build, the per-type matmul checks and the matmul kernel bench only")
     ap.add_argument("--build-info", default=None, help=argparse.SUPPRESS)
@@ -1522,6 +1549,7 @@ def main(argv=None) -> int:
                "--dut", args.dut, "--bench-shape", args.bench_shape, "--budget", str(args.budget),
                "--build-info", json.dumps(info), "--drafter-budget", str(args.drafter_budget), "--only", args.only,
                "--ref-spec-budget", str(args.ref_spec_budget)] \
+            + [a for setting in args.kernel_ab for a in ("--kernel-ab", ab_label(setting))] \
             + (["--no-memcheck"] if args.no_memcheck else []) + (["--no-drafters"] if args.no_drafters else [])
         return subprocess.run(cmd, cwd="/", env=env).returncode
     return run(args, args.out, json.loads(args.build_info) if args.build_info else None)
