@@ -396,9 +396,11 @@ __device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wp, const uint8_
     return bulk::aligned_window(a, end, bytes);
 }
 
-template <int TYPE, int NTILES, int PARTS>
-__global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_bulk_kernel(MmaArgs p) {
-    constexpr int ACT_RING = NTILES >= 4 ? 1 : 2, RING = bulk_ring<TYPE, PARTS>();
+// MIN_BLOCKS: blocks per SM the instance is compiled for (0: no bound). One group's activations
+// in flight from six up, where two spill (bulk16_instance).
+template <int TYPE, int NTILES, int PARTS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, MIN_BLOCKS) matmul_mma_bulk_kernel(MmaArgs p) {
+    constexpr int ACT_RING = NTILES >= 4 || MIN_BLOCKS >= 6 ? 1 : 2, RING = bulk_ring<TYPE, PARTS>();
     static_assert(BULK_GROUPS % ACT_RING == 0, "the activations' ring is indexed by the group in its copy");
     static_assert(group_is_block(TYPE), "whole groups only (bulk_serves): every unit of a group is in the row");
     extern __shared__ __align__(16) uint8_t bulk_shared[];
@@ -498,9 +500,22 @@ struct FragLaunch {
                       args<TYPE>());
     }
 
+    // IQ4_XS's 16-token instances on rows of one part come in three builds while their A/B is open
+    // (frag_bulk16_blocks, LUCE_GPU_BULK16_BLOCKS; sm_90 ptxas, IQ4_XS): no bound, 110
+    // registers and 4 blocks of 128 per SM; 5 blocks, 96 registers; 6 blocks, 80 registers with
+    // one activation group in flight (8 bytes spilled).
     template <int TYPE, int NTILES, int PARTS>
     void launch_bulk() const {
-        const auto kernel = matmul_mma_bulk_kernel<TYPE, NTILES, PARTS>;
+        if constexpr (TYPE == GGML_IQ4_XS && NTILES == 2 && PARTS == 1) {  // Q6_K's spill 228 bytes
+            if (frag_bulk16_blocks == 5) return launch_bulk_instance<TYPE, NTILES, PARTS, 5>();
+            if (frag_bulk16_blocks == 6) return launch_bulk_instance<TYPE, NTILES, PARTS, 6>();
+        }
+        launch_bulk_instance<TYPE, NTILES, PARTS, 0>();
+    }
+
+    template <int TYPE, int NTILES, int PARTS, int MIN_BLOCKS>
+    void launch_bulk_instance() const {
+        const auto kernel = matmul_mma_bulk_kernel<TYPE, NTILES, PARTS, MIN_BLOCKS>;
         constexpr size_t shared = sizeof(BulkShared<TYPE, PARTS>);
         // Once per instance and process (luce drives one GPU), before any graph capture: a step
         // runs eagerly before it is captured.
