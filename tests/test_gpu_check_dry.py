@@ -39,7 +39,7 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--dut", "cpu", "--skip-build", "--bench-shape", "tiny",
-         "--ref-spec-budget", "1", "--out", str(out)],
+         "--ref-spec-budget", "1", "--ab", "LUCE_GPU_BULK=0", "--out", str(out)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "LUCE_CHECK_WORK": str(tmp_path / "work")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = json.loads((out / "gpu_report.json").read_text())
@@ -51,6 +51,8 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
     bench = report["bench"]
     assert bench["decode"]["tok_s"] > 0 and set(bench["prefill"]) == {"512", "2048"}
     assert set(bench["verify"]) == {"1", "2", "4", "8", "16", "32"}
+    under = bench["ab"]["LUCE_GPU_BULK=0"]  # --ab's step side: an engine of its own under the setting
+    assert under["decode"]["tok_s"] > 0 and set(under["verify"]) == set(bench["verify"])
     steps = report["drafter_bench"]
     assert steps["zero_accept"]["tau"] == 1.0 and steps["full_accept"]["tau"] == steps["block"] == 8
     assert steps["ddtree_oracle"]["tau"] > 1.0

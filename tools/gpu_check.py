@@ -669,11 +669,7 @@ def bench_decode_with(path: Path, dut: str, threads: int, deadline: float, **swi
     with env(**switches):
         eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
     try:
-        ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 16).astype(np.int32)
-        greedy(eng, ids, 4)
-        _, st = greedy(eng, ids, DECODE_TOKENS)
-        ms = 1e3 * st.decode_seconds / max(1, st.n_generated - 1)
-        return {"ms_per_token": ms, "tok_s": 1e3 / ms, "tokens": st.n_generated}
+        return _decode_ms(eng, np.random.default_rng(3).integers(0, eng.info.n_vocab, 16).astype(np.int32))
     finally:
         eng.close()
 
@@ -804,11 +800,85 @@ def decode_bytes_per_token(path: Path) -> int:
                if t.name != "token_embd.weight" and not t.name.startswith(mtp))
 
 
-def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Path | None = None) -> dict:
+def _eval_timer(eng, logits):
+    """t(tokens, n_rows): seconds of one luce_session_eval of `tokens` on eng's session, with
+    n_rows logits rows downloaded into `logits`."""
+    import numpy as np
+    from luce.binding import check, ffi, lib
+
+    def eval_(tokens, n_rows: int) -> float:
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        t = time.perf_counter()
+        check(lib().luce_session_eval(eng._session, ffi.from_buffer("int32_t[]", tokens), len(tokens),
+                                      ffi.from_buffer("float[]", logits), n_rows))
+        return time.perf_counter() - t
+
+    return eval_
+
+
+def _verify_widths(eng, ids, deadline: float) -> dict:
+    """Step time per verify width after a 512-token prompt (median of 5, with all w logits rows
+    downloaded and with the last row's only), and each width's ratio to width 1. The engine runs
+    without the prefill GEMM: session_eval is prompt prefill, while speculative decoding verifies
+    with the kernels that keep decode's bits."""
+    import numpy as np
+    from luce.binding import check, lib
+
+    eval_ = _eval_timer(eng, np.empty((max(VERIFY_WIDTHS), eng.info.n_vocab), dtype=np.float32))
+    check(lib().luce_session_reset(eng._session))
+    eval_(ids[:512], 1)
+    res, pos = {}, 512
+    for w in VERIFY_WIDTHS:
+        if time.perf_counter() > deadline:
+            res[str(w)] = "skipped: time budget"
+            continue
+        times, last_row = [], []
+        for _ in range(5):
+            times.append(eval_(ids[pos:pos + w], w))
+            pos += w
+            last_row.append(eval_(ids[pos:pos + w], 1))  # without the w x vocab logits download
+            pos += w
+        res[str(w)] = {"ms": 1e3 * statistics.median(times), "ms_last_row_logits": 1e3 * statistics.median(last_row)}
+    base = res["1"]["ms"] if isinstance(res.get("1"), dict) else None
+    for row in res.values():
+        if isinstance(row, dict) and base:
+            row["x_width1"] = row["ms"] / base
+    return res
+
+
+def _decode_ms(eng, ids) -> dict:
+    """Plain greedy decode of DECODE_TOKENS after a 16-token prompt, after a short warm-up."""
+    greedy(eng, ids[:16], 4)  # warm-up: first launches, page faults
+    _, st = greedy(eng, ids[:16], DECODE_TOKENS)
+    ms = 1e3 * st.decode_seconds / max(1, st.n_generated - 1)
+    return {"ms_per_token": ms, "tok_s": 1e3 / ms, "tokens": st.n_generated}
+
+
+def bench_steps_with(path: Path, dut: str, threads: int, deadline: float, setting: dict[str, str]) -> dict | str:
+    """Decode and the verify widths of the bench model on an engine started under `setting`
+    (--ab): the step-level side of an A/B whose kernel side is the kernel bench's extra column."""
     import numpy as np
 
     from luce import Engine
-    from luce.binding import check, ffi, lib
+
+    if time.perf_counter() > deadline:
+        return "skipped: time budget"
+    log(f"steps under {ab_label(setting)}")
+    with env(LUCE_GPU_PREFILL_GEMM="0", **setting):
+        eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
+    try:
+        ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 2048 + 64).astype(np.int32)
+        return {"decode": _decode_ms(eng, ids), "verify": _verify_widths(eng, ids, deadline)}
+    finally:
+        eng.close()
+
+
+def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Path | None = None,
+          ab: list[dict[str, str]] = ()) -> dict:
+    import numpy as np
+
+    from luce import Engine
+    from luce.binding import check, lib
 
     sys.path.insert(0, str(REPO / "models"))
     import synthetic_qwen35 as synth
@@ -831,62 +901,27 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
     t0 = time.perf_counter()
     eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
     res["load_seconds"] = round(time.perf_counter() - t0, 1)
-    L, session, V = lib(), eng._session, eng.info.n_vocab
-    rng = np.random.default_rng(3)
-    ids = rng.integers(0, V, 2048 + 64).astype(np.int32)
-    logits = np.empty((max(VERIFY_WIDTHS), V), dtype=np.float32)
-
-    def eval_(tokens, n_rows: int) -> float:
-        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-        t = time.perf_counter()
-        check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", tokens), len(tokens),
-                                  ffi.from_buffer("float[]", logits), n_rows))
-        return time.perf_counter() - t
-
+    ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 2048 + 64).astype(np.int32)
+    eval_ = _eval_timer(eng, np.empty((1, eng.info.n_vocab), dtype=np.float32))
     try:
-        greedy(eng, ids[:16], 4)  # warm-up: first launches, page faults
         log("decode")
-        tokens, st = greedy(eng, ids[:16], DECODE_TOKENS)
-        ms = 1e3 * st.decode_seconds / max(1, st.n_generated - 1)
-        res["decode"] = {"ms_per_token": ms, "tok_s": 1e3 / ms, "tokens": st.n_generated}
+        res["decode"] = _decode_ms(eng, ids)
         if res.get("floor_ms"):
-            res["decode"]["fraction_of_floor"] = res["floor_ms"] / ms
+            res["decode"]["fraction_of_floor"] = res["floor_ms"] / res["decode"]["ms_per_token"]
         res["prefill"] = {}
         for n in PREFILL_LENGTHS:
             if time.perf_counter() > deadline:
                 res["prefill"][str(n)] = "skipped: time budget"
                 continue
             log(f"prefill {n}")
-            check(L.luce_session_reset(session))
+            check(lib().luce_session_reset(eng._session))
             dt = eval_(ids[:n], 1)
             res["prefill"][str(n)] = {"seconds": dt, "tok_s": n / dt}
-        # Verify widths on an engine without the prefill GEMM: session_eval is prompt prefill,
-        # while speculative decoding verifies with the kernels that keep decode's bits.
         log("verify widths")
         eng.close()
         with env(LUCE_GPU_PREFILL_GEMM="0"):
             eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
-        session = eng._session
-        check(L.luce_session_reset(session))
-        eval_(ids[:512], 1)
-        res["verify"] = {}
-        pos = 512
-        for w in VERIFY_WIDTHS:
-            if time.perf_counter() > deadline:
-                res["verify"][str(w)] = "skipped: time budget"
-                continue
-            times, last_row = [], []
-            for _ in range(5):
-                times.append(eval_(ids[pos:pos + w], w))
-                pos += w
-                last_row.append(eval_(ids[pos:pos + w], 1))  # without the w x vocab logits download
-                pos += w
-            res["verify"][str(w)] = {"ms": 1e3 * statistics.median(times),
-                                     "ms_last_row_logits": 1e3 * statistics.median(last_row)}
-        base = res["verify"].get("1", {}).get("ms") if isinstance(res["verify"].get("1"), dict) else None
-        for w, row in res["verify"].items():
-            if isinstance(row, dict) and base:
-                row["x_width1"] = row["ms"] / base
+        res["verify"] = _verify_widths(eng, ids, deadline)
         res["device_memory_used_mib"] = device_memory_used_mib()
     finally:
         eng.close()
@@ -895,6 +930,12 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
             res[key] = bench_decode_with(path, dut, threads, deadline, **switches)
         except Exception as e:
             res[key] = f"error: {type(e).__name__}: {e}"
+    res["ab"] = {}
+    for setting in ab:
+        try:
+            res["ab"][ab_label(setting)] = bench_steps_with(path, dut, threads, deadline, setting)
+        except Exception as e:
+            res["ab"][ab_label(setting)] = f"error: {type(e).__name__}: {e}"
     if profile_path is not None and dut == "gpu" and time.perf_counter() < deadline:
         res["profile"] = profile_steps(path, threads, ids, profile_path)
     return res
@@ -911,8 +952,8 @@ KERNEL_REPS = 20
 KERNEL_WIDTHS = VERIFY_WIDTHS + (64,)  # 64: a prefill chunk (MAX_STEP), where the prefill GEMM runs
 
 
-def parse_kernel_ab(text: str) -> dict[str, str]:
-    """--kernel-ab's 'NAME=VALUE[,NAME=VALUE...]': environment settings of the GPU backend."""
+def parse_ab(text: str) -> dict[str, str]:
+    """--ab's 'NAME=VALUE[,NAME=VALUE...]': environment settings of the GPU backend."""
     settings = {}
     for item in text.split(","):
         name, eq, value = item.strip().partition("=")
@@ -928,7 +969,7 @@ def bench_matmul_kernels(dut: str, deadline: float, ab: list[dict[str, str]] = (
     forced. GB/s counts the weight bytes once per call. Each timed call reads its own copy of the
     weights (the hook's copies add up to 4x the L2), so they come from DRAM as in a model step.
 
-    Each setting in `ab` (--kernel-ab) times the default choice again under those environment
+    Each setting in `ab` (--ab) times the default choice again under those environment
     variables: the hook builds a backend per call, which reads them, so one run holds an A/B of
     any switch the backend reads at start (LUCE_GPU_BULK=0, say) on the same weights."""
     import numpy as np
@@ -1265,6 +1306,23 @@ def _select_table(cases: list[dict]) -> list[str]:
             "| --- | --- | --- | --- |", *rows, ""]
 
 
+def _step_ab_table(b: dict) -> list[str]:
+    """--ab at step level: decode and verify-width step times under each setting, beside the default."""
+    if not b.get("ab"):
+        return []
+    ms = lambda row: f"{row['ms']:.2f}" if isinstance(row, dict) else "-"  # noqa: E731
+    lines = ["", "| setting | decode ms/token | " + " | ".join(f"verify {w} ms" for w in VERIFY_WIDTHS) + " |",
+             "| --- | ---: |" + " ---: |" * len(VERIFY_WIDTHS)]
+    runs = {"default": {"decode": b.get("decode"), "verify": b.get("verify") or {}}, **b["ab"]}
+    for label, r in runs.items():
+        if not isinstance(r, dict):
+            lines.append(f"| {label} | {r} |" + " |" * len(VERIFY_WIDTHS))
+            continue
+        decode = f"{r['decode']['ms_per_token']:.2f}" if r.get("decode") else "-"
+        lines.append(f"| {label} | {decode} | " + " | ".join(ms(r["verify"].get(str(w))) for w in VERIFY_WIDTHS) + " |")
+    return lines
+
+
 def _reference_spec_table(rows: list[dict]) -> list[str]:
     """One line per (drafter, block, verify), each device's speculative and plain tok/s side by side."""
     if not rows:
@@ -1398,6 +1456,7 @@ def write_report(out: Path, report: dict) -> None:
                 lines.append(f"| {w} | " + (f"{row['ms']:.2f} | {row.get('x_width1', float('nan')):.2f} | "
                                             f"{row.get('ms_last_row_logits', float('nan')):.2f} |"
                                             if isinstance(row, dict) else f"{row} | | |"))
+        lines += _step_ab_table(b)
         if b.get("profile"):
             lines.append(f"\n- per-op profile of decode and verify-16 steps: {Path(b['profile']).name}")
         lines.append(f"\n- device memory in use after the bench: {b.get('device_memory_used_mib')} MiB")
@@ -1447,7 +1506,7 @@ def run(args, out: Path, build_info: dict | None) -> int:
     if args.bench_shape != "none" and args.dut == "gpu":
         log("matmul kernel bench")
         try:
-            report["kernels"] = bench_matmul_kernels(args.dut, deadline, args.kernel_ab)
+            report["kernels"] = bench_matmul_kernels(args.dut, deadline, args.ab)
         except Exception as e:
             report["kernels"] = [{"error": f"{type(e).__name__}: {e}"}]
     if args.only == "kernels":
@@ -1489,7 +1548,7 @@ def run(args, out: Path, build_info: dict | None) -> int:
         report["memcheck"] = memcheck(models[0][1])
     if args.bench_shape != "none":
         try:
-            report["bench"] = bench(args.bench_shape, args.dut, threads, deadline, out / "gpu_profile.txt")
+            report["bench"] = bench(args.bench_shape, args.dut, threads, deadline, out / "gpu_profile.txt", args.ab)
         except Exception as e:
             report["bench"] = {"shape": args.bench_shape, "mix": "iq4_xs", "bytes_per_token": 0,
                                "error": f"{type(e).__name__}: {e}"}
@@ -1534,8 +1593,9 @@ def main(argv=None) -> int:
                     help="seconds for the drafter checks and bench, after the target bench")
     ap.add_argument("--ref-spec-budget", type=float, default=90.0,
                     help="seconds for the reference pair's speculative bench, GPU against CPU (0: skip it)")
-    ap.add_argument("--kernel-ab", type=parse_kernel_ab, action="append", default=[], metavar="LUCE_X=V[,...]",
-                    help="also time the kernel bench's default choice under these backend settings (repeatable)")
+    ap.add_argument("--ab", type=parse_ab, action="append", default=[], metavar="LUCE_X=V[,...]",
+                    help="also time the kernel bench's default choice, decode and the verify widths under these "
+                         "backend settings (repeatable)")
     ap.add_argument("--only", choices=("all", "kernels"), default="all",
                     help="kernels: build, the per-type matmul checks and the matmul kernel bench only")
     ap.add_argument("--build-info", default=None, help=argparse.SUPPRESS)
@@ -1549,7 +1609,7 @@ def main(argv=None) -> int:
                "--dut", args.dut, "--bench-shape", args.bench_shape, "--budget", str(args.budget),
                "--build-info", json.dumps(info), "--drafter-budget", str(args.drafter_budget), "--only", args.only,
                "--ref-spec-budget", str(args.ref_spec_budget)] \
-            + [a for setting in args.kernel_ab for a in ("--kernel-ab", ab_label(setting))] \
+            + [a for setting in args.ab for a in ("--ab", ab_label(setting))] \
             + (["--no-memcheck"] if args.no_memcheck else []) + (["--no-drafters"] if args.no_drafters else [])
         return subprocess.run(cmd, cwd="/", env=env).returncode
     return run(args, args.out, json.loads(args.build_info) if args.build_info else None)
