@@ -1357,9 +1357,9 @@ def write_report(out: Path, report: dict) -> None:
              f"- tolerances: float {FLOAT_TOL:g}, quantized {QUANT_TOL:g} with exact kernels, {FAST_TOL:g} with "
              f"fast (int8-activation) kernels (max |gpu-cpu| / max |cpu|); GPU prefill vs GPU decode "
              f"{SELF_TOL:g} (exact) / the model's tolerance (fast); margin factor {MARGIN_FACTOR:g}", "",
-             f"| weight type | rows x cols | exact: rel err vs gguf.quants x fp32 | fast: rel err vs int8-activation "
-             f"oracle [width, token, row of worst] | tensor-core (LUCE_GPU_MATMUL=frag; staged): same | widths where row != 1-token row | "
-             f"widths where dp4a != tensor-core bits | ok |",
+             "| weight type | rows x cols | exact: rel err vs gguf.quants x fp32 | fast: rel err vs int8-activation "
+             "oracle [width, token, row of worst] | tensor-core (LUCE_GPU_MATMUL=frag; staged): same | widths where row != 1-token row | "
+             "widths where dp4a != tensor-core bits | ok |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |",
              *[(f"| {m['type']} | error: {m['error']} | | | | | | FAIL |" if "error" in m else
                 f"| {m['type']} | {m['rows']} x {m['cols']} | {m['rel_err']:.2e} | {m['rel_err_fast']:.2e} "
@@ -1484,6 +1484,20 @@ def write_report(out: Path, report: dict) -> None:
     print(text)
 
 
+def _stage(report: dict, key: str, what: str, measure, on_error) -> None:
+    """report[key] = measure(), or on_error(message) if it raises: a stage that breaks is reported
+    beside the others, and the run goes on."""
+    log(what)
+    try:
+        report[key] = measure()
+    except Exception as e:
+        report[key] = on_error(f"{type(e).__name__}: {e}")
+
+
+def _failed_cases(field: str):
+    return lambda message: [{field: "all", "error": message, "ok": False}]
+
+
 def run(args, out: Path, build_info: dict | None) -> int:
     t_start = time.perf_counter()
     deadline = t_start + args.budget
@@ -1498,37 +1512,19 @@ def run(args, out: Path, build_info: dict | None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     models, notes = fixture_models(Path(tempfile.mkdtemp(prefix="fixtures-", dir=WORK)))
     report["notes"] += notes
-    log("matmul per weight type")
-    try:
-        report["matmul"] = check_matmul_ops(args.dut)
-    except Exception as e:
-        report["matmul"] = [{"type": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
+    _stage(report, "matmul", "matmul per weight type", lambda: check_matmul_ops(args.dut), _failed_cases("type"))
     if args.bench_shape != "none" and args.dut == "gpu":
-        log("matmul kernel bench")
-        try:
-            report["kernels"] = bench_matmul_kernels(args.dut, deadline, args.ab)
-        except Exception as e:
-            report["kernels"] = [{"error": f"{type(e).__name__}: {e}"}]
+        _stage(report, "kernels", "matmul kernel bench", lambda: bench_matmul_kernels(args.dut, deadline, args.ab),
+               lambda message: [{"error": message}])
     if args.only == "kernels":
         report["ok"] = all(m["ok"] for m in report["matmul"]) and not any("error" in k for k in report.get("kernels", []))
         report["seconds"] = time.perf_counter() - t_start
         write_report(out, report)
         return 0 if report["ok"] else 1
-    log("attention kernels vs float64")
-    try:
-        report["attention"] = check_attention(args.dut)
-    except Exception as e:
-        report["attention"] = [{"case": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
-    log("argmax / top-k selection vs numpy")
-    try:
-        report["select"] = check_select(args.dut)
-    except Exception as e:
-        report["select"] = [{"case": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
-    log("DeltaNet kernels vs float64")
-    try:
-        report["deltanet"] = check_deltanet(args.dut)
-    except Exception as e:
-        report["deltanet"] = [{"case": "all", "error": f"{type(e).__name__}: {e}", "ok": False}]
+    _stage(report, "attention", "attention kernels vs float64", lambda: check_attention(args.dut),
+           _failed_cases("case"))
+    _stage(report, "select", "argmax / top-k selection vs numpy", lambda: check_select(args.dut), _failed_cases("case"))
+    _stage(report, "deltanet", "DeltaNet kernels vs float64", lambda: check_deltanet(args.dut), _failed_cases("case"))
     for label, path, quantized in models:
         # Quantized models run both kernel families; float weights have only one.
         for mode, mode_tol in ((("exact", QUANT_TOL), ("fast", FAST_TOL)) if quantized else (("fast", FLOAT_TOL),)):
@@ -1538,36 +1534,26 @@ def run(args, out: Path, build_info: dict | None) -> int:
             except Exception as e:
                 report["checks"].append({"model": f"{label} [{mode}]", "error": f"{type(e).__name__}: {e}",
                                          "ok": False})
-    log("step graphs vs eager")
-    try:
-        report["graphs"] = check_graphs(models[0][1], args.dut, threads)
-    except Exception as e:
-        report["graphs"] = {"error": f"{type(e).__name__}: {e}", "ok": False}
+    _stage(report, "graphs", "step graphs vs eager", lambda: check_graphs(models[0][1], args.dut, threads),
+           lambda message: {"error": message, "ok": False})
     if args.dut == "gpu" and not args.no_memcheck:
         log("memcheck")
         report["memcheck"] = memcheck(models[0][1])
     if args.bench_shape != "none":
-        try:
-            report["bench"] = bench(args.bench_shape, args.dut, threads, deadline, out / "gpu_profile.txt", args.ab)
-        except Exception as e:
-            report["bench"] = {"shape": args.bench_shape, "mix": "iq4_xs", "bytes_per_token": 0,
-                               "error": f"{type(e).__name__}: {e}"}
-    if not args.no_drafters:  # after the target bench, with a budget of their own
+        _stage(report, "bench", f"bench: synthetic {args.bench_shape}",
+               lambda: bench(args.bench_shape, args.dut, threads, deadline, out / "gpu_profile.txt", args.ab),
+               lambda message: {"shape": args.bench_shape, "mix": "iq4_xs", "bytes_per_token": 0, "error": message})
+    if not args.no_drafters:  # after the target bench, with budgets of their own
         drafter_deadline = time.perf_counter() + args.drafter_budget
         report["drafters"] = check_drafters(args.dut, threads, WORK, drafter_deadline)
         if args.bench_shape != "none":
-            try:
-                report["drafter_bench"] = bench_drafter(args.bench_shape, args.dut, threads, drafter_deadline,
-                                                        out / "gpu_profile.txt")
-            except Exception as e:
-                report["drafter_bench"] = {"error": f"{type(e).__name__}: {e}"}
-    if not args.no_drafters and args.ref_spec_budget > 0:
-        log("reference speculative bench")
-        try:
-            report["reference_spec"] = bench_reference_spec(args.dut, threads,
-                                                            time.perf_counter() + args.ref_spec_budget)
-        except Exception as e:
-            report["reference_spec"] = [{"error": f"{type(e).__name__}: {e}"}]
+            _stage(report, "drafter_bench", "drafter bench",
+                   lambda: bench_drafter(args.bench_shape, args.dut, threads, drafter_deadline, out / "gpu_profile.txt"),
+                   lambda message: {"error": message})
+        if args.ref_spec_budget > 0:
+            _stage(report, "reference_spec", "reference speculative bench",
+                   lambda: bench_reference_spec(args.dut, threads, time.perf_counter() + args.ref_spec_budget),
+                   lambda message: [{"error": message}])
     report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("attention", [])
                         + report.get("select", []) + report.get("deltanet", []) + [report.get("graphs", {"ok": True})]
                         + report.get("drafters", []))
