@@ -65,3 +65,5 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
     assert {r["draft"] for r in spec if "skipped" in r} == {"dflash2", "dspark"}
     text = (out / "gpu_report.md").read_text()
     assert "reference pair, speculative vs plain" in text and "RESULT: PASS" in text
+    profile = (out / "gpu_profile.txt").read_text()  # the sections' headers (per-op tables come from a GPU)
+    assert all(f"## {step}:" in profile for step in ("decode", "verify", "prefill", "DFlash 2"))

@@ -936,8 +936,8 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
             res["ab"][ab_label(setting)] = bench_steps_with(path, dut, threads, deadline, setting)
         except Exception as e:
             res["ab"][ab_label(setting)] = f"error: {type(e).__name__}: {e}"
-    if profile_path is not None and dut == "gpu" and time.perf_counter() < deadline:
-        res["profile"] = profile_steps(path, threads, ids, profile_path)
+    if profile_path is not None and time.perf_counter() < deadline:  # on the CPU: the script's dry run
+        res["profile"] = profile_steps(path, dut, threads, ids, profile_path)
     return res
 
 
@@ -1013,10 +1013,11 @@ def ab_label(setting: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in setting.items())
 
 
-def profile_steps(path: Path, threads: int, ids, profile_path: Path) -> str:
-    """Per-op device time (LUCE_GPU_PROFILE) of 8 decode steps, then of 3 verify steps of 16
-    tokens, each in its own engine so the two tables stay apart. Profiled runs carry per-op event
-    overhead: the tables say where time goes, the bench above says how much there is."""
+def profile_steps(path: Path, dut: str, threads: int, ids, profile_path: Path) -> str:
+    """Per-op device time (LUCE_GPU_PROFILE) of 8 decode steps, of 3 verify steps of 16 tokens,
+    and of a 512-token prompt's prefill (the prefill bar's gap), each in its own engine so the
+    tables stay apart. Profiled runs carry per-op event overhead: the tables say where time
+    goes, the bench above says how much there is."""
     import numpy as np
 
     from luce import Engine
@@ -1026,12 +1027,12 @@ def profile_steps(path: Path, threads: int, ids, profile_path: Path) -> str:
     with env(LUCE_GPU_PROFILE=str(profile_path)):
         with open(profile_path, "a") as f:
             f.write("## decode: 16-token prompt, 8 greedy steps (prefill included)\n")
-        with Engine(path, device="gpu", threads=threads, ctx_size=1024) as eng:
+        with Engine(path, device=dut, threads=threads, ctx_size=1024) as eng:
             greedy(eng, ids[:16], 8)
         with open(profile_path, "a") as f:
             f.write("\n## verify: 64-token prompt, then 3 steps of 16 tokens with 16 logits rows (prefill included; "
                     "LUCE_GPU_PREFILL_GEMM=0, as speculative verify steps)\n")
-        with env(LUCE_GPU_PREFILL_GEMM="0"), Engine(path, device="gpu", threads=threads, ctx_size=1024) as eng:
+        with env(LUCE_GPU_PREFILL_GEMM="0"), Engine(path, device=dut, threads=threads, ctx_size=1024) as eng:
             L, V = lib(), eng.info.n_vocab
             logits = np.empty((16, V), dtype=np.float32)
             toks = np.ascontiguousarray(ids[:64 + 48], dtype=np.int32)
@@ -1041,6 +1042,12 @@ def profile_steps(path: Path, threads: int, ids, profile_path: Path) -> str:
                 chunk = np.ascontiguousarray(toks[64 + 16 * k:80 + 16 * k])
                 check(L.luce_session_eval(eng._session, ffi.from_buffer("int32_t[]", chunk), 16,
                                           ffi.from_buffer("float[]", logits), 16))
+        with open(profile_path, "a") as f:
+            f.write("\n## prefill: one 512-token prompt (the prefill GEMM on, as prompt prefill runs)\n")
+        with Engine(path, device=dut, threads=threads, ctx_size=1024) as eng:
+            prompt = np.ascontiguousarray(ids[:512], dtype=np.int32)
+            check(lib().luce_session_eval(eng._session, ffi.from_buffer("int32_t[]", prompt), 512,
+                                          ffi.from_buffer("float[]", np.empty((1, eng.info.n_vocab), np.float32)), 1))
     return str(profile_path)
 
 
@@ -1252,12 +1259,12 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float, profile_p
                          "draft_ms": 1e3 * st["draft_seconds"] / n, "verify_ms": 1e3 * st["verify_seconds"] / n,
                          "rollback_ms": 1e3 * st["rollback_seconds"] / n,
                          "x_plain": 1e3 * step / res["plain_ms"]}
-    if profile_path is not None and dut == "gpu" and time.perf_counter() < deadline:
-        res["profile"] = profile_drafter_steps(target, path, threads, kw, profile_path)
+    if profile_path is not None and time.perf_counter() < deadline:  # on the CPU: the script's dry run
+        res["profile"] = profile_drafter_steps(target, path, dut, threads, kw, profile_path)
     return res
 
 
-def profile_drafter_steps(target: Path, drafter: Path, threads: int, kw: dict, profile_path: Path) -> str:
+def profile_drafter_steps(target: Path, drafter: Path, dut: str, threads: int, kw: dict, profile_path: Path) -> str:
     """Per-op device time (LUCE_GPU_PROFILE) of the zero-acceptance DFlash 2 run, in an engine of
     its own (the table is written when it closes): where a speculative step's time goes, by op."""
     from luce import Engine
@@ -1268,7 +1275,7 @@ def profile_drafter_steps(target: Path, drafter: Path, threads: int, kw: dict, p
                 f"block-{DRAFT_BENCH_BLOCK} step per token, the last {DRAFT_BENCH_BLOCK - 2} with fewer drafts; "
                 f"prefill included)\n")
     with env(LUCE_GPU_PROFILE=str(profile_path)), \
-            Engine(target, device="gpu", threads=threads, ctx_size=1024, draft=drafter) as eng:
+            Engine(target, device=dut, threads=threads, ctx_size=1024, draft=drafter) as eng:
         eng.generate(**kw, max_tokens=DRAFT_BENCH_TOKENS)
     return str(profile_path)
 
@@ -1458,7 +1465,7 @@ def write_report(out: Path, report: dict) -> None:
                                             if isinstance(row, dict) else f"{row} | | |"))
         lines += _step_ab_table(b)
         if b.get("profile"):
-            lines.append(f"\n- per-op profile of decode and verify-16 steps: {Path(b['profile']).name}")
+            lines.append(f"\n- per-op profile of decode, verify-16 and prefill-512 steps: {Path(b['profile']).name}")
         lines.append(f"\n- device memory in use after the bench: {b.get('device_memory_used_mib')} MiB")
     db = report.get("drafter_bench")
     if db:
