@@ -46,6 +46,8 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
     for stage in ("matmul", "attention", "select", "deltanet", "checks", "drafters"):
         assert report[stage] and all(row["ok"] for row in report[stage]), stage
     assert report["graphs"]["ok"] and report["graphs"]["identical_tokens"]
+    under = report["matmul_ab"]["LUCE_GPU_BULK=0"]  # --ab's settings pass the matmul checks too
+    assert len(under) == len(report["matmul"]) and all(row["ok"] for row in under)
     assert {row["kind"] for row in report["drafters"]} == {"dflash", "dflash2", "dspark"}
 
     bench = report["bench"]

@@ -1376,6 +1376,9 @@ def write_report(out: Path, report: dict) -> None:
                for m in report.get("matmul", [])],
              f"(matmul tolerance {MATMUL_TOL:g} of max |x| @ |W|^T; widths {', '.join(map(str, MATMUL_WIDTHS))}; "
              f"invariance over {INVARIANCE_TOKENS} tokens)",
+             *[f"- the same checks under {label}: " + ("ok, all {} cases".format(len(rows)) if all(m["ok"] for m in rows)
+               else "FAIL: " + ", ".join(f"{m['type']} {m.get('rows', '')}x{m.get('cols', '')}" for m in rows if not m["ok"]))
+               for label, rows in report.get("matmul_ab", {}).items()],
              "",
              *_case_table(f"| attention case | max abs | rel err vs float64 (tol {ATTN_TOL:g}) | "
                           "first bad [t, h, d] | ok |", report.get("attention", [])),
@@ -1501,6 +1504,11 @@ def _stage(report: dict, key: str, what: str, measure, on_error) -> None:
         report[key] = on_error(f"{type(e).__name__}: {e}")
 
 
+def _under(setting: dict[str, str], measure):
+    with env(**setting):
+        return measure()
+
+
 def _failed_cases(field: str):
     return lambda message: [{field: "all", "error": message, "ok": False}]
 
@@ -1520,11 +1528,16 @@ def run(args, out: Path, build_info: dict | None) -> int:
     models, notes = fixture_models(Path(tempfile.mkdtemp(prefix="fixtures-", dir=WORK)))
     report["notes"] += notes
     _stage(report, "matmul", "matmul per weight type", lambda: check_matmul_ops(args.dut), _failed_cases("type"))
+    report["matmul_ab"] = {}  # an A/B's settings must keep every bit too
+    for setting in args.ab:
+        _stage(report["matmul_ab"], ab_label(setting), f"matmul per weight type under {ab_label(setting)}",
+               lambda: _under(setting, lambda: check_matmul_ops(args.dut)), _failed_cases("type"))
     if args.bench_shape != "none" and args.dut == "gpu":
         _stage(report, "kernels", "matmul kernel bench", lambda: bench_matmul_kernels(args.dut, deadline, args.ab),
                lambda message: [{"error": message}])
+    matmul_rows = report["matmul"] + [m for rows in report["matmul_ab"].values() for m in rows]
     if args.only == "kernels":
-        report["ok"] = all(m["ok"] for m in report["matmul"]) and not any("error" in k for k in report.get("kernels", []))
+        report["ok"] = all(m["ok"] for m in matmul_rows) and not any("error" in k for k in report.get("kernels", []))
         report["seconds"] = time.perf_counter() - t_start
         write_report(out, report)
         return 0 if report["ok"] else 1
@@ -1561,7 +1574,7 @@ def run(args, out: Path, build_info: dict | None) -> int:
             _stage(report, "reference_spec", "reference speculative bench",
                    lambda: bench_reference_spec(args.dut, threads, time.perf_counter() + args.ref_spec_budget),
                    lambda message: [{"error": message}])
-    report["ok"] = (all(c["ok"] for c in report["checks"] + report["matmul"] + report.get("attention", [])
+    report["ok"] = (all(c["ok"] for c in report["checks"] + matmul_rows + report.get("attention", [])
                         + report.get("select", []) + report.get("deltanet", []) + [report.get("graphs", {"ok": True})]
                         + report.get("drafters", []))
                     and not notes
