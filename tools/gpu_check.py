@@ -1192,7 +1192,7 @@ def bench_reference_spec(dut: str, threads: int, deadline: float) -> list[dict]:
     for kind, blocks in REF_SPEC_BLOCKS.items():  # a drafter's devices together: the budget cuts whole drafters
         for device in dict.fromkeys((dut, "cpu")):
             if time.perf_counter() > deadline:
-                rows.append({"device": device, "draft": kind, "skipped": "time budget (--drafter-budget)"})
+                rows.append({"device": device, "draft": kind, "skipped": "time budget (--ref-spec-budget)"})
                 continue
             log(f"reference speculative bench: {kind} on {device}")
             plain, *spec = luce_bench.bench_speculative(

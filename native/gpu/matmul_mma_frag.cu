@@ -397,7 +397,7 @@ __device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wp, const uint8_
 }
 
 // MIN_BLOCKS: blocks per SM the instance is compiled for (0: no bound). One group's activations
-// in flight from six up, where two spill (bulk16_instance).
+// in flight from six up, where two spill (launch_bulk).
 template <int TYPE, int NTILES, int PARTS, int MIN_BLOCKS>
 __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, MIN_BLOCKS) matmul_mma_bulk_kernel(MmaArgs p) {
     constexpr int ACT_RING = NTILES >= 4 || MIN_BLOCKS >= 6 ? 1 : 2, RING = bulk_ring<TYPE, PARTS>();
