@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
 // 16 rows are 16 cache lines per load: ncu (H200, 2026-12-04, IQ4_XS 17408x5120 at 8 tokens) saw
 // L1 throughput at 90% with 48 L1 tag lookups per warp and group (three 8-byte loads a unit,
 // 4x the ideal sectors), DRAM at 19% and IMMA waiting on its operands. Here lane r of the first
-// warp asks the copy engine for row r's bytes of the next BULK_GROUPS groups (one cp.async.bulk,
+// warp asks the copy engine for row r's bytes of the next GROUPS groups (one cp.async.bulk,
 // L1 untouched) into a ring of bulk_ring buffers in shared memory, and every warp reads its
 // units from there. A buffer's barrier `full` completes when its 16 copies have landed; `empty`
 // when the four warps have read it, after which it is refilled. Same units, same order, same bits.
@@ -337,22 +337,23 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
 // Rows of several parts give each part its own four warps and ring, as above; a row of any
 // 2-byte alignment (Q6_K's 210-byte blocks) is copied as the 16-byte-aligned window around it,
 // which may reach 15 bytes past the tensor (upload_weight pads every weight by 16).
-constexpr int BULK_GROUPS = 2;  // groups per copy
+constexpr int BULK_GROUPS = 2;  // groups per copy (GROUPS), but in the A/B of launch_bulk
 
 // Copies in flight per row and part: four where shared memory allows several blocks per SM (7 at
 // one part, IQ4_XS; H200, 2026-12-04, IQ4_XS at 8 tokens, 34816x5120 with 4 / 3 / 2: 48.4 / 48.3
-// / 49.1 us, 10240x5120 20.1 / 20.4 / 22.6), fewer for the larger rings of Q6_K and four parts.
-template <int TYPE, int PARTS>
+// / 49.1 us, 10240x5120 20.1 / 20.4 / 22.6), fewer for the larger rings of Q6_K and four parts;
+// copies of four groups take half as many (the same bytes in flight).
+template <int TYPE, int PARTS, int GROUPS>
 __host__ __device__ constexpr int bulk_ring() {
-    return PARTS == 1 ? 4 : PARTS == 2 ? (TYPE == GGML_IQ4_XS ? 4 : 3) : 2;
+    return (PARTS == 1 ? 4 : PARTS == 2 ? (TYPE == GGML_IQ4_XS ? 4 : 3) : 2) * BULK_GROUPS / GROUPS;
 }
 
-// Bytes of one row's buffer: the window around BULK_GROUPS groups, plus 16 so that rows start 16
-// bytes further round the banks (304 for IQ4_XS: lanes reading 8 bytes of rows r and r + 1 ..
-// r + 7 hit different banks).
-template <int TYPE>
+// Bytes of one row's buffer: the window around GROUPS groups, plus 16 so that rows start 16
+// bytes further round the banks (304 for IQ4_XS's two groups: lanes reading 8 bytes of rows r and
+// r + 1 .. r + 7 hit different banks).
+template <int TYPE, int GROUPS>
 __host__ __device__ constexpr int bulk_row_bytes() {
-    return bulk::max_window_bytes(group_bytes(TYPE) * BULK_GROUPS) + 16;
+    return bulk::max_window_bytes(group_bytes(TYPE) * GROUPS) + 16;
 }
 
 // Where the copies serve: measured per shape against this file's first kernel (H200, 2026-12-04,
@@ -368,9 +369,9 @@ __host__ __device__ constexpr bool bulk_serves(int type, int parts, int ntiles) 
     return type == GGML_Q6_K && parts < MAX_PARTS;
 }
 
-template <int TYPE, int RING>
+template <int TYPE, int RING, int GROUPS>
 struct alignas(16) BulkRing {
-    uint8_t raw[RING][16][bulk_row_bytes<TYPE>()];
+    uint8_t raw[RING][16][bulk_row_bytes<TYPE, GROUPS>()];
     uint64_t full[RING], empty[RING];
 };
 
@@ -378,46 +379,46 @@ struct alignas(16) BulkRing {
 // staging slice per warp (a __syncwarp before it is overwritten), not two as above: 31 KB a block
 // at one part instead of 38, 7 blocks per SM instead of 5 (IQ4_XS 34816x5120 at 8 tokens 56.7 ->
 // 48.4 us, 17408x5120 30.4 -> 28.4).
-template <int TYPE, int PARTS>
+template <int TYPE, int PARTS, int GROUPS>
 struct alignas(16) BulkShared {
     WarpStage stages[PAIR_WARPS * PARTS];
-    BulkRing<TYPE, bulk_ring<TYPE, PARTS>()> ring[PARTS];
+    BulkRing<TYPE, bulk_ring<TYPE, PARTS, GROUPS>(), GROUPS> ring[PARTS];
     float red[PARTS][SLOTS][4][32];
 };
 
-// Copy c of the part whose first group is at wp (groups BULK_GROUPS c .. of its n_groups, none
-// past row_end): the 16-byte-aligned window's first byte and its length.
-template <int TYPE>
+// Copy c of the part whose first group is at wp (groups GROUPS c .. of its n_groups, none past
+// row_end): the 16-byte-aligned window's first byte and its length.
+template <int TYPE, int GROUPS>
 __device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wp, const uint8_t *row_end, int c, int n_groups,
                                                  uint32_t &bytes) {
-    const int k = BULK_GROUPS * c, n = min(BULK_GROUPS, n_groups - k);
+    const int k = GROUPS * c, n = min(GROUPS, n_groups - k);
     const uintptr_t a = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * k;
     const uintptr_t end = min(a + uintptr_t(group_bytes(TYPE)) * n, reinterpret_cast<uintptr_t>(row_end));
     return bulk::aligned_window(a, end, bytes);
 }
 
 // MIN_BLOCKS: blocks per SM the instance is compiled for (0: no bound). One group's activations
-// in flight from six up, where two spill (launch_bulk).
-template <int TYPE, int NTILES, int PARTS, int MIN_BLOCKS>
+// in flight from six up, where two spill. GROUPS: groups per copy. (launch_bulk)
+template <int TYPE, int NTILES, int PARTS, int MIN_BLOCKS, int GROUPS>
 __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, MIN_BLOCKS) matmul_mma_bulk_kernel(MmaArgs p) {
-    constexpr int ACT_RING = NTILES >= 4 || MIN_BLOCKS >= 6 ? 1 : 2, RING = bulk_ring<TYPE, PARTS>();
-    static_assert(BULK_GROUPS % ACT_RING == 0, "the activations' ring is indexed by the group in its copy");
+    constexpr int ACT_RING = NTILES >= 4 || MIN_BLOCKS >= 6 ? 1 : 2, RING = bulk_ring<TYPE, PARTS, GROUPS>();
+    static_assert(GROUPS % ACT_RING == 0, "the activations' ring is indexed by the group in its copy");
     static_assert(group_is_block(TYPE), "whole groups only (bulk_serves): every unit of a group is in the row");
     extern __shared__ __align__(16) uint8_t bulk_shared[];
-    BulkShared<TYPE, PARTS> &sh = *reinterpret_cast<BulkShared<TYPE, PARTS> *>(bulk_shared);
+    BulkShared<TYPE, PARTS, GROUPS> &sh = *reinterpret_cast<BulkShared<TYPE, PARTS, GROUPS> *>(bulk_shared);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp % PAIR_WARPS, part = warp / PAIR_WARPS;
     const int g = lane / 4, tq = lane % 4, r = lane % 16, h = lane / 16;
     const int64_t r0 = int64_t(blockIdx.x) * 16;
     const int t0 = blockIdx.y * MMA_NTILE * NTILES;
     const uint32_t q_addr = uint32_t(__cvta_generic_to_shared(&sh.stages[warp].q[r][4 * h]));
-    BulkRing<TYPE, RING> &ring = sh.ring[part];
+    BulkRing<TYPE, RING, GROUPS> &ring = sh.ring[part];
 
     const int64_t row = min(r0 + r, p.rows.n_out() - 1);  // rows past n_out: computed, not stored
     const int seg = p.rows.find(row);
     const int n_units = p.n_in / 32, n_blocks = p.n_in / act_block_of(TYPE);
     const int n_groups = (n_units + SLOTS - 1) / SLOTS;
     const int k_begin = part_begin(part, n_groups, PARTS), k_end = part_begin(part + 1, n_groups, PARTS);
-    const int part_groups = k_end - k_begin, n_copies = (part_groups + BULK_GROUPS - 1) / BULK_GROUPS;
+    const int part_groups = k_end - k_begin, n_copies = (part_groups + GROUPS - 1) / GROUPS;
     const int slot = WARP_SLOTS * pair + h;
     const uint8_t *wr = p.rows.w[seg] + (row - p.rows.start(seg)) * p.row_bytes;
     const uint8_t *wp = wr + int64_t(group_bytes(TYPE)) * k_begin, *row_end = wr + p.row_bytes;
@@ -431,7 +432,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, MIN_BLOCKS) matmul_mm
     __syncthreads();
     auto issue = [&](int c) {  // the weights are immutable: no wait for the previous kernel
         uint32_t bytes;
-        const uintptr_t src = bulk_window<TYPE>(wp, row_end, c, part_groups, bytes);
+        const uintptr_t src = bulk_window<TYPE, GROUPS>(wp, row_end, c, part_groups, bytes);
         uint64_t *full = &ring.full[c % RING];
         bulk::arrive_expect_bytes(full, bytes);
         bulk::copy_to_shared(ring.raw[c % RING][r], reinterpret_cast<const void *>(src), bytes, full);
@@ -455,11 +456,11 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, MIN_BLOCKS) matmul_mm
         const uint32_t parity = (c / RING) & 1;
         bulk::wait(&ring.full[b], parity);
         uint32_t bytes;
-        const uintptr_t first = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * BULK_GROUPS * c;
-        const uint8_t *win = ring.raw[b][r] + (first - bulk_window<TYPE>(wp, row_end, c, part_groups, bytes));
+        const uintptr_t first = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * GROUPS * c;
+        const uint8_t *win = ring.raw[b][r] + (first - bulk_window<TYPE, GROUPS>(wp, row_end, c, part_groups, bytes));
 #pragma unroll
-        for (int i = 0; i < BULK_GROUPS; ++i) {
-            const int k = k_begin + BULK_GROUPS * c + i;
+        for (int i = 0; i < GROUPS; ++i) {
+            const int k = k_begin + GROUPS * c + i;
             if (k >= k_end) break;
             RawUnit<TYPE> raw;
             fetch_group_unit<TYPE>(win + group_bytes(TYPE) * i, slot, raw);
@@ -471,7 +472,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, MIN_BLOCKS) matmul_mm
                 fetch_acts<TYPE, NTILES>(cur, i + ACT_RING, n_units - (SLOTS * (k + ACT_RING) + WARP_SLOTS * pair), now);
             __syncwarp();  // the next group's stores overwrite the stage
         }
-        advance(cur, BULK_GROUPS, dx_per_group);
+        advance(cur, GROUPS, dx_per_group);
         if (lane == 0) bulk::arrive(&ring.empty[b]);
         if (producer && c + RING < n_copies) {
             bulk::wait(&ring.empty[b], parity);
@@ -500,23 +501,27 @@ struct FragLaunch {
                       args<TYPE>());
     }
 
-    // IQ4_XS's 16-token instances on rows of one part come in three builds while their A/B is open
-    // (frag_bulk16_blocks, LUCE_GPU_BULK16_BLOCKS; sm_90 ptxas, IQ4_XS): no bound, 110
-    // registers and 4 blocks of 128 per SM; 5 blocks, 96 registers; 6 blocks, 80 registers with
-    // one activation group in flight (8 bytes spilled).
+    // Two A/Bs are open on IQ4_XS's rows of one part (docs/gpu.md; sm_90 ptxas): the 16-token
+    // instances built for 5 or 6 blocks per SM (frag_bulk16_blocks: no bound is 110 registers
+    // and 4 blocks of 128; 5 blocks, 96 registers; 6, 80 with one activation group in flight and
+    // 8 bytes spilled; Q6_K's would spill 228 bytes), and copies of four groups, two in flight, at
+    // 8 and 16 tokens (frag_bulk_groups: half as many copies for the copy engine to take in).
     template <int TYPE, int NTILES, int PARTS>
     void launch_bulk() const {
-        if constexpr (TYPE == GGML_IQ4_XS && NTILES == 2 && PARTS == 1) {  // Q6_K's spill 228 bytes
-            if (frag_bulk16_blocks == 5) return launch_bulk_instance<TYPE, NTILES, PARTS, 5>();
-            if (frag_bulk16_blocks == 6) return launch_bulk_instance<TYPE, NTILES, PARTS, 6>();
+        if constexpr (TYPE == GGML_IQ4_XS && NTILES == 2 && PARTS == 1) {
+            if (frag_bulk16_blocks == 5) return launch_bulk_instance<TYPE, NTILES, PARTS, 5, BULK_GROUPS>();
+            if (frag_bulk16_blocks == 6) return launch_bulk_instance<TYPE, NTILES, PARTS, 6, BULK_GROUPS>();
         }
-        launch_bulk_instance<TYPE, NTILES, PARTS, 0>();
+        if constexpr (TYPE == GGML_IQ4_XS && NTILES <= 2 && PARTS == 1) {
+            if (frag_bulk_groups == 4) return launch_bulk_instance<TYPE, NTILES, PARTS, 0, 4>();
+        }
+        launch_bulk_instance<TYPE, NTILES, PARTS, 0, BULK_GROUPS>();
     }
 
-    template <int TYPE, int NTILES, int PARTS, int MIN_BLOCKS>
+    template <int TYPE, int NTILES, int PARTS, int MIN_BLOCKS, int GROUPS>
     void launch_bulk_instance() const {
-        const auto kernel = matmul_mma_bulk_kernel<TYPE, NTILES, PARTS, MIN_BLOCKS>;
-        constexpr size_t shared = sizeof(BulkShared<TYPE, PARTS>);
+        const auto kernel = matmul_mma_bulk_kernel<TYPE, NTILES, PARTS, MIN_BLOCKS, GROUPS>;
+        constexpr size_t shared = sizeof(BulkShared<TYPE, PARTS, GROUPS>);
         // Once per instance and process (luce drives one GPU), before any graph capture: a step
         // runs eagerly before it is captured.
         static bool attribute_set = false;
