@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #if !defined(LUCE_HIP)
+#include <cudaTypedefs.h>  // the driver's tensor-map encoder, reached through the runtime (no -lcuda)
 
 namespace luce::gpu::bulk {
 
@@ -76,6 +77,42 @@ __device__ __forceinline__ void copy_to_shared(void *dst, const void *src, uint3
                       shared_addr(dst)),
                   "l"(src), "r"(bytes), "r"(shared_addr(bar))
                   : "memory");
+}
+
+// A tensor map: the copy engine's description of a 2D array in global memory (cuda.h's
+// CUtensorMap), passed to a kernel as a __grid_constant__ parameter.
+struct alignas(64) TensorMap {
+    uint64_t opaque[16];
+};
+static_assert(sizeof(TensorMap) == sizeof(CUtensorMap), "CUtensorMap's size");
+
+// dst = the box of the 2D tensor map at element (x, y) (its first dimension, then its rows), counted
+// on bar; elements past the array are zeros. dst 128-byte aligned.
+__device__ __forceinline__ void copy_box_to_shared(void *dst, const TensorMap *map, int x, int y, uint64_t *bar) {
+    LUCE_BULK_ASM("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                  ::"r"(shared_addr(dst)), "l"(map), "r"(x), "r"(y), "r"(shared_addr(bar))
+                  : "memory");
+}
+
+// The map of `rows` rows of `row_words` 32-bit words at `base` (a row every row_words * 4 bytes,
+// which must be a multiple of 16; base 16-byte aligned), copied in boxes of box_words x box_rows.
+// False where the driver refuses it.
+inline bool encode_rows_map(TensorMap &map, const void *base, uint64_t row_words, uint64_t rows, uint32_t box_words,
+                            uint32_t box_rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess || found != cudaDriverEntryPointSuccess)
+            fn = nullptr, (void)cudaGetLastError();
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    if (!encode) return false;
+    const cuuint64_t dims[2] = {row_words, rows}, strides[1] = {row_words * 4};
+    const cuuint32_t box[2] = {box_words, box_rows}, element_strides[2] = {1, 1};
+    return encode(reinterpret_cast<CUtensorMap *>(&map), CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, const_cast<void *>(base), dims,
+                  strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 #undef LUCE_BULK_ASM

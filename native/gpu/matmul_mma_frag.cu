@@ -369,8 +369,9 @@ __host__ __device__ constexpr bool bulk_serves(int type, int parts, int ntiles) 
     return type == GGML_Q6_K && parts < MAX_PARTS;
 }
 
-template <int TYPE, int RING, int GROUPS>
-struct alignas(16) BulkRing {
+// ALIGN: 128 where a tensor-map box lands in raw (the copy engine's rule for its destination).
+template <int TYPE, int RING, int GROUPS, int ALIGN>
+struct alignas(ALIGN) BulkRing {
     uint8_t raw[RING][16][bulk_row_bytes<TYPE, GROUPS>()];
     uint64_t full[RING], empty[RING];
 };
@@ -379,10 +380,10 @@ struct alignas(16) BulkRing {
 // staging slice per warp (a __syncwarp before it is overwritten), not two as above: 31 KB a block
 // at one part instead of 38, 7 blocks per SM instead of 5 (IQ4_XS 34816x5120 at 8 tokens 56.7 ->
 // 48.4 us, 17408x5120 30.4 -> 28.4).
-template <int TYPE, int PARTS, int GROUPS>
-struct alignas(16) BulkShared {
+template <int TYPE, int PARTS, int GROUPS, int ALIGN>
+struct alignas(ALIGN) BulkShared {
     WarpStage stages[PAIR_WARPS * PARTS];
-    BulkRing<TYPE, bulk_ring<TYPE, PARTS, GROUPS>(), GROUPS> ring[PARTS];
+    BulkRing<TYPE, bulk_ring<TYPE, PARTS, GROUPS>(), GROUPS, ALIGN> ring[PARTS];
     float red[PARTS][SLOTS][4][32];
 };
 
@@ -397,21 +398,41 @@ __device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wp, const uint8_
     return bulk::aligned_window(a, end, bytes);
 }
 
-// MIN_BLOCKS: blocks per SM the instance is compiled for (0: no bound). One group's activations
-// in flight from six up, where two spill. GROUPS: groups per copy. (launch_bulk)
-template <int TYPE, int NTILES, int PARTS, int MIN_BLOCKS, int GROUPS>
-__global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, MIN_BLOCKS) matmul_mma_bulk_kernel(MmaArgs p) {
-    constexpr int ACT_RING = NTILES >= 4 || MIN_BLOCKS >= 6 ? 1 : 2, RING = bulk_ring<TYPE, PARTS, GROUPS>();
+// How an instance brings its weights in: blocks per SM it is compiled for (0: no bound; one
+// group's activations in flight from six up, where two spill), groups per copy, and whether one
+// tensor-map request fills a part's whole 16-row buffer (instead of 16 copies, one a row). The
+// default is DefaultBulk; the others are A/Bs still open (launch_bulk).
+template <int MIN_BLOCKS, int GROUPS, bool TENSOR>
+struct BulkPlan {
+    static constexpr int min_blocks = MIN_BLOCKS, groups = GROUPS, align = TENSOR ? 128 : 16;
+    static constexpr bool tensor = TENSOR;
+};
+using DefaultBulk = BulkPlan<0, BULK_GROUPS, false>;
+
+// The tensor maps of a launch's row segments (Plan::tensor): rows of row_bytes / 4 words.
+struct SegmentMaps {
+    bulk::TensorMap map[RowSegments::MAX];
+};
+
+template <int TYPE, int NTILES, int PARTS, class Plan>
+__global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
+    matmul_mma_bulk_kernel(MmaArgs p, const __grid_constant__ SegmentMaps maps) {
+    constexpr int GROUPS = Plan::groups, RING = bulk_ring<TYPE, PARTS, GROUPS>();
+    constexpr int ACT_RING = NTILES >= 4 || Plan::min_blocks >= 6 ? 1 : 2;
+    constexpr int BOX_BYTES = group_bytes(TYPE) * GROUPS;  // a row's bytes in a tensor-map box
     static_assert(GROUPS % ACT_RING == 0, "the activations' ring is indexed by the group in its copy");
     static_assert(group_is_block(TYPE), "whole groups only (bulk_serves): every unit of a group is in the row");
-    extern __shared__ __align__(16) uint8_t bulk_shared[];
-    BulkShared<TYPE, PARTS, GROUPS> &sh = *reinterpret_cast<BulkShared<TYPE, PARTS, GROUPS> *>(bulk_shared);
+    static_assert(!Plan::tensor || (BOX_BYTES % 16 == 0 && 16 * BOX_BYTES <= 16 * bulk_row_bytes<TYPE, GROUPS>()),
+                  "a box is whole 16-byte words and fits a buffer");
+    using Shared = BulkShared<TYPE, PARTS, GROUPS, Plan::align>;
+    extern __shared__ __align__(128) uint8_t bulk_shared[];  // no static shared memory: the window's start
+    Shared &sh = *reinterpret_cast<Shared *>(bulk_shared);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp % PAIR_WARPS, part = warp / PAIR_WARPS;
     const int g = lane / 4, tq = lane % 4, r = lane % 16, h = lane / 16;
     const int64_t r0 = int64_t(blockIdx.x) * 16;
     const int t0 = blockIdx.y * MMA_NTILE * NTILES;
     const uint32_t q_addr = uint32_t(__cvta_generic_to_shared(&sh.stages[warp].q[r][4 * h]));
-    BulkRing<TYPE, RING, GROUPS> &ring = sh.ring[part];
+    BulkRing<TYPE, RING, GROUPS, Plan::align> &ring = sh.ring[part];
 
     const int64_t row = min(r0 + r, p.rows.n_out() - 1);  // rows past n_out: computed, not stored
     const int seg = p.rows.find(row);
@@ -422,20 +443,30 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, MIN_BLOCKS) matmul_mm
     const int slot = WARP_SLOTS * pair + h;
     const uint8_t *wr = p.rows.w[seg] + (row - p.rows.start(seg)) * p.row_bytes;
     const uint8_t *wp = wr + int64_t(group_bytes(TYPE)) * k_begin, *row_end = wr + p.row_bytes;
-    const bool producer = pair == 0 && lane < 16;  // lane r copies row r for its part
+    // Lane r copies row r for its part; with a tensor map lane 0 copies all 16.
+    const bool producer = pair == 0 && (Plan::tensor ? lane == 0 : lane < 16);
 
     if (threadIdx.x < PARTS) {
-        for (int s = 0; s < RING; ++s)
-            bulk::barrier_init(&sh.ring[threadIdx.x].full[s], 16), bulk::barrier_init(&sh.ring[threadIdx.x].empty[s], PAIR_WARPS);
+        for (int s = 0; s < RING; ++s) {
+            bulk::barrier_init(&sh.ring[threadIdx.x].full[s], Plan::tensor ? 1 : 16);
+            bulk::barrier_init(&sh.ring[threadIdx.x].empty[s], PAIR_WARPS);
+        }
         bulk::barrier_init_fence();
     }
     __syncthreads();
     auto issue = [&](int c) {  // the weights are immutable: no wait for the previous kernel
-        uint32_t bytes;
-        const uintptr_t src = bulk_window<TYPE, GROUPS>(wp, row_end, c, part_groups, bytes);
-        uint64_t *full = &ring.full[c % RING];
-        bulk::arrive_expect_bytes(full, bytes);
-        bulk::copy_to_shared(ring.raw[c % RING][r], reinterpret_cast<const void *>(src), bytes, full);
+        if constexpr (Plan::tensor) {  // rows r0.. of the block's segment (whole 16-row blocks: launch_bulk)
+            uint64_t *full = &ring.full[c % RING];
+            bulk::arrive_expect_bytes(full, 16 * BOX_BYTES);
+            bulk::copy_box_to_shared(ring.raw[c % RING], &maps.map[seg], (k_begin + GROUPS * c) * group_bytes(TYPE) / 4,
+                                     int(r0 - p.rows.start(seg)), full);
+        } else {
+            uint32_t bytes;
+            const uintptr_t src = bulk_window<TYPE, GROUPS>(wp, row_end, c, part_groups, bytes);
+            uint64_t *full = &ring.full[c % RING];
+            bulk::arrive_expect_bytes(full, bytes);
+            bulk::copy_to_shared(ring.raw[c % RING][r], reinterpret_cast<const void *>(src), bytes, full);
+        }
     };
     if (producer)
         for (int c = 0; c < RING && c < n_copies; ++c) issue(c);
@@ -455,9 +486,14 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, MIN_BLOCKS) matmul_mm
         const int b = c % RING;
         const uint32_t parity = (c / RING) & 1;
         bulk::wait(&ring.full[b], parity);
-        uint32_t bytes;
-        const uintptr_t first = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * GROUPS * c;
-        const uint8_t *win = ring.raw[b][r] + (first - bulk_window<TYPE, GROUPS>(wp, row_end, c, part_groups, bytes));
+        const uint8_t *win;  // row r's first group of the copy
+        if constexpr (Plan::tensor) {
+            win = &ring.raw[b][0][0] + BOX_BYTES * r;  // the box's rows, back to back
+        } else {
+            uint32_t bytes;
+            const uintptr_t first = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * GROUPS * c;
+            win = ring.raw[b][r] + (first - bulk_window<TYPE, GROUPS>(wp, row_end, c, part_groups, bytes));
+        }
 #pragma unroll
         for (int i = 0; i < GROUPS; ++i) {
             const int k = k_begin + GROUPS * c + i;
@@ -501,27 +537,57 @@ struct FragLaunch {
                       args<TYPE>());
     }
 
-    // Two A/Bs are open on IQ4_XS's rows of one part (docs/gpu.md; sm_90 ptxas): the 16-token
-    // instances built for 5 or 6 blocks per SM (frag_bulk16_blocks: no bound is 110 registers
-    // and 4 blocks of 128; 5 blocks, 96 registers; 6, 80 with one activation group in flight and
-    // 8 bytes spilled; Q6_K's would spill 228 bytes), and copies of four groups, two in flight, at
-    // 8 and 16 tokens (frag_bulk_groups: half as many copies for the copy engine to take in).
+    // Three A/Bs are open on IQ4_XS (docs/gpu.md; sm_90 ptxas): the 16-token instances on rows of
+    // one part built for 5 or 6 blocks per SM (frag_bulk16_blocks: no bound is 110 registers and
+    // 4 blocks of 128; 5 blocks, 96 registers; 6, 80 with one activation group in flight and 8
+    // bytes spilled; Q6_K's would spill 228 bytes); copies of four groups, two in flight, on rows
+    // of one part at 4-16 tokens (frag_bulk_groups: half as many copies for the copy engine); and
+    // one tensor-map request per 16-row buffer wherever the copies serve (frag_bulk_tensor), on
+    // launches whose segments are whole 16-row blocks of 16-byte-multiple rows.
     template <int TYPE, int NTILES, int PARTS>
     void launch_bulk() const {
-        if constexpr (TYPE == GGML_IQ4_XS && NTILES == 2 && PARTS == 1) {
-            if (frag_bulk16_blocks == 5) return launch_bulk_instance<TYPE, NTILES, PARTS, 5, BULK_GROUPS>();
-            if (frag_bulk16_blocks == 6) return launch_bulk_instance<TYPE, NTILES, PARTS, 6, BULK_GROUPS>();
+        if constexpr (TYPE == GGML_IQ4_XS) {
+            if (frag_bulk_tensor && tensor_maps_fit<TYPE>()) return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<0, BULK_GROUPS, true>>();
+            if constexpr (NTILES == 2 && PARTS == 1) {
+                if (frag_bulk16_blocks == 5) return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<5, BULK_GROUPS, false>>();
+                if (frag_bulk16_blocks == 6) return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<6, BULK_GROUPS, false>>();
+            }
+            if constexpr (NTILES <= 2 && PARTS == 1) {
+                if (frag_bulk_groups == 4) return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<0, 4, false>>();
+            }
         }
-        if constexpr (TYPE == GGML_IQ4_XS && NTILES <= 2 && PARTS == 1) {
-            if (frag_bulk_groups == 4) return launch_bulk_instance<TYPE, NTILES, PARTS, 0, 4>();
-        }
-        launch_bulk_instance<TYPE, NTILES, PARTS, 0, BULK_GROUPS>();
+        launch_bulk_as<TYPE, NTILES, PARTS, DefaultBulk>();
     }
 
-    template <int TYPE, int NTILES, int PARTS, int MIN_BLOCKS, int GROUPS>
-    void launch_bulk_instance() const {
-        const auto kernel = matmul_mma_bulk_kernel<TYPE, NTILES, PARTS, MIN_BLOCKS, GROUPS>;
-        constexpr size_t shared = sizeof(BulkShared<TYPE, PARTS, GROUPS>);
+    // Whether one 2D box can take a block's 16 rows: rows of whole 16-byte words (the tensor
+    // map's stride), segments starting on 16-byte boundaries and on whole 16-row blocks.
+    template <int TYPE>
+    bool tensor_maps_fit() const {
+        const int64_t row_bytes = n_in / block_elems(TYPE) * block_bytes(TYPE);
+        bool fit = row_bytes % 16 == 0;
+        for (int s = 0; s < rows.n; ++s)
+            fit = fit && rows.start(s) % 16 == 0 && reinterpret_cast<uintptr_t>(rows.w[s]) % 16 == 0;
+        return fit;
+    }
+
+    template <int TYPE, class Plan>
+    SegmentMaps segment_maps() const {
+        SegmentMaps maps{};
+        if constexpr (Plan::tensor) {
+            const int64_t row_words = n_in / block_elems(TYPE) * block_bytes(TYPE) / 4;
+            for (int s = 0; s < rows.n; ++s)
+                if (!bulk::encode_rows_map(maps.map[s], rows.w[s], uint64_t(row_words), uint64_t(rows.end[s] - rows.start(s)),
+                                           uint32_t(group_bytes(TYPE) * Plan::groups / 4), 16))
+                    fail(LUCE_ERR_DEVICE, "the driver refused a tensor map of %lld rows (LUCE_GPU_BULK=tensor)",
+                         static_cast<long long>(rows.end[s] - rows.start(s)));
+        }
+        return maps;
+    }
+
+    template <int TYPE, int NTILES, int PARTS, class Plan>
+    void launch_bulk_as() const {
+        const auto kernel = matmul_mma_bulk_kernel<TYPE, NTILES, PARTS, Plan>;
+        constexpr size_t shared = sizeof(BulkShared<TYPE, PARTS, Plan::groups, Plan::align>);
         // Once per instance and process (luce drives one GPU), before any graph capture: a step
         // runs eagerly before it is captured.
         static bool attribute_set = false;
@@ -531,7 +597,7 @@ struct FragLaunch {
         }
         const int toks = MMA_NTILE * NTILES;
         const dim3 grid(unsigned((rows.n_out() + 15) / 16), unsigned((T + toks - 1) / toks));
-        launch_kernel(kernel, grid, PAIR_WARPS * 32 * PARTS, shared, stream, args<TYPE>());
+        launch_kernel(kernel, grid, PAIR_WARPS * 32 * PARTS, shared, stream, args<TYPE>(), segment_maps<TYPE, Plan>());
     }
 
     template <int TYPE>
