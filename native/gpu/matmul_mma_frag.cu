@@ -424,6 +424,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
     static_assert(group_is_block(TYPE), "whole groups only (bulk_serves): every unit of a group is in the row");
     static_assert(!Plan::tensor || (BOX_BYTES % 16 == 0 && 16 * BOX_BYTES <= 16 * bulk_row_bytes<TYPE, GROUPS>()),
                   "a box is whole 16-byte words and fits a buffer");
+    static_assert(!Plan::tensor || 16 * bulk_row_bytes<TYPE, GROUPS>() % 128 == 0, "every buffer 128-byte aligned");
     using Shared = BulkShared<TYPE, PARTS, GROUPS, Plan::align>;
     extern __shared__ __align__(128) uint8_t bulk_shared[];  // no static shared memory: the window's start
     Shared &sh = *reinterpret_cast<Shared *>(bulk_shared);
