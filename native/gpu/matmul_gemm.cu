@@ -265,7 +265,7 @@ void launch_gemm(cudaStream_t stream, int64_t n_in, const RowSegments &rows, int
     LUCE_GPU_CHECK(opt_in);
     const dim3 grid(unsigned((rows.n_out() + GEMM_ROWS - 1) / GEMM_ROWS), unsigned((T + GEMM_TOKS - 1) / GEMM_TOKS),
                     unsigned(splits));
-    const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T};
+    const MmaArgs p{rows, quant_row_bytes(TYPE, n_in), int(n_in), a.q, a.d, a.s16, T};
     launch_kernel(matmul_gemm_kernel<TYPE>, grid, GEMM_THREADS, GemmSmem::bytes, stream, p, splits > 1 ? partial : nullptr);
     if (splits > 1) {
         const int64_t n = rows.n_out() * T;

@@ -157,7 +157,7 @@ struct Int8Launch {
     void launch_parts() const {
         const int threads = NT == 1 ? DECODE_THREADS : MATMUL_THREADS, rows_per_block = threads / (SLOTS * PARTS);
         const dim3 grid(unsigned((rows.n_out() + rows_per_block - 1) / rows_per_block), unsigned((T + NT - 1) / NT));
-        const int64_t row_bytes = n_in / block_elems(TYPE) * block_bytes(TYPE);
+        const int64_t row_bytes = quant_row_bytes(TYPE, n_in);
         launch_kernel(matmul_int8_kernel<TYPE, NT, UNROLL, PARTS>, grid, threads, 0, stream, rows, row_bytes, int(n_in),
                       a.q, a.d, a.s16, T);
     }

@@ -273,7 +273,7 @@ struct MmaLaunch {
     void launch_with() const {
         using L = MmaSmem<MT, NTILES>;
         const dim3 grid(unsigned((rows.n_out() + L::rows - 1) / L::rows), unsigned((T + L::toks - 1) / L::toks));
-        const MmaArgs p{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T};
+        const MmaArgs p{rows, quant_row_bytes(TYPE, n_in), int(n_in), a.q, a.d, a.s16, T};
         if (row_parts(int(n_in)) > 1) launch_kernel(matmul_mma_kernel<TYPE, MT, NTILES, true>, grid, MMA_THREADS, 0,
                                                     stream, p);
         else launch_kernel(matmul_mma_kernel<TYPE, MT, NTILES, false>, grid, MMA_THREADS, 0, stream, p);

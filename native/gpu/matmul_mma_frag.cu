@@ -564,7 +564,7 @@ struct FragLaunch {
     // map's stride), segments starting on 16-byte boundaries and on whole 16-row blocks.
     template <int TYPE>
     bool tensor_maps_fit() const {
-        const int64_t row_bytes = n_in / block_elems(TYPE) * block_bytes(TYPE);
+        const int64_t row_bytes = quant_row_bytes(TYPE, n_in);
         bool fit = row_bytes % 16 == 0;
         for (int s = 0; s < rows.n; ++s)
             fit = fit && rows.start(s) % 16 == 0 && reinterpret_cast<uintptr_t>(rows.w[s]) % 16 == 0;
@@ -575,7 +575,7 @@ struct FragLaunch {
     SegmentMaps segment_maps() const {
         SegmentMaps maps{};
         if constexpr (Plan::tensor) {
-            const int64_t row_words = n_in / block_elems(TYPE) * block_bytes(TYPE) / 4;
+            const int64_t row_words = quant_row_bytes(TYPE, n_in) / 4;
             for (int s = 0; s < rows.n; ++s)
                 if (!bulk::encode_rows_map(maps.map[s], rows.w[s], uint64_t(row_words), uint64_t(rows.end[s] - rows.start(s)),
                                            uint32_t(group_bytes(TYPE) * Plan::groups / 4), 16))
@@ -603,7 +603,7 @@ struct FragLaunch {
 
     template <int TYPE>
     MmaArgs args() const {
-        return MmaArgs{rows, n_in / block_elems(TYPE) * block_bytes(TYPE), int(n_in), a.q, a.d, a.s16, T, a.qf, a.df, a.sf};
+        return MmaArgs{rows, quant_row_bytes(TYPE, n_in), int(n_in), a.q, a.d, a.s16, T, a.qf, a.df, a.sf};
     }
 
     // Units in flight per lane: four, two for the large raw units of the K-quants and Q6_K (for

@@ -223,6 +223,12 @@ __host__ __device__ constexpr int block_bytes(int type) {
     }
 }
 
+// Bytes of a row of n_in values of a quantized `type` (whole blocks; quants.h's row_bytes on the
+// device side).
+__host__ __device__ constexpr int64_t quant_row_bytes(int type, int64_t n_in) {
+    return n_in / block_elems(type) * block_bytes(type);
+}
+
 // Calls f.operator()<TYPE>() for a run-time type id (f: a struct with a member template); false
 // if the type has no kernel. This is the only place a type id becomes a template argument.
 template <class F>
