@@ -657,22 +657,30 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
     return res
 
 
+@contextlib.contextmanager
+def bench_engine(path: Path, dut: str, threads: int, setting: dict[str, str | None] | None = None):
+    """The bench model on an engine started under `setting` (the backend reads its switches when it
+    starts), closed on the way out."""
+    from luce import Engine
+
+    with env(**(setting or {})):
+        eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
+    try:
+        yield eng
+    finally:
+        eng.close()
+
+
 def bench_decode_with(path: Path, dut: str, threads: int, deadline: float, **switches: str) -> dict | str:
     """Plain greedy decode of the bench model with these switches (docs/gpu.md), e.g. step graphs off
     (LUCE_GPU_GRAPHS=0) or programmatic dependent launch off (LUCE_GPU_PDL=0): what the main
     decode bench gains from each."""
     import numpy as np
 
-    from luce import Engine
-
     if time.perf_counter() > deadline:
         return "skipped: time budget"
-    with env(**switches):
-        eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
-    try:
+    with bench_engine(path, dut, threads, switches) as eng:
         return _decode_ms(eng, np.random.default_rng(3).integers(0, eng.info.n_vocab, 16).astype(np.int32))
-    finally:
-        eng.close()
 
 
 def check_model(label: str, path: Path, tol: float, dut: str, threads: int, mode: str = "fast") -> dict:
@@ -860,25 +868,18 @@ def bench_steps_with(path: Path, dut: str, threads: int, deadline: float, settin
     (--ab): the step-level side of an A/B whose kernel side is the kernel bench's extra column."""
     import numpy as np
 
-    from luce import Engine
-
     if time.perf_counter() > deadline:
         return "skipped: time budget"
     log(f"steps under {ab_label(setting)}")
-    with env(LUCE_GPU_PREFILL_GEMM="0", **setting):
-        eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
-    try:
+    with bench_engine(path, dut, threads, {"LUCE_GPU_PREFILL_GEMM": "0", **setting}) as eng:
         ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 2048 + 64).astype(np.int32)
         return {"decode": _decode_ms(eng, ids), "verify": _verify_widths(eng, ids, deadline)}
-    finally:
-        eng.close()
 
 
 def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Path | None = None,
           ab: list[dict[str, str]] = ()) -> dict:
     import numpy as np
 
-    from luce import Engine
     from luce.binding import check, lib
 
     sys.path.insert(0, str(REPO / "models"))
@@ -900,11 +901,10 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
 
     log("loading")
     t0 = time.perf_counter()
-    eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
-    res["load_seconds"] = round(time.perf_counter() - t0, 1)
-    ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 2048 + 64).astype(np.int32)
-    eval_ = _eval_timer(eng, np.empty((1, eng.info.n_vocab), dtype=np.float32))
-    try:
+    with bench_engine(path, dut, threads) as eng:
+        res["load_seconds"] = round(time.perf_counter() - t0, 1)
+        ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 2048 + 64).astype(np.int32)
+        eval_ = _eval_timer(eng, np.empty((1, eng.info.n_vocab), dtype=np.float32))
         log("decode")
         res["decode"] = _decode_ms(eng, ids)
         if res.get("floor_ms"):
@@ -918,14 +918,10 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
             check(lib().luce_session_reset(eng._session))
             dt = eval_(ids[:n], 1)
             res["prefill"][str(n)] = {"seconds": dt, "tok_s": n / dt}
-        log("verify widths")
-        eng.close()
-        with env(LUCE_GPU_PREFILL_GEMM="0"):
-            eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
+    log("verify widths")  # as speculative decoding verifies: without the prefill GEMM
+    with bench_engine(path, dut, threads, {"LUCE_GPU_PREFILL_GEMM": "0"}) as eng:
         res["verify"] = _verify_widths(eng, ids, deadline)
         res["device_memory_used_mib"] = device_memory_used_mib()
-    finally:
-        eng.close()
     for key, switches in (("decode_eager", {"LUCE_GPU_GRAPHS": "0"}), ("decode_no_pdl", {"LUCE_GPU_PDL": "0"})):
         try:
             res[key] = bench_decode_with(path, dut, threads, deadline, **switches)
@@ -962,6 +958,10 @@ def parse_ab(text: str) -> dict[str, str]:
             raise argparse.ArgumentTypeError(f"{item.strip()!r}: expected LUCE_NAME=VALUE")
         settings[name] = value
     return settings
+
+
+def ab_label(setting: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in setting.items())
 
 
 def bench_matmul_kernels(dut: str, deadline: float, ab: list[dict[str, str]] = ()) -> list[dict]:
@@ -1008,10 +1008,6 @@ def bench_matmul_kernels(dut: str, deadline: float, ab: list[dict[str, str]] = (
                    (row["type"], row["rows"], row["cols"], 1))
         row["x_width1"] = row["auto"]["us"] / one["auto"]["us"]
     return rows
-
-
-def ab_label(setting: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in setting.items())
 
 
 def profile_steps(path: Path, dut: str, threads: int, ids, profile_path: Path) -> str:
