@@ -547,8 +547,10 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     cases = [(q, 99, 512) for q in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)]
     cases += [(Q.Q8_0, 99, 480), (Q.IQ4_XS, 40, 8448), (Q.Q6_K, 40, 6144), (Q.Q8_0, 24, 16416), (Q.Q5_K, 24, 16384)]
     # Q6_K x 5120: the 27B's attn_v rows (4200 bytes: rows off 16-byte boundaries); IQ4_XS x 5120:
-    # the 27B's rows of one part, 20 groups, so the bulk copies' rings wrap (matmul_mma_frag.cu).
-    cases += [(Q.Q6_K, 64, 5120), (Q.IQ4_XS, 64, 5120)]
+    # the 27B's rows of one part, 20 groups, so the bulk copies' rings wrap (matmul_mma_frag.cu);
+    # IQ4_XS x 17408: FFN down's rows, four parts whose first bytes are 8 bytes off a 16-byte
+    # boundary (groups 17, 34, 51), which the tensor-map copies must start before.
+    cases += [(Q.Q6_K, 64, 5120), (Q.IQ4_XS, 64, 5120), (Q.IQ4_XS, 48, 17408)]
     cases += [(Q.IQ4_XS, 12300, 512)] if large else []
     for qtype, n_rows, n_cols in cases:
         raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut, n_rows, n_cols)

@@ -115,9 +115,7 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
 #if !defined(LUCE_HIP)
     gpu::dependent_launch = prop.major >= 9 && !env_is("LUCE_GPU_PDL", "0");
     gpu::frag_bulk_copies = gpu::bulk::bulk_copies_supported(prop.major) && !env_is("LUCE_GPU_BULK", "0");
-    gpu::frag_bulk16_blocks = env_is("LUCE_GPU_BULK16_BLOCKS", "5") ? 5 : env_is("LUCE_GPU_BULK16_BLOCKS", "6") ? 6 : 0;
-    gpu::frag_bulk_groups = env_is("LUCE_GPU_BULK_GROUPS", "4") ? 4 : 2;
-    gpu::frag_bulk_tensor = gpu::frag_bulk_copies && env_is("LUCE_GPU_BULK", "tensor");
+    gpu::frag_bulk_tensor = !env_is("LUCE_GPU_BULK", "rows");
 #endif
     delta_registers_ = !env_is("LUCE_GPU_DELTANET_REG", "0");
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)

@@ -217,7 +217,9 @@ __device__ __forceinline__ void fetch_unit(const uint8_t *row, int u, RawUnit<TY
     fetch_group_unit<TYPE>(row + int64_t(group_bytes(TYPE)) * (u / SLOTS), u % SLOTS, r);
 }
 
-// cb: the IQ4_NL codebook (load_codebook), used by IQ4_XS only.
+// cb: the IQ4_NL codebook (load_codebook), used by IQ4_XS only. u >= 0: `u & 7` is its unit in
+// the block, which a kernel's units SLOTS k + slot make a loop-invariant `slot & 7` (`u % 8` of a
+// signed u was five instructions a unit, in the loop).
 template <int TYPE>
 __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const Codebook &cb, Unit &un) {
     if constexpr (TYPE == GGML_Q8_0) {
@@ -232,7 +234,7 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
     } else if constexpr (TYPE == GGML_Q4_K || TYPE == GGML_Q5_K) {
         // Sub-block j = nibble hi = j % 2 of qs[32c + l], c = j / 2; Q5_K's 5th bit is bit j of
         // qh[l]; scale and min: 6-bit fields of scales[12] (spec/qwen35.md §4, get_scale_min_k4).
-        const int j = u % 8, hi = j % 2;
+        const int j = u & 7, hi = j & 1;
         k_quant_scales(r.head, j, un.s);
         const uint32_t qs[8] = {r.qs[0].x, r.qs[0].y, r.qs[0].z, r.qs[0].w, r.qs[1].x, r.qs[1].y, r.qs[1].z, r.qs[1].w};
 #pragma unroll
@@ -257,7 +259,7 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
         // Sub-block ib, GPU layout (repack_weights): element 2m = low nibble of qs[16ib + m],
         // element 2m + 1 = its high nibble; scale d * (ls - 32), ls = 4 bits of scales_l | 2 bits
         // of scales_h.
-        iq4_xs_scales(r.head, u % 8, un.s);
+        iq4_xs_scales(r.head, u & 7, un.s);
         const uint32_t qs[4] = {r.lo.x, r.lo.y, r.hi.x, r.hi.y};
 #pragma unroll
         for (int i = 0; i < 4; ++i) lookup8(cb, qs[i], un.q[2 * i], un.q[2 * i + 1]);
@@ -323,7 +325,7 @@ void with_row_parts(int n_in, const F &f) {
 }
 
 // The first group of part p (p == parts: the end).
-__device__ __forceinline__ int part_begin(int p, int n_groups, int parts) { return p * n_groups / parts; }
+__host__ __device__ constexpr int part_begin(int p, int n_groups, int parts) { return p * n_groups / parts; }
 
 __device__ __forceinline__ float slot_tree(const float (&v)[SLOTS]) {
     return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));

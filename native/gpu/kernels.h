@@ -70,15 +70,9 @@ constexpr int MMA_FRAG_MAX_TOKENS = 32;
 // Whether matmul_mma_frag may bring weights in with bulk copies (sm_90+): set once by the GPU
 // backend from the device and LUCE_GPU_BULK (docs/gpu.md).
 inline bool frag_bulk_copies = false;
-// Blocks per SM the bulk kernel's 16-token instances on rows of one part are built for: 0 (no
-// bound), 5 or 6; from LUCE_GPU_BULK16_BLOCKS, an A/B still open (docs/gpu.md).
-inline int frag_bulk16_blocks = 0;
-// Groups per bulk copy on IQ4_XS's rows of one part up to 16 tokens: 2, or 4 (two copies in
-// flight instead of four) from LUCE_GPU_BULK_GROUPS, an A/B still open (docs/gpu.md).
-inline int frag_bulk_groups = 2;
-// Whether IQ4_XS's bulk copies fill each 16-row buffer with one tensor-map request
-// (LUCE_GPU_BULK=tensor), an A/B still open (docs/gpu.md).
-inline bool frag_bulk_tensor = false;
+// Whether IQ4_XS's bulk copies fill each 16-row buffer with one tensor-map request (default; 16
+// row copies, where those serve, under LUCE_GPU_BULK=rows; docs/gpu.md).
+inline bool frag_bulk_tensor = true;
 bool mma_frag_serves(int type, int64_t n_in, int T);
 void matmul_mma_frag(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a);
 // matmul_gemm.cu: prefill only (Backend::set_prefill): the tensor cores on 128-row x 64-token

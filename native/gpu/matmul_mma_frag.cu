@@ -328,24 +328,27 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
 // Why: in the kernel above each lane loads its row's unit from global memory itself, and a warp's
 // 16 rows are 16 cache lines per load: ncu (H200, 2026-12-04, IQ4_XS 17408x5120 at 8 tokens) saw
 // L1 throughput at 90% with 48 L1 tag lookups per warp and group (three 8-byte loads a unit,
-// 4x the ideal sectors), DRAM at 19% and IMMA waiting on its operands. Here lane r of the first
-// warp asks the copy engine for row r's bytes of the next GROUPS groups (one cp.async.bulk,
-// L1 untouched) into a ring of bulk_ring buffers in shared memory, and every warp reads its
-// units from there. A buffer's barrier `full` completes when its 16 copies have landed; `empty`
-// when the four warps have read it, after which it is refilled. Same units, same order, same bits.
+// 4x the ideal sectors), DRAM at 19% and IMMA waiting on its operands. Here the copy engine
+// brings the 16 rows' bytes of the next GROUPS groups (L1 untouched) into a ring of bulk_ring
+// buffers in shared memory, and every warp reads its units from there: with one tensor-map
+// request per buffer (IQ4_XS rows that fit a 2D map: tensor_box_bytes) or one cp.async.bulk per
+// row. A buffer's barrier `full` completes when its bytes have landed; `empty` when the four
+// warps have read it, after which it is refilled. Same units, same order, same bits.
 //
-// Rows of several parts give each part its own four warps and ring, as above; a row of any
-// 2-byte alignment (Q6_K's 210-byte blocks) is copied as the 16-byte-aligned window around it,
+// Rows of several parts give each part its own four warps and ring, as above; a row copy of any
+// 2-byte alignment (Q6_K's 210-byte blocks) is the 16-byte-aligned window around the groups,
 // which may reach 15 bytes past the tensor (upload_weight pads every weight by 16).
-constexpr int BULK_GROUPS = 2;  // groups per copy (GROUPS), but in the A/B of launch_bulk
+//
+// Groups per copy. Four (two copies in flight) measured slower at 4 and 8 tokens (H200,
+// 2026-12-04, IQ4_XS 34816x5120 at 8 tokens 68.5 against 51.4 us; 17408x5120 40.1 against 29.6).
+constexpr int BULK_GROUPS = 2;
 
 // Copies in flight per row and part: four where shared memory allows several blocks per SM (7 at
 // one part, IQ4_XS; H200, 2026-12-04, IQ4_XS at 8 tokens, 34816x5120 with 4 / 3 / 2: 48.4 / 48.3
-// / 49.1 us, 10240x5120 20.1 / 20.4 / 22.6), fewer for the larger rings of Q6_K and four parts;
-// copies of four groups take half as many (the same bytes in flight).
-template <int TYPE, int PARTS, int GROUPS>
+// / 49.1 us, 10240x5120 20.1 / 20.4 / 22.6), fewer for the larger rings of Q6_K and four parts.
+template <int TYPE, int PARTS>
 __host__ __device__ constexpr int bulk_ring() {
-    return (PARTS == 1 ? 4 : PARTS == 2 ? (TYPE == GGML_IQ4_XS ? 4 : 3) : 2) * BULK_GROUPS / GROUPS;
+    return PARTS == 1 ? 4 : PARTS == 2 ? (TYPE == GGML_IQ4_XS ? 4 : 3) : 2;
 }
 
 // Bytes of one row's buffer: the window around GROUPS groups, plus 16 so that rows start 16
@@ -356,7 +359,7 @@ __host__ __device__ constexpr int bulk_row_bytes() {
     return bulk::max_window_bytes(group_bytes(TYPE) * GROUPS) + 16;
 }
 
-// Where the copies serve: measured per shape against this file's first kernel (H200, 2026-12-04,
+// Where the row copies serve: measured per shape against this file's first kernel (H200, 2026-12-04,
 // gpu_check --only kernels with and without LUCE_GPU_BULK, us at 8 / 16 / 32 tokens): IQ4_XS
 // 17408x5120 29.7 / 42.4 / 55.8 against 35.6 / 45.0 / 52.3, 34816x5120 51.1 / 74.9 / 105.3
 // against 65.4 / 81.1 / 103.0, FFN down 5120x17408 (four parts) 37.0 / 55.8 / 70.2 against 43.1
@@ -370,9 +373,9 @@ __host__ __device__ constexpr bool bulk_serves(int type, int parts, int ntiles) 
 }
 
 // ALIGN: 128 where a tensor-map box lands in raw (the copy engine's rule for its destination).
-template <int TYPE, int RING, int GROUPS, int ALIGN>
+template <int TYPE, int RING, int ALIGN>
 struct alignas(ALIGN) BulkRing {
-    uint8_t raw[RING][16][bulk_row_bytes<TYPE, GROUPS>()];
+    uint8_t raw[RING][16][bulk_row_bytes<TYPE, BULK_GROUPS>()];
     uint64_t full[RING], empty[RING];
 };
 
@@ -380,10 +383,10 @@ struct alignas(ALIGN) BulkRing {
 // staging slice per warp (a __syncwarp before it is overwritten), not two as above: 31 KB a block
 // at one part instead of 38, 7 blocks per SM instead of 5 (IQ4_XS 34816x5120 at 8 tokens 56.7 ->
 // 48.4 us, 17408x5120 30.4 -> 28.4).
-template <int TYPE, int PARTS, int GROUPS, int ALIGN>
+template <int TYPE, int PARTS, int ALIGN>
 struct alignas(ALIGN) BulkShared {
     WarpStage stages[PAIR_WARPS * PARTS];
-    BulkRing<TYPE, bulk_ring<TYPE, PARTS, GROUPS>(), GROUPS, ALIGN> ring[PARTS];
+    BulkRing<TYPE, bulk_ring<TYPE, PARTS>(), ALIGN> ring[PARTS];
     float red[PARTS][SLOTS][4][32];
 };
 
@@ -398,34 +401,39 @@ __device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wp, const uint8_
     return bulk::aligned_window(a, end, bytes);
 }
 
-// How an instance brings its weights in: blocks per SM it is compiled for (0: no bound; one
-// group's activations in flight from six up, where two spill), groups per copy, and whether one
-// tensor-map request fills a part's whole 16-row buffer (instead of 16 copies, one a row). The
-// default is DefaultBulk; the others are A/Bs still open (launch_bulk).
-template <int MIN_BLOCKS, int GROUPS, bool TENSOR>
+// How an instance brings its weights in: blocks per SM it is compiled for (0: no bound), and
+// whether one tensor-map request fills a part's whole 16-row buffer (instead of 16 row copies).
+template <int MIN_BLOCKS, bool TENSOR>
 struct BulkPlan {
-    static constexpr int min_blocks = MIN_BLOCKS, groups = GROUPS, align = TENSOR ? 128 : 16;
+    static constexpr int min_blocks = MIN_BLOCKS, align = TENSOR ? 128 : 16;
     static constexpr bool tensor = TENSOR;
 };
-using DefaultBulk = BulkPlan<0, BULK_GROUPS, false>;
+// IQ4_XS's 16-token instances on rows of one part are built for five blocks per SM: 96 registers
+// instead of 110 and four blocks (H200, 2026-12-04, row copies, kernel bench at 16 tokens, us:
+// 34816x5120 74.9 -> 70.7, 17408x5120 42.5 -> 38.5, 10240x5120 26.7 -> 22.7; verify 16 18.75 ->
+// 18.21 ms). Six blocks (80 registers, one activation group in flight, 8 bytes spilled) measured
+// no better: 68.4 / 38.8 / 24.7 us, verify 16 18.25 ms.
+template <int TYPE, int NTILES, int PARTS>
+constexpr int bulk_min_blocks() {
+    return TYPE == GGML_IQ4_XS && NTILES == 2 && PARTS == 1 ? 5 : 0;
+}
 
 // The tensor maps of a launch's row segments (Plan::tensor): rows of row_bytes / 4 words.
 struct SegmentMaps {
     bulk::TensorMap map[RowSegments::MAX];
+    int box_bytes;  // a row's bytes in a box (tensor_box_bytes)
 };
 
 template <int TYPE, int NTILES, int PARTS, class Plan>
 __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
     matmul_mma_bulk_kernel(MmaArgs p, const __grid_constant__ SegmentMaps maps) {
-    constexpr int GROUPS = Plan::groups, RING = bulk_ring<TYPE, PARTS, GROUPS>();
-    constexpr int ACT_RING = NTILES >= 4 || Plan::min_blocks >= 6 ? 1 : 2;
-    constexpr int BOX_BYTES = group_bytes(TYPE) * GROUPS;  // a row's bytes in a tensor-map box
+    constexpr int GROUPS = BULK_GROUPS, RING = bulk_ring<TYPE, PARTS>();
+    constexpr int ACT_RING = NTILES >= 4 ? 1 : 2;
     static_assert(GROUPS % ACT_RING == 0, "the activations' ring is indexed by the group in its copy");
     static_assert(group_is_block(TYPE), "whole groups only (bulk_serves): every unit of a group is in the row");
-    static_assert(!Plan::tensor || (BOX_BYTES % 16 == 0 && 16 * BOX_BYTES <= 16 * bulk_row_bytes<TYPE, GROUPS>()),
-                  "a box is whole 16-byte words and fits a buffer");
+    static_assert(!Plan::tensor || group_bytes(TYPE) % 8 == 0, "a box's groups start 8-byte aligned (fetch_group_unit)");
     static_assert(!Plan::tensor || 16 * bulk_row_bytes<TYPE, GROUPS>() % 128 == 0, "every buffer 128-byte aligned");
-    using Shared = BulkShared<TYPE, PARTS, GROUPS, Plan::align>;
+    using Shared = BulkShared<TYPE, PARTS, Plan::align>;
     extern __shared__ __align__(128) uint8_t bulk_shared[];  // no static shared memory: the window's start
     Shared &sh = *reinterpret_cast<Shared *>(bulk_shared);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp % PAIR_WARPS, part = warp / PAIR_WARPS;
@@ -433,7 +441,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
     const int64_t r0 = int64_t(blockIdx.x) * 16;
     const int t0 = blockIdx.y * MMA_NTILE * NTILES;
     const uint32_t q_addr = uint32_t(__cvta_generic_to_shared(&sh.stages[warp].q[r][4 * h]));
-    BulkRing<TYPE, RING, GROUPS, Plan::align> &ring = sh.ring[part];
+    BulkRing<TYPE, RING, Plan::align> &ring = sh.ring[part];
 
     const int64_t row = min(r0 + r, p.rows.n_out() - 1);  // rows past n_out: computed, not stored
     const int seg = p.rows.find(row);
@@ -444,8 +452,13 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
     const int slot = WARP_SLOTS * pair + h;
     const uint8_t *wr = p.rows.w[seg] + (row - p.rows.start(seg)) * p.row_bytes;
     const uint8_t *wp = wr + int64_t(group_bytes(TYPE)) * k_begin, *row_end = wr + p.row_bytes;
-    // Lane r copies row r for its part; with a tensor map lane 0 copies all 16.
-    const bool producer = pair == 0 && (Plan::tensor ? lane == 0 : lane < 16);
+    // With a tensor map lane 0 of the part's first warp copies all 16 rows; else lane r of warp
+    // r / 4 copies row r. A warp issues copies one lane at a time (the copy takes uniform
+    // operands: ~10 instructions a lane in SASS), so a warp issuing all 16 had ~160 more
+    // instructions a copy than the three others, which waited for it (H200, 2026-12-04: verify
+    // 8 / 16 12.86 / 18.21 -> 12.54 / 17.82 ms with the copies spread over the four warps).
+    const bool producer = Plan::tensor ? pair == 0 && lane == 0 : lane < 16 && pair == lane / (16 / PAIR_WARPS);
+    const int part_byte0 = group_bytes(TYPE) * k_begin;  // the part's first byte in a row
 
     if (threadIdx.x < PARTS) {
         for (int s = 0; s < RING; ++s) {
@@ -458,9 +471,9 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
     auto issue = [&](int c) {  // the weights are immutable: no wait for the previous kernel
         if constexpr (Plan::tensor) {  // rows r0.. of the block's segment (whole 16-row blocks: launch_bulk)
             uint64_t *full = &ring.full[c % RING];
-            bulk::arrive_expect_bytes(full, 16 * BOX_BYTES);
-            bulk::copy_box_to_shared(ring.raw[c % RING], &maps.map[seg], (k_begin + GROUPS * c) * group_bytes(TYPE) / 4,
-                                     int(r0 - p.rows.start(seg)), full);
+            bulk::arrive_expect_bytes(full, 16 * maps.box_bytes);
+            const int byte0 = (part_byte0 + group_bytes(TYPE) * GROUPS * c) & ~15;
+            bulk::copy_box_to_shared(ring.raw[c % RING], &maps.map[seg], byte0 / 4, int(r0 - p.rows.start(seg)), full);
         } else {
             uint32_t bytes;
             const uintptr_t src = bulk_window<TYPE, GROUPS>(wp, row_end, c, part_groups, bytes);
@@ -489,7 +502,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
         bulk::wait(&ring.full[b], parity);
         const uint8_t *win;  // row r's first group of the copy
         if constexpr (Plan::tensor) {
-            win = &ring.raw[b][0][0] + BOX_BYTES * r;  // the box's rows, back to back
+            win = &ring.raw[b][0][0] + maps.box_bytes * r + ((part_byte0 + group_bytes(TYPE) * GROUPS * c) & 15);
         } else {
             uint32_t bytes;
             const uintptr_t first = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * GROUPS * c;
@@ -538,28 +551,6 @@ struct FragLaunch {
                       args<TYPE>());
     }
 
-    // Three A/Bs are open on IQ4_XS (docs/gpu.md; sm_90 ptxas): the 16-token instances on rows of
-    // one part built for 5 or 6 blocks per SM (frag_bulk16_blocks: no bound is 110 registers and
-    // 4 blocks of 128; 5 blocks, 96 registers; 6, 80 with one activation group in flight and 8
-    // bytes spilled; Q6_K's would spill 228 bytes); copies of four groups, two in flight, on rows
-    // of one part at 4-16 tokens (frag_bulk_groups: half as many copies for the copy engine); and
-    // one tensor-map request per 16-row buffer wherever the copies serve (frag_bulk_tensor), on
-    // launches whose segments are whole 16-row blocks of 16-byte-multiple rows.
-    template <int TYPE, int NTILES, int PARTS>
-    void launch_bulk() const {
-        if constexpr (TYPE == GGML_IQ4_XS) {
-            if (frag_bulk_tensor && tensor_maps_fit<TYPE>()) return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<0, BULK_GROUPS, true>>();
-            if constexpr (NTILES == 2 && PARTS == 1) {
-                if (frag_bulk16_blocks == 5) return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<5, BULK_GROUPS, false>>();
-                if (frag_bulk16_blocks == 6) return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<6, BULK_GROUPS, false>>();
-            }
-            if constexpr (NTILES <= 2 && PARTS == 1) {
-                if (frag_bulk_groups == 4) return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<0, 4, false>>();
-            }
-        }
-        launch_bulk_as<TYPE, NTILES, PARTS, DefaultBulk>();
-    }
-
     // Whether one 2D box can take a block's 16 rows: rows of whole 16-byte words (the tensor
     // map's stride), segments starting on 16-byte boundaries and on whole 16-row blocks.
     template <int TYPE>
@@ -571,15 +562,31 @@ struct FragLaunch {
         return fit;
     }
 
-    template <int TYPE, class Plan>
+    // A row's bytes in a tensor-map box. A box must start on a 16-byte boundary of its row (the
+    // copy engine faults otherwise), and a part may start mid-word (FFN down's four parts start
+    // at groups 17, 34, 51 of 136 bytes), so such a launch's boxes start at the word below and
+    // take the row buffer's 304 bytes. A box's rows land back to back in shared memory, so its
+    // width is also the rows' bank offset: 272 bytes (68 words: rows 4 banks apart) measured
+    // 24.4 us on 17408x5120 at 8 tokens, 288 (8 banks apart) 29.2 (H200, 2026-12-04).
+    template <int TYPE, int PARTS>
+    int tensor_box_bytes() const {
+        const int span = group_bytes(TYPE) * BULK_GROUPS, n_groups = int((n_in / 32 + SLOTS - 1) / SLOTS);
+        bool aligned = span % 16 == 0;
+        for (int part = 1; part < PARTS; ++part)
+            aligned = aligned && part_begin(part, n_groups, PARTS) * group_bytes(TYPE) % 16 == 0;
+        return aligned ? span : bulk_row_bytes<TYPE, BULK_GROUPS>();
+    }
+
+    template <int TYPE, int PARTS, class Plan>
     SegmentMaps segment_maps() const {
         SegmentMaps maps{};
         if constexpr (Plan::tensor) {
             const int64_t row_words = quant_row_bytes(TYPE, n_in) / 4;
+            maps.box_bytes = tensor_box_bytes<TYPE, PARTS>();
             for (int s = 0; s < rows.n; ++s)
                 if (!bulk::encode_rows_map(maps.map[s], rows.w[s], uint64_t(row_words), uint64_t(rows.end[s] - rows.start(s)),
-                                           uint32_t(group_bytes(TYPE) * Plan::groups / 4), 16))
-                    fail(LUCE_ERR_DEVICE, "the driver refused a tensor map of %lld rows (LUCE_GPU_BULK=tensor)",
+                                           uint32_t(maps.box_bytes / 4), 16))
+                    fail(LUCE_ERR_DEVICE, "the driver refused a tensor map of %lld rows",
                          static_cast<long long>(rows.end[s] - rows.start(s)));
         }
         return maps;
@@ -588,7 +595,7 @@ struct FragLaunch {
     template <int TYPE, int NTILES, int PARTS, class Plan>
     void launch_bulk_as() const {
         const auto kernel = matmul_mma_bulk_kernel<TYPE, NTILES, PARTS, Plan>;
-        constexpr size_t shared = sizeof(BulkShared<TYPE, PARTS, Plan::groups, Plan::align>);
+        constexpr size_t shared = sizeof(BulkShared<TYPE, PARTS, Plan::align>);
         // Once per instance and process (luce drives one GPU), before any graph capture: a step
         // runs eagerly before it is captured.
         static bool attribute_set = false;
@@ -598,7 +605,7 @@ struct FragLaunch {
         }
         const int toks = MMA_NTILE * NTILES;
         const dim3 grid(unsigned((rows.n_out() + 15) / 16), unsigned((T + toks - 1) / toks));
-        launch_kernel(kernel, grid, PAIR_WARPS * 32 * PARTS, shared, stream, args<TYPE>(), segment_maps<TYPE, Plan>());
+        launch_kernel(kernel, grid, PAIR_WARPS * 32 * PARTS, shared, stream, args<TYPE>(), segment_maps<TYPE, PARTS, Plan>());
     }
 
     template <int TYPE>
@@ -615,8 +622,18 @@ struct FragLaunch {
         constexpr int UNROLL = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 2;
         with_row_parts(int(n_in), [&](auto parts) {
             constexpr int PARTS = decltype(parts)::value;
+            constexpr int MIN_BLOCKS = bulk_min_blocks<TYPE, NTILES, PARTS>();
+            // IQ4_XS with one tensor-map request per 16-row buffer: at every width and part count,
+            // where bulk_serves' row copies lost at 32 tokens and on four parts at 16 (H200,
+            // 2026-12-04, kernel bench us with tensor maps / the frag kernel: 34816x5120 at 32 tokens
+            // 83.1 / 102.5, 16480x5120 40.6 / 51.6, FFN down 5120x17408 at 16 41.6 / 47.6, at 32
+            // 53.1 / 73.2; verify 16 / 32 17.67 / 30.18 -> 16.71 / 26.08 ms).
+            if constexpr (TYPE == GGML_IQ4_XS) {
+                if (frag_bulk_copies && frag_bulk_tensor && tensor_maps_fit<TYPE>())
+                    return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<MIN_BLOCKS, true>>();
+            }
             if constexpr (bulk_serves(TYPE, PARTS, NTILES)) {
-                if (frag_bulk_copies) return launch_bulk<TYPE, NTILES, PARTS>();
+                if (frag_bulk_copies) return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<MIN_BLOCKS, false>>();
             }
             launch_with<TYPE, NTILES, UNROLL, PARTS>();
         });
