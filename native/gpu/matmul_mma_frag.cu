@@ -401,6 +401,12 @@ __device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wp, const uint8_
     return bulk::aligned_window(a, end, bytes);
 }
 
+// Where one tensor-map request per buffer serves: IQ4_XS at every width and part count (FFN down
+// included); Q5_K's rows of one part to 16 tokens (the lm head at a DFlash 2 step's 7-8 rows).
+__host__ __device__ constexpr bool tensor_serves(int type, int parts, int ntiles) {
+    return type == GGML_IQ4_XS || (type == GGML_Q5_K && parts == 1 && ntiles <= 2);
+}
+
 // How an instance brings its weights in: blocks per SM it is compiled for (0: no bound), and
 // whether one tensor-map request fills a part's whole 16-row buffer (instead of 16 row copies).
 template <int MIN_BLOCKS, bool TENSOR>
@@ -564,17 +570,19 @@ struct FragLaunch {
 
     // A row's bytes in a tensor-map box. A box must start on a 16-byte boundary of its row (the
     // copy engine faults otherwise), and a part may start mid-word (FFN down's four parts start
-    // at groups 17, 34, 51 of 136 bytes), so such a launch's boxes start at the word below and
-    // take the row buffer's 304 bytes. A box's rows land back to back in shared memory, so its
-    // width is also the rows' bank offset: 272 bytes (68 words: rows 4 banks apart) measured
-    // 24.4 us on 17408x5120 at 8 tokens, 288 (8 banks apart) 29.2 (H200, 2026-12-04).
+    // at groups 17, 34, 51 of 136 bytes), so such a launch's boxes start at the word below, 8
+    // bytes earlier. A box's rows land back to back in shared memory, so its width is also the
+    // rows' bank offset: an odd number of 16-byte words puts eight consecutive rows' 16 bytes on
+    // different banks. 272 bytes (17 words) measured 24.4 us on IQ4_XS 17408x5120 at 8 tokens,
+    // 288 (18) 29.2 (H200, 2026-12-04). The width fits the row buffer (bulk_row_bytes).
     template <int TYPE, int PARTS>
     int tensor_box_bytes() const {
-        const int span = group_bytes(TYPE) * BULK_GROUPS, n_groups = int((n_in / 32 + SLOTS - 1) / SLOTS);
-        bool aligned = span % 16 == 0;
+        const int n_groups = int((n_in / 32 + SLOTS - 1) / SLOTS);
+        int reach = group_bytes(TYPE) * BULK_GROUPS;  // from the box's first byte
         for (int part = 1; part < PARTS; ++part)
-            aligned = aligned && part_begin(part, n_groups, PARTS) * group_bytes(TYPE) % 16 == 0;
-        return aligned ? span : bulk_row_bytes<TYPE, BULK_GROUPS>();
+            if (part_begin(part, n_groups, PARTS) * group_bytes(TYPE) % 16 != 0) reach = group_bytes(TYPE) * BULK_GROUPS + 15;
+        const int words = (reach + 15) / 16;
+        return 16 * (words % 2 ? words : words + 1);
     }
 
     template <int TYPE, int PARTS, class Plan>
@@ -583,6 +591,8 @@ struct FragLaunch {
         if constexpr (Plan::tensor) {
             const int64_t row_words = quant_row_bytes(TYPE, n_in) / 4;
             maps.box_bytes = tensor_box_bytes<TYPE, PARTS>();
+            if (maps.box_bytes > bulk_row_bytes<TYPE, BULK_GROUPS>())
+                fail(LUCE_ERR_INTERNAL, "matmul_mma_frag: a %d-byte box overflows its buffer", maps.box_bytes);
             for (int s = 0; s < rows.n; ++s)
                 if (!bulk::encode_rows_map(maps.map[s], rows.w[s], uint64_t(row_words), uint64_t(rows.end[s] - rows.start(s)),
                                            uint32_t(maps.box_bytes / 4), 16))
@@ -628,7 +638,7 @@ struct FragLaunch {
             // 2026-12-04, kernel bench us with tensor maps / the frag kernel: 34816x5120 at 32 tokens
             // 83.1 / 102.5, 16480x5120 40.6 / 51.6, FFN down 5120x17408 at 16 41.6 / 47.6, at 32
             // 53.1 / 73.2; verify 16 / 32 17.67 / 30.18 -> 16.71 / 26.08 ms).
-            if constexpr (TYPE == GGML_IQ4_XS) {
+            if constexpr (tensor_serves(TYPE, PARTS, NTILES)) {
                 if (frag_bulk_copies && frag_bulk_tensor && tensor_maps_fit<TYPE>())
                     return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<MIN_BLOCKS, true>>();
             }
@@ -671,6 +681,10 @@ bool mma_frag_serves(int type, int64_t n_in, int T) {
     if (type == GGML_IQ4_XS) return true;
     const int parts = int8_units::row_parts(int(n_in));
     if (type == GGML_Q6_K && frag_bulk_copies && bulk_serves(type, parts, frag_ntiles(T))) return true;
+    // Q5_K with tensor-map copies (H200, 2026-12-04, 32768x5120 at 4 / 8 / 16 tokens: 52.6 / 53.8
+    // / 71.4 us against the staged kernel's 94.1 / 95.9 / 141.9; the lm head of a DFlash 2 step).
+    if (type == GGML_Q5_K && frag_bulk_copies && frag_bulk_tensor && tensor_serves(type, parts, frag_ntiles(T)))
+        return true;
     return type == GGML_Q6_K && (parts == 1 || T > 16);
 }
 
