@@ -27,7 +27,8 @@ def test_kernel_stage_dry_run_passes_the_int8_oracle(tmp_path):
     for key in [(t, 99, 512) for t in ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")] + [("Q8_0", 99, 480),
                                                                                       ("IQ4_XS", 40, 8448),
                                                                                       ("IQ4_XS", 64, 5120),
-                                                                                      ("IQ4_XS", 48, 17408)]:
+                                                                                      ("IQ4_XS", 48, 17408),
+                                                                                      ("Q8_0", 48, 17408)]:
         m = rows[key]
         assert m["ok"] and m["rel_err_fast"] <= 1e-5 and m["rel_err"] <= 1e-5, m
     assert "RESULT: PASS" in (out / "gpu_report.md").read_text()

@@ -549,8 +549,9 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     # Q6_K x 5120: the 27B's attn_v rows (4200 bytes: rows off 16-byte boundaries); IQ4_XS x 5120:
     # the 27B's rows of one part, 20 groups, so the bulk copies' rings wrap (matmul_mma_frag.cu);
     # IQ4_XS x 17408: FFN down's rows, four parts whose first bytes are 8 bytes off a 16-byte
-    # boundary (groups 17, 34, 51), which the tensor-map copies must start before.
-    cases += [(Q.Q6_K, 64, 5120), (Q.IQ4_XS, 64, 5120), (Q.IQ4_XS, 48, 17408)]
+    # boundary (groups 17, 34, 51), which the tensor-map copies must start before; Q8_0 x 17408:
+    # a drafter's FFN down, four parts of whole groups on the tensor-map copies.
+    cases += [(Q.Q6_K, 64, 5120), (Q.IQ4_XS, 64, 5120), (Q.IQ4_XS, 48, 17408), (Q.Q8_0, 48, 17408)]
     cases += [(Q.IQ4_XS, 12300, 512)] if large else []
     for qtype, n_rows, n_cols in cases:
         raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut, n_rows, n_cols)
@@ -946,7 +947,7 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
 # that fuse matrices in a step (RowSegments): FFN gate + up, DeltaNet qkv + gate + beta + alpha.
 KERNEL_SHAPES = (("IQ4_XS", 17408, 5120), ("IQ4_XS", 34816, 5120), ("IQ4_XS", 5120, 17408), ("IQ4_XS", 10240, 5120),
                  ("IQ4_XS", 16480, 5120), ("Q6_K", 5120, 6144), ("Q6_K", 1024, 5120), ("IQ4_XS", 48, 5120),
-                 ("Q5_K", 32768, 5120), ("Q8_0", 17408, 5120))
+                 ("Q5_K", 32768, 5120), ("Q8_0", 17408, 5120), ("Q8_0", 5120, 17408))
 KERNEL_REPS = 20
 KERNEL_WIDTHS = VERIFY_WIDTHS + (64,)  # 64: a prefill chunk (MAX_STEP), where the prefill GEMM runs
 

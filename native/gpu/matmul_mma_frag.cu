@@ -402,9 +402,14 @@ __device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wp, const uint8_
 }
 
 // Where one tensor-map request per buffer serves: IQ4_XS at every width and part count (FFN down
-// included); Q5_K's rows of one part to 16 tokens (the lm head at a DFlash 2 step's 7-8 rows).
+// included); Q5_K's rows of one part to 16 tokens (the lm head at a DFlash 2 step's 7-8 rows);
+// Q8_0 to 8 tokens, and to 16 on rows of four parts (a drafter's matmuls at its block's rows).
+// H200, 2026-12-04, kernel bench us, tensor maps / the staged kernel: Q8_0 17408x5120 at 4 / 8 /
+// 16 tokens 53.6 / 55.5 / 85.0 against 68.6 / 71.4 / 75.5; 5120x17408 52.5 / 52.4 / 73.8
+// against 82.1 / 85.9 / 104.2.
 __host__ __device__ constexpr bool tensor_serves(int type, int parts, int ntiles) {
-    return type == GGML_IQ4_XS || (type == GGML_Q5_K && parts == 1 && ntiles <= 2);
+    return type == GGML_IQ4_XS || (type == GGML_Q5_K && parts == 1 && ntiles <= 2) ||
+           (type == GGML_Q8_0 && (ntiles == 1 || (ntiles == 2 && parts == MAX_PARTS)));
 }
 
 // How an instance brings its weights in: blocks per SM it is compiled for (0: no bound), and
@@ -436,7 +441,9 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
     constexpr int GROUPS = BULK_GROUPS, RING = bulk_ring<TYPE, PARTS>();
     constexpr int ACT_RING = NTILES >= 4 ? 1 : 2;
     static_assert(GROUPS % ACT_RING == 0, "the activations' ring is indexed by the group in its copy");
-    static_assert(group_is_block(TYPE), "whole groups only (bulk_serves): every unit of a group is in the row");
+    // Every unit of a group is in the row: the 256-element types, and Q8_0 rows of whole groups
+    // (tensor_maps_fit).
+    static_assert(group_is_block(TYPE) || (TYPE == GGML_Q8_0 && Plan::tensor), "whole groups only");
     static_assert(!Plan::tensor || group_bytes(TYPE) % 8 == 0, "a box's groups start 8-byte aligned (fetch_group_unit)");
     static_assert(!Plan::tensor || 16 * bulk_row_bytes<TYPE, GROUPS>() % 128 == 0, "every buffer 128-byte aligned");
     using Shared = BulkShared<TYPE, PARTS, Plan::align>;
@@ -558,11 +565,12 @@ struct FragLaunch {
     }
 
     // Whether one 2D box can take a block's 16 rows: rows of whole 16-byte words (the tensor
-    // map's stride), segments starting on 16-byte boundaries and on whole 16-row blocks.
+    // map's stride) and of whole groups (Q8_0: the bulk kernel has no partial group), segments
+    // starting on 16-byte boundaries and on whole 16-row blocks.
     template <int TYPE>
     bool tensor_maps_fit() const {
         const int64_t row_bytes = quant_row_bytes(TYPE, n_in);
-        bool fit = row_bytes % 16 == 0;
+        bool fit = row_bytes % 16 == 0 && n_in % (SLOTS * 32) == 0;
         for (int s = 0; s < rows.n; ++s)
             fit = fit && rows.start(s) % 16 == 0 && reinterpret_cast<uintptr_t>(rows.w[s]) % 16 == 0;
         return fit;
@@ -684,6 +692,10 @@ bool mma_frag_serves(int type, int64_t n_in, int T) {
     // Q5_K with tensor-map copies (H200, 2026-12-04, 32768x5120 at 4 / 8 / 16 tokens: 52.6 / 53.8
     // / 71.4 us against the staged kernel's 94.1 / 95.9 / 141.9; the lm head of a DFlash 2 step).
     if (type == GGML_Q5_K && frag_bulk_copies && frag_bulk_tensor && tensor_serves(type, parts, frag_ntiles(T)))
+        return true;
+    // Q8_0 rows of whole groups likewise (a drafter's matmuls; tensor_serves).
+    if (type == GGML_Q8_0 && frag_bulk_copies && frag_bulk_tensor && n_in % (SLOTS * 32) == 0 &&
+        tensor_serves(type, parts, frag_ntiles(T)))
         return true;
     return type == GGML_Q6_K && (parts == 1 || T > 16);
 }
