@@ -331,8 +331,8 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
 // 4x the ideal sectors), DRAM at 19% and IMMA waiting on its operands. Here the copy engine
 // brings the 16 rows' bytes of the next GROUPS groups (L1 untouched) into a ring of bulk_ring
 // buffers in shared memory, and every warp reads its units from there: with one tensor-map
-// request per buffer (IQ4_XS rows that fit a 2D map: tensor_box_bytes) or one cp.async.bulk per
-// row. A buffer's barrier `full` completes when its bytes have landed; `empty` when the four
+// request per buffer (tensor_serves, where the rows fit a 2D map) or one cp.async.bulk per row
+// (bulk_serves). A buffer's barrier `full` completes when its bytes have landed; `empty` when the four
 // warps have read it, after which it is refilled. Same units, same order, same bits.
 //
 // Rows of several parts give each part its own four warps and ring, as above; a row copy of any
@@ -401,12 +401,16 @@ __device__ __forceinline__ uintptr_t bulk_window(const uint8_t *wp, const uint8_
     return bulk::aligned_window(a, end, bytes);
 }
 
-// Where one tensor-map request per buffer serves: IQ4_XS at every width and part count (FFN down
-// included); Q5_K's rows of one part to 16 tokens (the lm head at a DFlash 2 step's 7-8 rows);
-// Q8_0 to 8 tokens, and to 16 on rows of four parts (a drafter's matmuls at its block's rows).
-// H200, 2026-12-04, kernel bench us, tensor maps / the staged kernel: Q8_0 17408x5120 at 4 / 8 /
-// 16 tokens 53.6 / 55.5 / 85.0 against 68.6 / 71.4 / 75.5; 5120x17408 52.5 / 52.4 / 73.8
-// against 82.1 / 85.9 / 104.2.
+// Where one tensor-map request per buffer serves (H200, 2026-12-04, kernel bench, us):
+// - IQ4_XS at every width and part count, where the row copies lost at 32 tokens and on four
+//   parts at 16 (against the lanes' own loads: 34816x5120 at 32 tokens 83.1 / 102.5, 16480x5120
+//   40.6 / 51.6, FFN down 5120x17408 at 16 41.6 / 47.6, at 32 53.1 / 73.2; verify 16 / 32 17.67
+//   / 30.18 -> 16.71 / 26.08 ms);
+// - Q5_K's rows of one part to 16 tokens (the lm head at a DFlash 2 step's 7-8 rows; 32768x5120
+//   at 4 / 8 / 16 tokens 52.6 / 53.8 / 71.4 against the staged kernel's 94.1 / 95.9 / 141.9);
+// - Q8_0 to 8 tokens, and to 16 on rows of four parts (a drafter's matmuls at its block's rows;
+//   17408x5120 at 4 / 8 / 16 53.6 / 55.5 / 85.0 against the staged kernel's 68.6 / 71.4 / 75.5,
+//   5120x17408 52.5 / 52.4 / 73.8 against 82.1 / 85.9 / 104.2).
 __host__ __device__ constexpr bool tensor_serves(int type, int parts, int ntiles) {
     return type == GGML_IQ4_XS || (type == GGML_Q5_K && parts == 1 && ntiles <= 2) ||
            (type == GGML_Q8_0 && (ntiles == 1 || (ntiles == 2 && parts == MAX_PARTS)));
@@ -586,10 +590,10 @@ struct FragLaunch {
     template <int TYPE, int PARTS>
     int tensor_box_bytes() const {
         const int n_groups = int((n_in / 32 + SLOTS - 1) / SLOTS);
-        int reach = group_bytes(TYPE) * BULK_GROUPS;  // from the box's first byte
+        bool mid_word = false;  // some part starts off a 16-byte boundary
         for (int part = 1; part < PARTS; ++part)
-            if (part_begin(part, n_groups, PARTS) * group_bytes(TYPE) % 16 != 0) reach = group_bytes(TYPE) * BULK_GROUPS + 15;
-        const int words = (reach + 15) / 16;
+            mid_word = mid_word || part_begin(part, n_groups, PARTS) * group_bytes(TYPE) % 16 != 0;
+        const int words = (group_bytes(TYPE) * BULK_GROUPS + (mid_word ? 15 : 0) + 15) / 16;
         return 16 * (words % 2 ? words : words + 1);
     }
 
@@ -641,11 +645,6 @@ struct FragLaunch {
         with_row_parts(int(n_in), [&](auto parts) {
             constexpr int PARTS = decltype(parts)::value;
             constexpr int MIN_BLOCKS = bulk_min_blocks<TYPE, NTILES, PARTS>();
-            // IQ4_XS with one tensor-map request per 16-row buffer: at every width and part count,
-            // where bulk_serves' row copies lost at 32 tokens and on four parts at 16 (H200,
-            // 2026-12-04, kernel bench us with tensor maps / the frag kernel: 34816x5120 at 32 tokens
-            // 83.1 / 102.5, 16480x5120 40.6 / 51.6, FFN down 5120x17408 at 16 41.6 / 47.6, at 32
-            // 53.1 / 73.2; verify 16 / 32 17.67 / 30.18 -> 16.71 / 26.08 ms).
             if constexpr (tensor_serves(TYPE, PARTS, NTILES)) {
                 if (frag_bulk_copies && frag_bulk_tensor && tensor_maps_fit<TYPE>())
                     return launch_bulk_as<TYPE, NTILES, PARTS, BulkPlan<MIN_BLOCKS, true>>();
@@ -683,19 +682,17 @@ struct FragLaunch {
 // lane). The kernels give the same bits, so this only picks the faster. The backend asks from
 // MMA_MIN_TOKENS up (backend_gpu.cu). With the bulk copies (sm_90+) Q6_K's rows of two parts
 // are faster here at every width too (ssm_out at 8 tokens 14.9 us against the staged kernel's
-// 35.1; bulk_serves).
+// 35.1; bulk_serves), and so are Q5_K and Q8_0 where the tensor-map copies serve them
+// (tensor_serves).
 bool mma_frag_serves(int type, int64_t n_in, int T) {
     if (T > MMA_FRAG_MAX_TOKENS) return false;
     if (type == GGML_IQ4_XS) return true;
     const int parts = int8_units::row_parts(int(n_in));
     if (type == GGML_Q6_K && frag_bulk_copies && bulk_serves(type, parts, frag_ntiles(T))) return true;
-    // Q5_K with tensor-map copies (H200, 2026-12-04, 32768x5120 at 4 / 8 / 16 tokens: 52.6 / 53.8
-    // / 71.4 us against the staged kernel's 94.1 / 95.9 / 141.9; the lm head of a DFlash 2 step).
-    if (type == GGML_Q5_K && frag_bulk_copies && frag_bulk_tensor && tensor_serves(type, parts, frag_ntiles(T)))
-        return true;
-    // Q8_0 rows of whole groups likewise (a drafter's matmuls; tensor_serves).
-    if (type == GGML_Q8_0 && frag_bulk_copies && frag_bulk_tensor && n_in % (SLOTS * 32) == 0 &&
-        tensor_serves(type, parts, frag_ntiles(T)))
+    // Q5_K and Q8_0 where the tensor-map copies serve them (rows of whole groups: Q8_0's may end
+    // mid-group).
+    if ((type == GGML_Q5_K || type == GGML_Q8_0) && frag_bulk_copies && frag_bulk_tensor &&
+        n_in % (SLOTS * 32) == 0 && tensor_serves(type, parts, frag_ntiles(T)))
         return true;
     return type == GGML_Q6_K && (parts == 1 || T > 16);
 }
