@@ -7,7 +7,9 @@ tensor of an odd number of blocks has blocks of both parities (the layout differ
 
 The fragment kernel's bulk copies (native/gpu/bulk_copy.cuh) move 16-byte-aligned windows around
 a row's groups into fixed-size shared buffers: the windows must cover the run, stay within 15
-bytes of it, and never exceed the buffer, at every alignment a row can have.
+bytes of it, and never exceed the buffer, at every alignment a row can have. Its tensor-map boxes
+must start on a 16-byte boundary, cover the run from there, fit the same buffer, and be an odd
+number of 16-byte words wide (rows land back to back: consecutive rows on different banks).
 """
 from __future__ import annotations
 
@@ -77,3 +79,25 @@ def test_bulk_copy_windows_cover_the_run_and_fit_the_buffer(program, span):
         assert first % 16 == 0 and n_bytes % 16 == 0  # cp.async.bulk's alignment rules
         assert first <= a < first + 16 and end <= first + n_bytes < end + 16
         assert n_bytes <= buffer == worst
+
+
+# Two groups of IQ4_XS (FFN down's parts start 8 bytes past a word), Q5_K and Q8_0, and spans that
+# are not whole words (every lead then possible).
+@pytest.mark.parametrize("span", [272, 352, 544, 136, 210, 420])
+def test_tensor_map_boxes_cover_the_run_fit_the_buffer_and_stagger_banks(program, span):
+    out = subprocess.run([str(program), "boxes", str(span)], capture_output=True, check=True, text=True).stdout
+    rows = [tuple(int(v) for v in line.split()) for line in out.splitlines()]
+    assert [lead for lead, _ in rows] == list(range(16))
+    buffer = (span + 30) // 16 * 16 + 16  # a row buffer: the longest window around the span, + 16
+    for lead, box in rows:
+        assert box % 16 == 0 and (box // 16) % 2 == 1
+        assert lead + span <= box <= buffer
+        assert box < lead + span + 32  # at most one word past the run's last one
+
+
+# The 27B's widths, by hand: IQ4_XS 272 = 17 words; FFN down's parts 8 + 272 -> 18 words -> 19;
+# Q5_K 352 = 22 words -> 23; Q8_0 544 = 34 -> 35.
+@pytest.mark.parametrize("span, lead, box", [(272, 0, 272), (272, 8, 304), (352, 0, 368), (544, 0, 560)])
+def test_tensor_map_box_widths_of_the_27b(program, span, lead, box):
+    out = subprocess.run([str(program), "boxes", str(span)], capture_output=True, check=True, text=True).stdout
+    assert dict(tuple(int(v) for v in line.split()) for line in out.splitlines())[lead] == box

@@ -32,6 +32,13 @@ __host__ __device__ inline uintptr_t aligned_window(uintptr_t a, uintptr_t end, 
 // The longest window around `span` bytes at any alignment: the size of a buffer that takes them.
 __host__ __device__ constexpr int max_window_bytes(int span) { return (span + 30) / 16 * 16; }
 
+// The width of a tensor-map box whose rows take `span` bytes that start `lead` bytes (0..15) past
+// the box's first byte (a box starts on a 16-byte boundary of its row: the copy engine faults
+// otherwise): whole 16-byte words, an odd number of them, since a box's rows land back to back in
+// shared memory and an odd word count puts eight consecutive rows' 16 bytes on different banks.
+// At most max_window_bytes(span) + 16.
+__host__ __device__ constexpr int box_bytes(int span, int lead) { return 16 * (((lead + span + 15) / 16) | 1); }
+
 __device__ __forceinline__ uint32_t shared_addr(const void *p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
 // A barrier whose phase completes after `arrivals` arrivals (and every byte it was told to expect).

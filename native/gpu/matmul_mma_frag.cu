@@ -24,6 +24,8 @@
 // per group, of which the unit's decode ~75 (32 permutes); it was 261 before the fragments came
 // from ldmatrix, the group's shared d * dx was formed once per group, the activation addresses
 // became cursors and the codebook left the uniform registers (35 us against 41).
+#include <algorithm>
+
 #include "bulk_copy.cuh"
 #include "kernels.h"
 #include "mma_int8.cuh"
@@ -580,21 +582,16 @@ struct FragLaunch {
         return fit;
     }
 
-    // A row's bytes in a tensor-map box. A box must start on a 16-byte boundary of its row (the
-    // copy engine faults otherwise), and a part may start mid-word (FFN down's four parts start
-    // at groups 17, 34, 51 of 136 bytes), so such a launch's boxes start at the word below, 8
-    // bytes earlier. A box's rows land back to back in shared memory, so its width is also the
-    // rows' bank offset: an odd number of 16-byte words puts eight consecutive rows' 16 bytes on
-    // different banks. 272 bytes (17 words) measured 24.4 us on IQ4_XS 17408x5120 at 8 tokens,
-    // 288 (18) 29.2 (H200, 2026-12-04). The width fits the row buffer (bulk_row_bytes).
+    // A row's bytes in the launch's tensor-map boxes (bulk::box_bytes). A part may start mid-word
+    // (FFN down's four parts start at groups 17, 34, 51 of 136 bytes), and its boxes then start at
+    // the word below. Widths of an odd number of 16-byte words: 272 bytes (17 words) measured 24.4
+    // us on IQ4_XS 17408x5120 at 8 tokens, 288 (18) 29.2 (H200, 2026-12-04).
     template <int TYPE, int PARTS>
     int tensor_box_bytes() const {
-        const int n_groups = int((n_in / 32 + SLOTS - 1) / SLOTS);
-        bool mid_word = false;  // some part starts off a 16-byte boundary
-        for (int part = 1; part < PARTS; ++part)
-            mid_word = mid_word || part_begin(part, n_groups, PARTS) * group_bytes(TYPE) % 16 != 0;
-        const int words = (group_bytes(TYPE) * BULK_GROUPS + (mid_word ? 15 : 0) + 15) / 16;
-        return 16 * (words % 2 ? words : words + 1);
+        const int span = group_bytes(TYPE) * BULK_GROUPS, n_groups = int((n_in / 32 + SLOTS - 1) / SLOTS);
+        int lead = 0;  // the most a copy's first byte lies past a 16-byte boundary
+        for (int part = 1; part < PARTS; ++part) lead = std::max(lead, part_begin(part, n_groups, PARTS) * group_bytes(TYPE) % 16);
+        return bulk::box_bytes(span, span % 16 ? 15 : lead);
     }
 
     template <int TYPE, int PARTS, class Plan>

@@ -7,7 +7,8 @@
 //
 // Also the bulk copies' windows (native/gpu/bulk_copy.cuh): gpu_layouts windows SPAN prints, for
 // a run of SPAN bytes at each offset 0..63, "a end first bytes max" with the window the device
-// copies and the buffer size it relies on.
+// copies and the buffer size it relies on; gpu_layouts boxes SPAN prints, for each lead 0..15,
+// "lead box" with the tensor-map box width bulk::box_bytes gives.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -66,8 +67,19 @@ int print_windows(const char *span_arg) {
     return 0;
 }
 
+int print_boxes(const char *span_arg) {
+    const int span = std::atoi(span_arg);
+    if (span < 1 || span > 1 << 20) {
+        std::fprintf(stderr, "gpu_layouts: bad span %s\n", span_arg);
+        return 2;
+    }
+    for (int lead = 0; lead < 16; ++lead) std::printf("%d %d\n", lead, bulk::box_bytes(span, lead));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && std::string(argv[1]) == "windows") return print_windows(argv[2]);
+    if (argc == 3 && std::string(argv[1]) == "boxes") return print_boxes(argv[2]);
     const std::string name = argc == 2 ? argv[1] : "";
     const int type = name == "iq4_xs" ? GGML_IQ4_XS : name == "q6_k" ? GGML_Q6_K : -1;
     if (type < 0) {
