@@ -52,6 +52,8 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
     under = report["matmul_ab"]["LUCE_GPU_BULK=0"]  # --ab's settings pass the matmul checks too
     assert len(under) == len(report["matmul"]) and all(row["ok"] for row in under)
     assert {row["kind"] for row in report["drafters"]} == {"dflash", "dflash2", "dspark"}
+    # Both engines on the CPU here: the same drafts, so the same tau on every prompt.
+    assert all(g["tau"] == g["tau_cpu"] for row in report["drafters"] for g in row["generate"])
 
     bench = report["bench"]
     assert bench["decode"]["tok_s"] > 0 and set(bench["prefill"]) == {"512", "2048"}

@@ -1141,9 +1141,12 @@ def check_drafter_kind(kind: str, dut: str, threads: int, root: Path) -> dict:
             kw = dict(prompt_ids=ids, max_tokens=DRAFT_TOKENS, ignore_eos=True)
             plain = dev.generate(**kw, speculative=False).tokens
             spec = dev.generate(**kw, adaptive=False)
-            spec_cpu = cpu.generate(**kw, adaptive=False).tokens
+            spec_cpu = cpu.generate(**kw, adaptive=False)
+            # tau on both devices: with the same tokens out, drafts that differ (the target's
+            # features, the drafter's context) show here and nowhere else, output staying lossless.
             row = {"lossless": _compare_tokens(dev, ids, plain, spec.tokens),
-                   "gpu_vs_cpu": _compare_tokens(cpu, ids, spec_cpu, spec.tokens), "tau": spec.stats["tau"]}
+                   "gpu_vs_cpu": _compare_tokens(cpu, ids, spec_cpu.tokens, spec.tokens), "tau": spec.stats["tau"],
+                   "tau_cpu": spec_cpu.stats["tau"]}
             try:
                 tree = dev.generate(**kw, adaptive=False, ddtree=True).tokens
                 row["ddtree"] = _compare_tokens(dev, ids, plain, tree)
@@ -1409,7 +1412,7 @@ def write_report(out: Path, report: dict) -> None:
         lines.append(f"\nNOTE: {n}")
     if report.get("drafters"):
         lines += ["", "| drafter | hidden rel diff (tol {:g}) | chain GPU == CPU | conf diff | spec == plain (GPU) "
-                  "| spec GPU == CPU | DDTree | tau | ok |".format(DRAFT_TOL),
+                  "| spec GPU == CPU | DDTree | tau GPU / CPU | ok |".format(DRAFT_TOL),
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in report["drafters"]:
             if "error" in r or "skipped" in r:
@@ -1418,7 +1421,7 @@ def write_report(out: Path, report: dict) -> None:
                 continue
             g = r["generate"]
             col = lambda k: ", ".join(x[k] if len(x[k]) < 60 else x[k][:57] + "..." for x in g)  # noqa: E731
-            taus = ", ".join(f"{x['tau']:.2f}" for x in g)
+            taus = ", ".join(f"{x['tau']:.2f} / {x['tau_cpu']:.2f}" for x in g)
             lines.append(f"| {r['kind']} | {r['hidden_rel_diff']:.2e} | {r['chain_identical']} | "
                          f"{r['confidence_diff']:.1e} | {col('lossless')} | {col('gpu_vs_cpu')} | {col('ddtree')} | "
                          f"{taus} | "
