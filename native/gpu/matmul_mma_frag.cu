@@ -418,6 +418,10 @@ __host__ __device__ constexpr bool tensor_serves(int type, int parts, int ntiles
            (type == GGML_Q8_0 && (ntiles == 1 || (ntiles == 2 && parts == MAX_PARTS)));
 }
 
+// Whether a row of n_in values is whole groups: always for the 256-element types; the bulk kernel
+// has no partial group, so Q8_0 rows that end mid-group keep the other kernels.
+inline bool whole_groups(int64_t n_in) { return n_in % (SLOTS * 32) == 0; }
+
 // How an instance brings its weights in: blocks per SM it is compiled for (0: no bound), and
 // whether one tensor-map request fills a part's whole 16-row buffer (instead of 16 row copies).
 template <int MIN_BLOCKS, bool TENSOR>
@@ -477,7 +481,9 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
     // instructions a copy than the three others, which waited for it (H200, 2026-12-04: verify
     // 8 / 16 12.86 / 18.21 -> 12.54 / 17.82 ms with the copies spread over the four warps).
     const bool producer = Plan::tensor ? pair == 0 && lane == 0 : lane < 16 && pair == lane / (16 / PAIR_WARPS);
-    const int part_byte0 = group_bytes(TYPE) * k_begin;  // the part's first byte in a row
+    // Copy c's first byte in a row; a tensor-map box starts at the 16-byte boundary below it.
+    const int part_byte0 = group_bytes(TYPE) * k_begin;
+    const auto copy_byte0 = [&](int c) { return part_byte0 + group_bytes(TYPE) * GROUPS * c; };
 
     if (threadIdx.x < PARTS) {
         for (int s = 0; s < RING; ++s) {
@@ -491,8 +497,8 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
         if constexpr (Plan::tensor) {  // rows r0.. of the block's segment (whole 16-row blocks: launch_bulk)
             uint64_t *full = &ring.full[c % RING];
             bulk::arrive_expect_bytes(full, 16 * maps.box_bytes);
-            const int byte0 = (part_byte0 + group_bytes(TYPE) * GROUPS * c) & ~15;
-            bulk::copy_box_to_shared(ring.raw[c % RING], &maps.map[seg], byte0 / 4, int(r0 - p.rows.start(seg)), full);
+            bulk::copy_box_to_shared(ring.raw[c % RING], &maps.map[seg], (copy_byte0(c) & ~15) / 4,
+                                     int(r0 - p.rows.start(seg)), full);
         } else {
             uint32_t bytes;
             const uintptr_t src = bulk_window<TYPE, GROUPS>(wp, row_end, c, part_groups, bytes);
@@ -521,7 +527,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
         bulk::wait(&ring.full[b], parity);
         const uint8_t *win;  // row r's first group of the copy
         if constexpr (Plan::tensor) {
-            win = &ring.raw[b][0][0] + maps.box_bytes * r + ((part_byte0 + group_bytes(TYPE) * GROUPS * c) & 15);
+            win = &ring.raw[b][0][0] + maps.box_bytes * r + (copy_byte0(c) & 15);
         } else {
             uint32_t bytes;
             const uintptr_t first = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * GROUPS * c;
@@ -576,7 +582,7 @@ struct FragLaunch {
     template <int TYPE>
     bool tensor_maps_fit() const {
         const int64_t row_bytes = quant_row_bytes(TYPE, n_in);
-        bool fit = row_bytes % 16 == 0 && n_in % (SLOTS * 32) == 0;
+        bool fit = row_bytes % 16 == 0 && whole_groups(n_in);
         for (int s = 0; s < rows.n; ++s)
             fit = fit && rows.start(s) % 16 == 0 && reinterpret_cast<uintptr_t>(rows.w[s]) % 16 == 0;
         return fit;
@@ -689,7 +695,7 @@ bool mma_frag_serves(int type, int64_t n_in, int T) {
     // Q5_K and Q8_0 where the tensor-map copies serve them (rows of whole groups: Q8_0's may end
     // mid-group).
     if ((type == GGML_Q5_K || type == GGML_Q8_0) && frag_bulk_copies && frag_bulk_tensor &&
-        n_in % (SLOTS * 32) == 0 && tensor_serves(type, parts, frag_ntiles(T)))
+        whole_groups(n_in) && tensor_serves(type, parts, frag_ntiles(T)))
         return true;
     return type == GGML_Q6_K && (parts == 1 || T > 16);
 }
