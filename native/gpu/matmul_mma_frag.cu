@@ -481,9 +481,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
     // instructions a copy than the three others, which waited for it (H200, 2026-12-04: verify
     // 8 / 16 12.86 / 18.21 -> 12.54 / 17.82 ms with the copies spread over the four warps).
     const bool producer = Plan::tensor ? pair == 0 && lane == 0 : lane < 16 && pair == lane / (16 / PAIR_WARPS);
-    // Copy c's first byte in a row; a tensor-map box starts at the 16-byte boundary below it.
-    const int part_byte0 = group_bytes(TYPE) * k_begin;
-    const auto copy_byte0 = [&](int c) { return part_byte0 + group_bytes(TYPE) * GROUPS * c; };
+    const int part_byte0 = group_bytes(TYPE) * k_begin;  // the part's first byte in a row
 
     if (threadIdx.x < PARTS) {
         for (int s = 0; s < RING; ++s) {
@@ -494,11 +492,11 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
     }
     __syncthreads();
     auto issue = [&](int c) {  // the weights are immutable: no wait for the previous kernel
-        if constexpr (Plan::tensor) {  // rows r0.. of the block's segment (whole 16-row blocks: launch_bulk)
+        if constexpr (Plan::tensor) {  // rows r0.. of the block's segment (whole 16-row blocks: tensor_maps_fit)
             uint64_t *full = &ring.full[c % RING];
             bulk::arrive_expect_bytes(full, 16 * maps.box_bytes);
-            bulk::copy_box_to_shared(ring.raw[c % RING], &maps.map[seg], (copy_byte0(c) & ~15) / 4,
-                                     int(r0 - p.rows.start(seg)), full);
+            const int box_x = ((part_byte0 + group_bytes(TYPE) * GROUPS * c) & ~15) / 4;  // in words
+            bulk::copy_box_to_shared(ring.raw[c % RING], &maps.map[seg], box_x, int(r0 - p.rows.start(seg)), full);
         } else {
             uint32_t bytes;
             const uintptr_t src = bulk_window<TYPE, GROUPS>(wp, row_end, c, part_groups, bytes);
@@ -527,7 +525,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
         bulk::wait(&ring.full[b], parity);
         const uint8_t *win;  // row r's first group of the copy
         if constexpr (Plan::tensor) {
-            win = &ring.raw[b][0][0] + maps.box_bytes * r + (copy_byte0(c) & 15);
+            win = &ring.raw[b][0][0] + maps.box_bytes * r + ((part_byte0 + group_bytes(TYPE) * GROUPS * c) & 15);
         } else {
             uint32_t bytes;
             const uintptr_t first = reinterpret_cast<uintptr_t>(wp) + uintptr_t(group_bytes(TYPE)) * GROUPS * c;
