@@ -99,11 +99,12 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     // LUCE_GPU_PREFILL_GEMM=0; LUCE_GPU_MATMUL=gemm forces it for every width it serves, prefill
     // or not (checks and measurements).
     if (mma) mma_min_tokens_ = MMA_MIN_TOKENS;
-    // LUCE_GPU_MMA_MIN_TOKENS=2 or 3: an A/B still open (docs/gpu.md). At 2 tokens the fragment
+    // LUCE_GPU_MMA_MIN_TOKENS=2 or 3: A/B runs only (docs/gpu.md). At 2 tokens the fragment
     // kernel with tensor-map copies measured faster than dp4a on most of the 27B's matrices
     // (IQ4_XS 34816x5120 42.8 against 51.9 us, Q5_K 32768x5120 52.8 against 70.9, Q6_K
     // 1024x5120 10.9 against 17.9) but not all (IQ4_XS 16480x5120 24.7 against 21.6, Q8_0
-    // 17408x5120 52.4 against 50.0; H200, 2026-12-04).
+    // 17408x5120 52.4 against 50.0), and a whole verify step of 2 only by the run's spread
+    // (10.39 -> 10.12 ms; H200, 2026-12-04).
     if (mma && env_is("LUCE_GPU_MMA_MIN_TOKENS", "2")) mma_min_tokens_ = 2;
     if (mma && env_is("LUCE_GPU_MMA_MIN_TOKENS", "3")) mma_min_tokens_ = 3;
     if (mma && !env_is("LUCE_GPU_PREFILL_GEMM", "0")) gemm_min_tokens_ = GEMM_MIN_TOKENS;
