@@ -5,8 +5,7 @@ and pipe loads on one 27B shape, without a model.
     PYTHONPATH=/tmp/luce-gpu-check/site ncu --set full -k regex:matmul_gemm --launch-count 1 \\
         python3 tools/ncu_matmul.py IQ4_XS 17408 5120 64 --kernel gemm
 
-The weights are random blocks of the type (models/synthetic_qwen35.py) and the activations random
-normals, both seeded. --kernel forces LUCE_GPU_MATMUL (default: the backend's choice by width).
+The weights and activations are seeded random ones, made as gpu_check's matmul checks make them. --kernel forces LUCE_GPU_MATMUL (default: the backend's choice by width).
 The result is held to the int8-activation oracle gpu_check uses (gguf.quants' dequantization
 times the activations quantized by tests/fixtures/int8_acts.py), so a profiled kernel is also a
 correct one: exit status 1 past gpu_check's MATMUL_TOL, 2 for bad arguments. --dut cpu runs the
@@ -39,10 +38,8 @@ def main(argv=None) -> int:
     from gguf.constants import GGMLQuantizationType as Q
 
     sys.path[:0] = [str(REPO / "tools"), str(REPO / "models"), str(REPO / "tests")]
-    import gguf.quants
-    import synthetic_qwen35 as synth
     from fixtures.int8_acts import ACT_BLOCK, quantized_activations
-    from gpu_check import MATMUL_TOL, _matmul_fn
+    from gpu_check import MATMUL_TOL, _matmul_case, _matmul_fn, _worst
 
     if args.type not in ACT_BLOCK:
         ap.error(f"{args.type}: not a type with int8-activation kernels ({', '.join(sorted(ACT_BLOCK))})")
@@ -54,7 +51,7 @@ def main(argv=None) -> int:
     if args.kernel:
         os.environ["LUCE_GPU_MATMUL"] = args.kernel
     rng = np.random.default_rng(5)
-    raw = synth.random_blocks(qtype, args.rows * args.cols // block_elems, rng, 0.05).reshape(args.rows, -1)
+    raw, _, _, w = _matmul_case(qtype, rng, args.dut, args.rows, args.cols)  # w: gguf.quants' dequantization
     x = rng.standard_normal((args.tokens, args.cols)).astype(np.float32)
     run = _matmul_fn(args.dut)
     if args.dut == "gpu":
@@ -62,9 +59,8 @@ def main(argv=None) -> int:
         timing = f"{us:.1f} us per call (3 calls), "
     else:
         y, timing = run(int(qtype), raw, args.rows, args.cols, x), ""
-    w = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(args.rows, args.cols)
     scale = float((np.abs(x).astype(np.float64) @ np.abs(w).T).max())
-    err = float(np.abs(y - quantized_activations(x, ACT_BLOCK[args.type]) @ w.T).max()) / scale
+    err, _ = _worst(y, quantized_activations(x, ACT_BLOCK[args.type]) @ w.T, scale, args.tokens)
     verdict = "ok" if err <= MATMUL_TOL else f"FAIL (tolerance {MATMUL_TOL:g})"
     print(f"{args.type} {args.rows}x{args.cols} T={args.tokens} on {args.dut}: {timing}"
           f"rel err vs the int8-activation oracle {err:.2e}: {verdict}")
