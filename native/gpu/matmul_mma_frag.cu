@@ -418,9 +418,12 @@ __host__ __device__ constexpr bool tensor_serves(int type, int parts, int ntiles
            (type == GGML_Q8_0 && (ntiles == 1 || (ntiles == 2 && parts == MAX_PARTS)));
 }
 
-// Whether a row of n_in values is whole groups: always for the 256-element types; the bulk kernel
-// has no partial group, so Q8_0 rows that end mid-group keep the other kernels.
-inline bool whole_groups(int64_t n_in) { return n_in % (SLOTS * 32) == 0; }
+// Whether rows of n_in values of `type` suit a tensor map, whatever the launch's segments: whole
+// 16-byte words (the map's stride) and whole groups (always for the 256-element types; the bulk
+// kernel has no partial group, so Q8_0 rows that end mid-group keep the other kernels).
+inline bool tensor_rows_fit(int type, int64_t n_in) {
+    return quant_row_bytes(type, n_in) % 16 == 0 && n_in % (SLOTS * 32) == 0;
+}
 
 // How an instance brings its weights in: blocks per SM it is compiled for (0: no bound), and
 // whether one tensor-map request fills a part's whole 16-row buffer (instead of 16 row copies).
@@ -579,8 +582,7 @@ struct FragLaunch {
     // starting on 16-byte boundaries and on whole 16-row blocks.
     template <int TYPE>
     bool tensor_maps_fit() const {
-        const int64_t row_bytes = quant_row_bytes(TYPE, n_in);
-        bool fit = row_bytes % 16 == 0 && whole_groups(n_in);
+        bool fit = tensor_rows_fit(TYPE, n_in);
         for (int s = 0; s < rows.n; ++s)
             fit = fit && rows.start(s) % 16 == 0 && reinterpret_cast<uintptr_t>(rows.w[s]) % 16 == 0;
         return fit;
@@ -690,10 +692,11 @@ bool mma_frag_serves(int type, int64_t n_in, int T) {
     if (type == GGML_IQ4_XS) return true;
     const int parts = int8_units::row_parts(int(n_in));
     if (type == GGML_Q6_K && frag_bulk_copies && bulk_serves(type, parts, frag_ntiles(T))) return true;
-    // Q5_K and Q8_0 where the tensor-map copies serve them (rows of whole groups: Q8_0's may end
-    // mid-group).
+    // Q5_K and Q8_0 where the tensor-map copies serve them (by the rule the launch applies, so
+    // they never land on this file's slower first kernel; segments are whole 16-row blocks and
+    // 16-byte aligned in every model).
     if ((type == GGML_Q5_K || type == GGML_Q8_0) && frag_bulk_copies && frag_bulk_tensor &&
-        whole_groups(n_in) && tensor_serves(type, parts, frag_ntiles(T)))
+        tensor_rows_fit(type, n_in) && tensor_serves(type, parts, frag_ntiles(T)))
         return true;
     return type == GGML_Q6_K && (parts == 1 || T > 16);
 }
