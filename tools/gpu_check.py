@@ -701,14 +701,17 @@ def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int
 
     rng = np.random.default_rng(7)
     uploads = []  # the load progress reports: per tensor on the GPU, done == total last
-    with Engine(path, device="cpu", threads=threads, ctx_size=256) as cpu, \
-            Engine(path, device=dut, threads=max(1, threads // 2), ctx_size=256,
+    with Engine(path, device="cpu", threads=threads, ctx_size=512) as cpu, \
+            Engine(path, device=dut, threads=max(1, threads // 2), ctx_size=512,
                    progress=lambda done, total: uploads.append((done, total))) as gpu:
         V = cpu.info.n_vocab
-        ids = rng.integers(0, V, 70).tolist()  # 70 tokens: a 64-token chunk plus 6
+        # 300 tokens: every row's logits come in 64-token chunks; the last 64 rows alone in a
+        # prefill chunk of 256 (session.h PREFILL_STEP) and one of 44.
+        ids = rng.integers(0, V, 300).tolist()
         want, got = cpu.logits(ids), gpu.logits(ids)
+        got_last = last_rows(gpu, ids, 64)
         scale = float(np.abs(want).max())
-        diff = float(np.abs(got.astype(np.float64) - want).max())
+        diff = float(max(np.abs(got.astype(np.float64) - want).max(), np.abs(got_last - want[-64:]).max()))
         # Batch invariance on the device: prefill rows vs the same rows from one-token steps.
         steps = decode_step_logits(gpu, ids, 40, 29)
         self_diff = float(np.abs(steps - got[39:69]).max())
@@ -742,7 +745,7 @@ def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int
             "ok": bool(ok)}
 
 
-# compute-sanitizer's memcheck over one small model (logits of a 70-token prefill, greedy
+# compute-sanitizer's memcheck over one small model (logits of a 70- and a 300-token prefill, greedy
 # decode) and the matmul hook of every type: out-of-bounds or misaligned device accesses that
 # the numbers alone might not show.
 _MEMCHECK_CHILD = r"""
@@ -751,8 +754,9 @@ sys.path[:0] = sys.argv[2:]
 import numpy as np
 import gpu_check
 from luce import Engine
-with Engine(sys.argv[1], device="gpu", ctx_size=128) as eng:
+with Engine(sys.argv[1], device="gpu", ctx_size=512) as eng:
     eng.logits(list(range(70)))
+    gpu_check.last_rows(eng, list(range(300)), 1)  # a prefill chunk of 256
     gpu_check.greedy(eng, list(range(12)), 8)
 gpu_check.check_matmul_ops("gpu", invariance=False, large=False)
 """
@@ -810,6 +814,17 @@ def decode_bytes_per_token(path: Path) -> int:
     mtp = tuple(f"blk.{i}." for i in range(n_main, n_layer))
     return sum(int(t.n_bytes) for t in r.tensors
                if t.name != "token_embd.weight" and not t.name.startswith(mtp))
+
+
+def last_rows(eng, ids, n_rows: int):
+    """The logits of the last n_rows positions of `ids`, evaluated from an empty context."""
+    import numpy as np
+    from luce.binding import check, lib
+
+    check(lib().luce_session_reset(eng._session))
+    out = np.empty((n_rows, eng.info.n_vocab), dtype=np.float32)
+    _eval_timer(eng, out)(ids, n_rows)
+    return out
 
 
 def _eval_timer(eng, logits):
@@ -949,7 +964,8 @@ KERNEL_SHAPES = (("IQ4_XS", 17408, 5120), ("IQ4_XS", 34816, 5120), ("IQ4_XS", 51
                  ("IQ4_XS", 16480, 5120), ("Q6_K", 5120, 6144), ("Q6_K", 1024, 5120), ("IQ4_XS", 48, 5120),
                  ("Q5_K", 32768, 5120), ("Q8_0", 17408, 5120), ("Q8_0", 5120, 17408))
 KERNEL_REPS = 20
-KERNEL_WIDTHS = VERIFY_WIDTHS + (64,)  # 64: a prefill chunk (MAX_STEP), where the prefill GEMM runs
+# 64: the widest verify step (MAX_STEP); 256: a prefill chunk (PREFILL_STEP), where the prefill GEMM runs
+KERNEL_WIDTHS = VERIFY_WIDTHS + (64, 256)
 
 
 def parse_ab(text: str) -> dict[str, str]:

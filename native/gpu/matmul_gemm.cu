@@ -279,15 +279,17 @@ constexpr int GEMM_MAX_SPLITS = 8, GEMM_MIN_SPLIT_GROUPS = 4;
 
 }  // namespace
 
-// Rounds of tiles the SMs run, per split, plus a twentieth of a tile per split for writing and
-// adding the partials (a rough price, enough to stop at a few splits): the smallest wins.
+// Rounds of tiles the SMs run, per split, plus a twentieth of a round per split and token tile
+// for writing and adding the partials (a rough price: at 64 tokens the partials of 17408 rows
+// are ~9 MB a split, ~3 us of a ~60 us round; they grow with T): the smallest wins.
 int gemm_splits(int64_t n_out, int64_t n_in, int T, int n_sm) {
-    const int64_t tiles = (n_out + GEMM_ROWS - 1) / GEMM_ROWS * ((T + GEMM_TOKS - 1) / GEMM_TOKS);
+    const int64_t token_tiles = (T + GEMM_TOKS - 1) / GEMM_TOKS;
+    const int64_t tiles = (n_out + GEMM_ROWS - 1) / GEMM_ROWS * token_tiles;
     const int64_t slots = int64_t(std::max(1, n_sm)) * GEMM_BLOCKS_PER_SM;
     int best = 1;
     double best_cost = 1e30;
     for (int s = 1; s <= GEMM_MAX_SPLITS && n_in / GROUP / s >= GEMM_MIN_SPLIT_GROUPS; ++s) {
-        const double cost = double((tiles * s + slots - 1) / slots) / s + 0.05 * s;
+        const double cost = double((tiles * s + slots - 1) / slots) / s + 0.05 * s * double(token_tiles);
         if (cost < best_cost) best = s, best_cost = cost;
     }
     return best;

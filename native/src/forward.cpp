@@ -95,7 +95,7 @@ void upload_tree(Session &s, int T) {
 // attached, taps captured, T, and the logits rows asked for.
 bool graph_key(const Session &s, int T, bool want_logits, int logit_row0, const HiddenCapture *capture,
                uint64_t &key) {
-    if (s.tree || s.model->backend->prefill() || (capture && !capture->in_backend)) return false;
+    if (s.tree || s.model->backend->prefill() || T > MAX_STEP || (capture && !capture->in_backend)) return false;
     bool history = false;  // Checkpoints attach every recurrent layer's or none
     for (const RecurrentState &st : s.recurrent) history = history || st.ssm_history || st.qkv_history;
     static_assert(MAX_STEP < 128, "T and logit_row0 take 7 bits each");
@@ -110,9 +110,11 @@ const float *forward_rows(Session &s, const int32_t *tokens, int T, bool want_lo
                           const HiddenCapture *capture) {
     Backend &be = *s.model->backend;
     StepBuffers &b = s.buf;
-    if (T < 1 || T > MAX_STEP) fail(LUCE_ERR_INTERNAL, "forward step of %d tokens", T);
+    // Step buffers hold PREFILL_STEP rows; the logits and the tree arrays MAX_STEP.
+    if (T < 1 || T > (s.tree ? MAX_STEP : PREFILL_STEP) || (want_logits && T - logit_row0 > MAX_STEP))
+        fail(LUCE_ERR_INTERNAL, "forward step of %d tokens (logits from row %d)", T, logit_row0);
 
-    int32_t pos[MAX_STEP];
+    int32_t pos[PREFILL_STEP];
     for (int t = 0; t < T; ++t) pos[t] = s.tree ? s.tree->pos[t] : s.n_past + t;
     be.upload(b.pos, pos, sizeof(int32_t) * size_t(T));
     be.upload(b.tokens, tokens, sizeof(int32_t) * size_t(T));

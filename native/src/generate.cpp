@@ -31,6 +31,10 @@ void check_tokens(const Session &s, const int32_t *tokens, int n) {
 
 }  // namespace
 
+int prefill_chunk(int c0, int n, int first_logit) {
+    return std::min({n, c0 + PREFILL_STEP, std::max(first_logit, c0) + MAX_STEP}) - c0;
+}
+
 void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n_logit_rows,
                   const HiddenCapture *capture) {
     if (n < 0 || (n > 0 && !tokens)) fail(LUCE_ERR_INVALID_ARGUMENT, "no tokens to evaluate");
@@ -56,8 +60,8 @@ void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n
     const int first_logit = n - n_logit_rows;  // global index of the first row wanted
     const int64_t V = hp.n_vocab;
     const PrefillScope prefill(*s.model->backend);
-    for (int c0 = 0; c0 < n; c0 += MAX_STEP) {
-        const int T = std::min(MAX_STEP, n - c0);
+    for (int c0 = 0, T = 0; c0 < n; c0 += T) {
+        T = prefill_chunk(c0, n, first_logit);
         const int row0 = std::max(0, first_logit - c0);
         float *dst = (row0 < T && logits) ? logits + int64_t(c0 + row0 - first_logit) * V : nullptr;
         HiddenCapture chunk_capture;

@@ -9,7 +9,11 @@ namespace luce {
 // Wall-clock seconds on a monotonic clock (step timings and stats).
 double now_seconds();
 
-// Appends n tokens to the session in MAX_STEP chunks; writes the logits of the last n_logit_rows
+// The length of the prefill chunk at c0 of n tokens whose logits are wanted from first_logit on:
+// PREFILL_STEP tokens, or fewer so that no chunk returns more than MAX_STEP logits rows.
+int prefill_chunk(int c0, int n, int first_logit);
+
+// Appends n tokens to the session in prefill chunks; writes the logits of the last n_logit_rows
 // positions (host, row-major) when logits is not null. Validates ids and context first.
 // capture (may be null) receives hidden states of every position: its `out` is the start of a
 // host buffer [n][n_layers][E] for the whole call.

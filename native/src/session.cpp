@@ -26,7 +26,7 @@ Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), 
         fail(LUCE_ERR_INVALID_ARGUMENT, "context size %d is not in 1..%d (the model's context length)",
              n_ctx, hp.n_ctx_train);
     try {
-        const int64_t T = MAX_STEP, E = hp.n_embd, CD = hp.conv_channels();
+        const int64_t T = PREFILL_STEP, E = hp.n_embd, CD = hp.conv_channels();
         const int64_t inner = int64_t(hp.ssm_hv) * hp.ssm_dv;
         kv.resize(size_t(hp.n_layer));
         recurrent.resize(size_t(hp.n_layer));
@@ -42,8 +42,8 @@ Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), 
         }
         buf.tokens = take<int32_t>(*this, T);
         buf.pos = take<int32_t>(*this, T);
-        buf.tree_slot = take<int32_t>(*this, T);
-        buf.tree_parent = take<int32_t>(*this, T);
+        buf.tree_slot = take<int32_t>(*this, MAX_STEP);
+        buf.tree_parent = take<int32_t>(*this, MAX_STEP);
         buf.x = take<float>(*this, T * E);
         buf.cur = take<float>(*this, T * E);
         buf.mix = take<float>(*this, T * E);
@@ -59,7 +59,7 @@ Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), 
         buf.a = take<float>(*this, T * hp.ssm_hv);
         buf.ff_gate = take<float>(*this, T * hp.max_n_ff());
         buf.ff_up = take<float>(*this, T * hp.max_n_ff());
-        buf.logits = take<float>(*this, T * hp.n_vocab);
+        buf.logits = take<float>(*this, int64_t(MAX_STEP) * hp.n_vocab);  // a vocabulary row is ~1 MB
     } catch (...) {
         for (void *p : allocations) model->backend->release(p);
         throw;

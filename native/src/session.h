@@ -1,7 +1,7 @@
 // session.h — one sequence's state (KV cache, DeltaNet state) and the step buffers of the forward.
 //
-// Everything is allocated once at session creation with static shapes (T <= MAX_STEP tokens per
-// forward step), so prefill chunks and decode steps never allocate. Memory per session:
+// Everything is allocated once at session creation with static shapes (T <= PREFILL_STEP tokens
+// per forward step), so prefill chunks and decode steps never allocate. Memory per session:
 //   KV: n_attention_layers x 2 x Hkv x n_ctx x D values (f32, or f16 when asked for)
 //   DeltaNet: n_recurrent_layers x ((Kc-1) x CD + HV x DK x DV) floats, constant in context length.
 #pragma once
@@ -13,9 +13,16 @@
 
 namespace luce {
 
-// Tokens per forward step: prefill runs in chunks of this size (each weight row is read once per
-// chunk), decode uses T = 1 and verify (issue 4) T = block size.
+// Tokens per forward step outside a prompt's prefill: decode uses T = 1, verify (issue 4) T =
+// block size, a DDTree step its nodes. It also bounds the logits rows one step returns, and graph
+// keys (forward.cpp) hold T in 7 bits.
 constexpr int MAX_STEP = 64;
+// Tokens per prefill chunk (generate.cpp, speculative.cpp). Longer than MAX_STEP because every
+// prefill matmul decodes its weights once per chunk and every op launches once per chunk: the
+// GPU's prefill GEMM and small ops pay those costs a quarter as often as at 64. Prefill rows are
+// never compared bitwise with decode rows, so the chunk length is free to differ.
+constexpr int PREFILL_STEP = 256;
+static_assert(PREFILL_STEP >= MAX_STEP, "a prefill chunk holds any step");
 
 // Per-layer recurrent state of a Gated DeltaNet layer.
 struct RecurrentState {
@@ -27,7 +34,7 @@ struct RecurrentState {
     float *qkv_history = nullptr;
 };
 
-// Step buffers, [T][...] with T <= MAX_STEP.
+// Step buffers, [T][...] with T <= PREFILL_STEP; the logits and the tree arrays hold MAX_STEP rows.
 struct StepBuffers {
     int32_t *tokens = nullptr, *pos = nullptr;  // [T]
     float *x = nullptr;        // [T][E] residual stream
@@ -105,9 +112,10 @@ struct Session {
     void restore(const Snapshot &in);
 };
 
-// One forward step over T <= MAX_STEP tokens at positions n_past .. n_past+T-1; advances n_past.
-// If logits is not null, rows [logit_row0, T) of the step's logits are written there (host,
-// [T - logit_row0][V]). capture may be null.
+// One forward step over T tokens at positions n_past .. n_past+T-1; advances n_past. T <=
+// MAX_STEP, or <= PREFILL_STEP inside a PrefillScope. If logits is not null, rows [logit_row0, T)
+// (at most MAX_STEP of them) of the step's logits are written there (host, [T - logit_row0][V]).
+// capture may be null.
 void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,
                   const HiddenCapture *capture);
 // The same, leaving the logits rows [logit_row0, T) in backend memory (returned; valid until the
