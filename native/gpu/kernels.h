@@ -79,10 +79,11 @@ void matmul_mma_frag(cudaStream_t stream, int type, int64_t n_in, const RowSegme
 // tiles, each 256-element group summed in int32 before one fp32 step, so NOT the bits of the three
 // kernels above (within the fast path's tolerance of them). CUDA sm_80+; gemm_serves: the types
 // and shapes it has (IQ4_XS and Q6_K, rows of whole 256-value groups).
-// Tiles may be split along the row (gemm_splits picks how many for n_sm SMs): the splits write
-// [splits][T][n_out] floats of `partial` and a second kernel adds them in order.
+// Tiles may be split along the row (gemm_splits picks how many for n_sm SMs, or takes `forced`
+// within the valid range): the splits write [splits][T][n_out] floats of `partial` and a second
+// kernel adds them in order.
 bool gemm_serves(int type, int64_t n_in);
-int gemm_splits(int64_t n_out, int64_t n_in, int T, int n_sm);
+int gemm_splits(int64_t n_out, int64_t n_in, int T, int n_sm, int forced = 0);
 void matmul_gemm(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a,
                  int splits, float *partial);
 void get_rows(cudaStream_t stream, const Weight &w, const int32_t *ids, int T, float *out);

@@ -282,7 +282,8 @@ constexpr int GEMM_MAX_SPLITS = 8, GEMM_MIN_SPLIT_GROUPS = 4;
 // Rounds of tiles the SMs run, per split, plus a twentieth of a round per split and token tile
 // for writing and adding the partials (a rough price: at 64 tokens the partials of 17408 rows
 // are ~9 MB a split, ~3 us of a ~60 us round; they grow with T): the smallest wins.
-int gemm_splits(int64_t n_out, int64_t n_in, int T, int n_sm) {
+int gemm_splits(int64_t n_out, int64_t n_in, int T, int n_sm, int forced) {
+    if (forced > 0) return int(std::clamp<int64_t>(std::min<int64_t>(forced, n_in / GROUP), 1, GEMM_MAX_SPLITS));
     const int64_t token_tiles = (T + GEMM_TOKS - 1) / GEMM_TOKS;
     const int64_t tiles = (n_out + GEMM_ROWS - 1) / GEMM_ROWS * token_tiles;
     const int64_t slots = int64_t(std::max(1, n_sm)) * GEMM_BLOCKS_PER_SM;
@@ -310,7 +311,7 @@ void matmul_gemm(cudaStream_t stream, int type, int64_t n_in, const RowSegments 
 
 bool gemm_serves(int, int64_t) { return false; }
 
-int gemm_splits(int64_t, int64_t, int, int) { return 1; }
+int gemm_splits(int64_t, int64_t, int, int, int) { return 1; }
 
 void matmul_gemm(cudaStream_t, int type, int64_t, const RowSegments &, int, const ActScratch &, int, float *) {
     fail(LUCE_ERR_UNSUPPORTED, "matmul_gemm: no tensor-core int8 matmul on HIP (type %d)", type);
