@@ -135,19 +135,10 @@ __global__ void gated_delta_net_kernel(const float *conv, const float *b, const 
 // 128 rows plus the 128 k values would overflow the register file), whose partial sums are
 // added low half first; otherwise the fp32 operations are the general kernel's. The order does
 // not depend on T, so a verify step reproduces the decode steps bit for bit.
-//
-// Tokens go in chunks of DELTA_CHUNK: the block first normalises the chunk's q and k and forms
-// its decays and betas (nothing there depends on the state, so the chunk's loads, reductions and
-// exponentials overlap), then runs the recurrence over the chunk with only the two dot-product
-// chains per token in series. Per token that was a load round trip, two block reductions, four
-// barriers and the exponentials on the serial path (~1.3 us a token at prefill, H200,
-// 2026-12-04). The block is one warp, so block_sum is warp_sum plus 0: warp_sum gives its bits.
 // HIST: the per-token state copies for rollback / tree mode. parent != null (tree mode, HIST):
 // where a token's parent is not the previous token, the thread reloads its part of the column
 // from the parent's history row (which it wrote itself) or from `state` (the step's initial
 // state, which a tree step never writes).
-constexpr int DELTA_CHUNK = 8;
-
 template <int DK, bool HIST>
 __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
         const float *conv, const float *b, const float *a, const float *ssm_a, const float *dt_bias, int HK, int HV,
@@ -155,11 +146,7 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
     wait_for_inputs();
     // DK = 32 splits too, so the small check models run the path the 27B runs.
     constexpr int SPLIT = DK >= 32 ? 2 : 1, R = DK / SPLIT;
-    constexpr int NQ = (DK + 31) / 32;  // q and k values per lane (one warp or wavefront per block)
-    // Row i of q and k at i + i / R: the pair's halves one word apart, so the two addresses a warp
-    // reads per row fall in different banks (at R = 64 they would share one).
-    constexpr int LINE = DK + SPLIT;
-    __shared__ float sq[DELTA_CHUNK][LINE], sk[DELTA_CHUNK][LINE], sdecay[DELTA_CHUNK], sbeta[DELTA_CHUNK];
+    __shared__ float sq[DK], sk[DK];
     const int j = blockIdx.x, kh = j % HK;  // tiled GGUF order (spec §3.4 item 5)
     const int part = threadIdx.x % SPLIT;
     const int c = blockIdx.y * (blockDim.x / SPLIT) + threadIdx.x / SPLIT;
@@ -173,94 +160,90 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
 #pragma unroll
         for (int i = 0; i < R; ++i, p += DV) s[i] = *p;
     }
-    for (int t0 = 0; t0 < T; t0 += DELTA_CHUNK) {
-        const int n = min(DELTA_CHUNK, T - t0);
-        // The chunk's inputs: lane i holds q[i + 32 m], k[i + 32 m] of each token.
-        float q[DELTA_CHUNK][NQ], k[DELTA_CHUNK][NQ], v[DELTA_CHUNK];
+    // Token t + 1's inputs are loaded while token t is computed: each load is an L2 round trip
+    // that nothing else hides (one warp per block, a few blocks per SM), three of them in a
+    // chain per token before.
+    constexpr int NQ = (DK + 31) / 32;  // q and k values per thread (blocks of >= 32 threads)
+    struct Inputs {
+        float q[NQ], k[NQ], b, a, v;
+    };
+    auto load_inputs = [&](int t, Inputs &in) {
+        const float *row = conv + int64_t(t) * CD;
+        const float *qs = row + int64_t(kh) * DK, *ks = row + int64_t(HK) * DK + int64_t(kh) * DK;
 #pragma unroll
-        for (int u = 0; u < DELTA_CHUNK; ++u) {
-            const float *row = conv + int64_t(t0 + u) * CD;
-            const float *qs = row + int64_t(kh) * DK, *ks = row + int64_t(HK) * DK + int64_t(kh) * DK;
-#pragma unroll
-            for (int m = 0; m < NQ; ++m) {
-                const int i = threadIdx.x + m * blockDim.x;
-                q[u][m] = u < n && i < DK ? qs[i] : 0.f;
-                k[u][m] = u < n && i < DK ? ks[i] : 0.f;
-            }
-            v[u] = u < n && active ? row[2 * int64_t(HK) * DK + int64_t(j) * DV + c] : 0.f;
+        for (int m = 0; m < NQ; ++m) {
+            const int i = threadIdx.x + m * blockDim.x;
+            in.q[m] = i < DK ? qs[i] : 0.f;
+            in.k[m] = i < DK ? ks[i] : 0.f;
         }
-        if (threadIdx.x < n) {
-            const int t = t0 + int(threadIdx.x);
-            sbeta[threadIdx.x] = sigmoid(b[int64_t(t) * HV + j]);
-            sdecay[threadIdx.x] = expf(ssm_a[j] * softplus(a[int64_t(t) * HV + j] + dt_bias[j]));
-        }
+        in.b = b[int64_t(t) * HV + j];
+        in.a = a[int64_t(t) * HV + j];
+        in.v = active ? row[2 * int64_t(HK) * DK + int64_t(j) * DV + c] : 0.f;
+    };
+    Inputs cur, next;
+    load_inputs(0, cur);
+    for (int t = 0; t < T; ++t) {
+        if (t + 1 < T) load_inputs(t + 1, next);
+        if constexpr (HIST) {
+            if (parent && parent[t] != t - 1 && active) {
+                const float *p = parent[t] < 0 ? S : state_history + (int64_t(parent[t]) * HV + j) * DK * DV +
+                                                         int64_t(part) * R * DV + c;
 #pragma unroll
-        for (int u = 0; u < DELTA_CHUNK; ++u) {
-            float qn = 0.f, kn = 0.f;
-#pragma unroll
-            for (int m = 0; m < NQ; ++m) {  // the general kernel's order: i = threadIdx.x + m * blockDim.x
-                qn += q[u][m] * q[u][m];
-                kn += k[u][m] * k[u][m];
+                for (int i = 0; i < R; ++i, p += DV) s[i] = *p;
             }
-            qn = warp_sum(qn);
-            kn = warp_sum(kn);
-            // L2 norm with llama.cpp's clamp x / max(||x||, eps); q also scaled by 1/sqrt(DK).
-            const float qf = q_scale / fmaxf(sqrtf(qn), eps), kf = 1.0f / fmaxf(sqrtf(kn), eps);
+        }
+        float qn = 0.f, kn = 0.f;
 #pragma unroll
-            for (int m = 0; m < NQ; ++m) {
-                const int i = threadIdx.x + m * blockDim.x;
-                if (i < DK) {
-                    sq[u][i + i / R] = q[u][m] * qf;
-                    sk[u][i + i / R] = k[u][m] * kf;
-                }
+        for (int m = 0; m < NQ; ++m) {  // the general kernel's order: i = threadIdx.x + m * blockDim.x
+            qn += cur.q[m] * cur.q[m];
+            kn += cur.k[m] * cur.k[m];
+        }
+        qn = block_sum(qn);
+        kn = block_sum(kn);
+        const float qf = q_scale / fmaxf(sqrtf(qn), eps), kf = 1.0f / fmaxf(sqrtf(kn), eps);
+#pragma unroll
+        for (int m = 0; m < NQ; ++m) {
+            const int i = threadIdx.x + m * blockDim.x;
+            if (i < DK) {
+                sq[i] = cur.q[m] * qf;
+                sk[i] = cur.k[m] * kf;
             }
         }
         __syncthreads();
+        const float *kp = sk + part * R, *qp = sq + part * R;
+        const float beta = sigmoid(cur.b);
+        const float decay = expf(ssm_a[j] * softplus(cur.a + dt_bias[j]));
+        float kv = 0.f;
 #pragma unroll
-        for (int u = 0; u < DELTA_CHUNK; ++u) {
-            if (u >= n) break;
-            const int t = t0 + u;
-            if constexpr (HIST) {
-                if (parent && parent[t] != t - 1 && active) {
-                    const float *p = parent[t] < 0 ? S : state_history + (int64_t(parent[t]) * HV + j) * DK * DV +
-                                                             int64_t(part) * R * DV + c;
-#pragma unroll
-                    for (int i = 0; i < R; ++i, p += DV) s[i] = *p;
-                }
-            }
-            const float *kp = sk[u] + part * (R + 1), *qp = sq[u] + part * (R + 1);
-            const float decay = sdecay[u];
-            float kv = 0.f;
-#pragma unroll
-            for (int i = 0; i < R; ++i) {
-                s[i] = s[i] * decay;
-                kv += s[i] * kp[i];
-            }
-            if constexpr (SPLIT == 2) {  // both lanes of the pair form low + high
-                const float other = shfl_xor(kv, 1);
-                kv = part == 0 ? kv + other : other + kv;
-            }
-            const float delta = sbeta[u] * (v[u] - kv);
-            float o = 0.f;
-#pragma unroll
-            for (int i = 0; i < R; ++i) {
-                s[i] = s[i] + kp[i] * delta;
-                o += s[i] * qp[i];
-            }
-            if constexpr (SPLIT == 2) {
-                const float other = shfl_xor(o, 1);
-                o = part == 0 ? o + other : other + o;
-            }
-            if (active) {
-                if constexpr (HIST) {
-                    float *hist = state_history + (int64_t(t) * HV + j) * DK * DV + int64_t(part) * R * DV + c;
-#pragma unroll
-                    for (int i = 0; i < R; ++i, hist += DV) *hist = s[i];
-                }
-                if (part == 0) out[(int64_t(t) * HV + j) * DV + c] = o;
-            }
+        for (int i = 0; i < R; ++i) {
+            s[i] = s[i] * decay;
+            kv += s[i] * kp[i];
         }
-        __syncthreads();  // the next chunk rewrites sq, sk, sdecay, sbeta
+        if constexpr (SPLIT == 2) {  // both lanes of the pair form low + high
+            const float other = shfl_xor(kv, 1);
+            kv = part == 0 ? kv + other : other + kv;
+        }
+        const float delta = beta * (cur.v - kv);
+        float o = 0.f;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            s[i] = s[i] + kp[i] * delta;
+            o += s[i] * qp[i];
+        }
+        if constexpr (SPLIT == 2) {
+            const float other = shfl_xor(o, 1);
+            o = part == 0 ? o + other : other + o;
+        }
+        if (active) {
+            if constexpr (HIST) {
+                float *hist = state_history + (int64_t(t) * HV + j) * DK * DV + int64_t(part) * R * DV + c;
+#pragma unroll
+                for (int i = 0; i < R; ++i, hist += DV) *hist = s[i];
+            }
+            if (part == 0) out[(int64_t(t) * HV + j) * DV + c] = o;
+        }
+        __syncthreads();  // sq/sk are rewritten by the next token
+        cur = next;
     }
     if (active && !parent) {
         float *p = S;

@@ -276,21 +276,26 @@ void launch_gemm(cudaStream_t stream, int64_t n_in, const RowSegments &rows, int
 // The tiles one SM runs at a time (registers and shared memory: one block of 8 warps).
 constexpr int GEMM_BLOCKS_PER_SM = 1;
 constexpr int GEMM_MAX_SPLITS = 8, GEMM_MIN_SPLIT_GROUPS = 4;
+constexpr int GEMM_BLOCK_FIXED_GROUPS = 2;  // gemm_splits' price of a block beyond its groups
 
 }  // namespace
 
-// Rounds of tiles the SMs run, per split, plus a twentieth of a round per split and token tile
-// for writing and adding the partials (a rough price: at 64 tokens the partials of 17408 rows
-// are ~9 MB a split, ~3 us of a ~60 us round; they grow with T): the smallest wins.
+// The time of a split count, in group-times: rounds of blocks on the SMs x (groups per block + a
+// block's fixed cost of about two groups: its first loads and its output tile). That fits every
+// 27B shape at 64 and 256 tokens within ~3% (H200, 2026-12-04: 5120x17408 at 256 tokens, splits
+// 1/2/3/4 measured 318.7/245.1/223.1/213.6 us against 140/108/98.7/95; 17408x5120 248.2/248.3/
+// 256.7/269.0 against 110/108/112.7/119); the partials' traffic is inside that spread. The
+// smallest wins, fewer splits on a tie.
 int gemm_splits(int64_t n_out, int64_t n_in, int T, int n_sm, int forced) {
-    if (forced > 0) return int(std::clamp<int64_t>(std::min<int64_t>(forced, n_in / GROUP), 1, GEMM_MAX_SPLITS));
-    const int64_t token_tiles = (T + GEMM_TOKS - 1) / GEMM_TOKS;
-    const int64_t tiles = (n_out + GEMM_ROWS - 1) / GEMM_ROWS * token_tiles;
+    const int64_t groups = n_in / GROUP;
+    if (forced > 0) return int(std::clamp<int64_t>(std::min<int64_t>(forced, groups), 1, GEMM_MAX_SPLITS));
+    const int64_t tiles = (n_out + GEMM_ROWS - 1) / GEMM_ROWS * ((T + GEMM_TOKS - 1) / GEMM_TOKS);
     const int64_t slots = int64_t(std::max(1, n_sm)) * GEMM_BLOCKS_PER_SM;
     int best = 1;
-    double best_cost = 1e30;
-    for (int s = 1; s <= GEMM_MAX_SPLITS && n_in / GROUP / s >= GEMM_MIN_SPLIT_GROUPS; ++s) {
-        const double cost = double((tiles * s + slots - 1) / slots) / s + 0.05 * s * double(token_tiles);
+    int64_t best_cost = INT64_MAX;
+    for (int s = 1; s <= GEMM_MAX_SPLITS && groups / s >= GEMM_MIN_SPLIT_GROUPS; ++s) {
+        const int64_t rounds = (tiles * s + slots - 1) / slots, per_block = (groups + s - 1) / s;
+        const int64_t cost = rounds * (per_block + GEMM_BLOCK_FIXED_GROUPS);
         if (cost < best_cost) best = s, best_cost = cost;
     }
     return best;
