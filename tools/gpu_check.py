@@ -243,11 +243,14 @@ def _ptr(a):
     return a.ctypes.data_as(ctypes.c_void_p) if a is not None else None
 
 
+MAX_STEP = 64  # session.h: the widest verify step; wider steps are prefill chunks
 ATTN_TOL = 1e-4  # max |gpu - ref| / max |ref|, fp32 kernel vs float64 numpy
 # (T, n_head, n_head_kv, head_dim, n_ctx, pos0, mask), pos[t] = pos0 + t: decode deep in a long cache (many
 # splits), decode at position 0 (one key, all but one split empty), a verify block, a DFlash 2 verify
 # (8 tokens over ~100 keys), head dim 48 (partial chunks), a random tree mask, and a drafter-like
-# mask (each row a window ending past the context, most of the cache unseen).
+# mask (each row a window ending past the context, most of the cache unseen); then prefill chunks
+# longer than MAX_STEP (attention_prefill_kernel: tiles of 16 queries and 32 keys, partial ones at
+# both ends, one from position 0), and head dim 48 past MAX_STEP (the one-query kernel's fallback).
 ATTN_CASES = (
     (1, 24, 4, 256, 4096, 3000, None),
     (1, 24, 4, 256, 4096, 0, None),
@@ -257,6 +260,11 @@ ATTN_CASES = (
     (3, 4, 2, 48, 300, 100, None),
     (5, 8, 2, 64, 512, 300, "random"),
     (8, 32, 8, 128, 2048, 1500, "window"),
+    (100, 24, 4, 256, 2048, 900, None),
+    (130, 8, 2, 128, 512, 0, None),
+    (75, 4, 2, 64, 256, 20, None),
+    (66, 4, 4, 32, 128, 1, None),
+    (70, 4, 2, 48, 300, 10, None),
 )
 
 
@@ -337,8 +345,10 @@ def check_attention(dut: str) -> list[dict]:
                    f"{'split' if split else 'one-pass'}"
             try:
                 out = run(split)
-                # Verify rows must be the bits of one-token decode rows (speculative == plain).
-                alone = np.concatenate([run(1, slice(t, t + 1)) for t in range(T)]) if split and T > 1 else out
+                # Verify rows must be the bits of one-token decode rows (speculative == plain);
+                # prefill chunks (wider than any verify step) have their own kernel and order.
+                verify = split and 1 < T <= MAX_STEP
+                alone = np.concatenate([run(1, slice(t, t + 1)) for t in range(T)]) if verify else out
             except RuntimeError as e:
                 rows.append({"case": case, "error": str(e), "ok": False})
                 continue

@@ -283,6 +283,166 @@ constexpr int ELEMENT_THREADS = 256;
 
 unsigned blocks_for(int64_t n) { return unsigned((n + ELEMENT_THREADS - 1) / ELEMENT_THREADS); }
 
+#if !defined(LUCE_HIP)
+// Prefill attention (causal steps of more than MAX_STEP tokens, CUDA): one block per (query head
+// h, tile of PREFILL_ROWS tokens). The block stages the tile's queries, then walks the keys in
+// tiles of PREFILL_KEYS staged in shared memory, each used by all the tile's queries: the
+// one-query blocks above read every key of a query's prefix from L2 once per query (at 256
+// tokens a chunk of a 512-token prompt took 269 us a layer, H200, 2026-12-04). Per key tile:
+//   scores: warp w holds rows w R .. w R + R - 1 (R = PREFILL_ROWS / 4), lane j key j0 + j; the
+//           row's max and sum over the warp move its online softmax (m, l), and p and the
+//           correction go to shared memory;
+//   values: thread (row group, 16-byte chunk c) scales its rows' accumulators by the correction
+//           and adds p V[j][c] over the tile's keys.
+// fp32 throughout, its own order of sums (prefill rows are held to the CPU within tolerance,
+// never bitwise to decode rows). Keys past the tile's last position are zeros in shared memory
+// and masked, so no unwritten cache row is read.
+constexpr int PREFILL_ROWS = 16, PREFILL_KEYS = 32, PREFILL_WARPS = ATTENTION_THREADS / 32;
+
+template <int D>
+struct PrefillSmem {
+    static constexpr int line = D + 4;  // padded rows: lane j's float4 of row j spreads over banks
+    static constexpr int q = 0, k = q + PREFILL_ROWS * line, v = k + PREFILL_KEYS * line;
+    static constexpr int p = v + PREFILL_KEYS * D, corr = p + PREFILL_ROWS * PREFILL_KEYS, l = corr + PREFILL_ROWS;
+    static constexpr size_t bytes = size_t(l + PREFILL_ROWS) * sizeof(float);
+};
+
+// Over a 32-lane group (a wave64 XOR below 32 stays in its half).
+__device__ __forceinline__ float group32_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
+    return v;
+}
+__device__ __forceinline__ float group32_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += shfl_xor(v, o);
+    return v;
+}
+
+template <int D>
+__global__ void __launch_bounds__(ATTENTION_THREADS)
+    attention_prefill_kernel(const float *q, const float *kc, const float *vc, int n_ctx, const int32_t *pos, int T,
+                             int n_head, int group, float scale, float *out) {
+    wait_for_inputs();
+    using L = PrefillSmem<D>;
+    constexpr int NC = D / 4, ROW_GROUPS = ATTENTION_THREADS / NC, ROWS = PREFILL_ROWS / ROW_GROUPS;
+    constexpr int WARP_ROWS = PREFILL_ROWS / PREFILL_WARPS;
+    extern __shared__ __align__(16) float smem[];
+    const int h = blockIdx.x, t0 = blockIdx.y * PREFILL_ROWS, n_rows = min(PREFILL_ROWS, T - t0);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int rg = threadIdx.x / NC, c = threadIdx.x % NC;  // the value phase's rows and chunk
+    const auto *K = reinterpret_cast<const float4 *>(kc + int64_t(h / group) * n_ctx * D);
+    const auto *V = reinterpret_cast<const float4 *>(vc + int64_t(h / group) * n_ctx * D);
+
+    int n_keys = 0, row_pos[WARP_ROWS];
+    for (int r = 0; r < n_rows; ++r) n_keys = max(n_keys, min(pos[t0 + r] + 1, n_ctx));
+#pragma unroll
+    for (int i = 0; i < WARP_ROWS; ++i) {
+        const int r = warp * WARP_ROWS + i;
+        row_pos[i] = r < n_rows ? pos[t0 + r] : -1;
+    }
+    for (int e = threadIdx.x; e < PREFILL_ROWS * NC; e += ATTENTION_THREADS) {
+        const int r = e / NC, ch = e % NC;
+        const float4 x = r < n_rows ? reinterpret_cast<const float4 *>(q + (int64_t(t0 + r) * n_head + h) * D)[ch]
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+        *reinterpret_cast<float4 *>(smem + L::q + r * L::line + 4 * ch) = x;
+    }
+    float m[WARP_ROWS], l[WARP_ROWS];
+#pragma unroll
+    for (int i = 0; i < WARP_ROWS; ++i) m[i] = -INFINITY, l[i] = 0.f;
+    float4 acc[ROWS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+
+    for (int j0 = 0; j0 < n_keys; j0 += PREFILL_KEYS) {
+        __syncthreads();  // the last tile's keys, values and p are read
+        for (int e = threadIdx.x; e < PREFILL_KEYS * NC; e += ATTENTION_THREADS) {
+            const int j = e / NC, ch = e % NC;
+            const bool in = j0 + j < n_keys;
+            const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+            *reinterpret_cast<float4 *>(smem + L::k + j * L::line + 4 * ch) = in ? K[int64_t(j0 + j) * NC + ch] : zero;
+            *reinterpret_cast<float4 *>(smem + L::v + j * D + 4 * ch) = in ? V[int64_t(j0 + j) * NC + ch] : zero;
+        }
+        __syncthreads();
+        const int key = j0 + lane;
+        float dot[WARP_ROWS] = {};
+        const auto *k4 = reinterpret_cast<const float4 *>(smem + L::k + lane * L::line);
+#pragma unroll 4
+        for (int ch = 0; ch < NC; ++ch) {
+            const float4 kv = k4[ch];
+#pragma unroll
+            for (int i = 0; i < WARP_ROWS; ++i) {
+                const float4 qv = reinterpret_cast<const float4 *>(smem + L::q + (warp * WARP_ROWS + i) * L::line)[ch];
+                dot[i] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < WARP_ROWS; ++i) {
+            const int r = warp * WARP_ROWS + i;
+            const float sc = key <= row_pos[i] && key < n_keys ? dot[i] * scale : -INFINITY;
+            const float m_new = fmaxf(m[i], group32_max(sc));
+            const float corr = m_new == -INFINITY ? 1.f : expf(m[i] - m_new);
+            const float p = sc == -INFINITY ? 0.f : expf(sc - m_new);
+            l[i] = l[i] * corr + group32_sum(p);
+            m[i] = m_new;
+            smem[L::p + r * PREFILL_KEYS + lane] = p;
+            if (lane == 0) smem[L::corr + r] = corr;
+        }
+        __syncthreads();
+        const auto *v4 = reinterpret_cast<const float4 *>(smem + L::v) + c;
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            const float corr = smem[L::corr + rg * ROWS + i];
+            acc[i].x *= corr, acc[i].y *= corr, acc[i].z *= corr, acc[i].w *= corr;
+        }
+        const int kmax = min(PREFILL_KEYS, n_keys - j0);
+        for (int j = 0; j < kmax; ++j) {
+            const float4 vv = v4[j * NC];
+#pragma unroll
+            for (int i = 0; i < ROWS; ++i) {
+                const float p = smem[L::p + (rg * ROWS + i) * PREFILL_KEYS + j];
+                acc[i].x += p * vv.x, acc[i].y += p * vv.y, acc[i].z += p * vv.z, acc[i].w += p * vv.w;
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < WARP_ROWS; ++i) smem[L::l + warp * WARP_ROWS + i] = l[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        const int r = rg * ROWS + i;
+        if (r >= n_rows) continue;
+        const float den = smem[L::l + r];
+        reinterpret_cast<float4 *>(out + (int64_t(t0 + r) * n_head + h) * D)[c] =
+            den > 0.f ? make_float4(acc[i].x / den, acc[i].y / den, acc[i].z / den, acc[i].w / den)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);  // no visible key: zeros, as the CPU backend
+    }
+}
+
+// Launches the prefill kernel for a head dim it has (32, 64, 128, 256): false otherwise.
+bool attention_prefill(cudaStream_t stream, const float *q, const float *kc, const float *vc, int n_ctx,
+                       const int32_t *pos, int T, int n_head, int group, int head_dim, float scale, float *out) {
+    auto launch = [&](auto dim) {
+        constexpr int D = decltype(dim)::value;
+        // More than 48 KB of shared memory at D = 256 is an opt-in, once per kernel.
+        static const cudaError_t opt_in = cudaFuncSetAttribute(
+            attention_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(PrefillSmem<D>::bytes));
+        LUCE_GPU_CHECK(opt_in);
+        const dim3 grid(unsigned(n_head), unsigned((T + PREFILL_ROWS - 1) / PREFILL_ROWS));
+        launch_kernel(attention_prefill_kernel<D>, grid, ATTENTION_THREADS, PrefillSmem<D>::bytes, stream, q, kc, vc,
+                      n_ctx, pos, T, n_head, group, scale, out);
+        return true;
+    };
+    switch (head_dim) {
+        case 32: return launch(std::integral_constant<int, 32>{});
+        case 64: return launch(std::integral_constant<int, 64>{});
+        case 128: return launch(std::integral_constant<int, 128>{});
+        case 256: return launch(std::integral_constant<int, 256>{});
+        default: return false;
+    }
+}
+#endif
+
 }  // namespace
 
 void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_head, int head_dim,
@@ -354,6 +514,11 @@ void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv,
     const auto *vc = static_cast<const float *>(kv.v);
     const int group = n_head / n_head_kv;
     const float scale = 1.0f / sqrtf(float(head_dim));
+#if !defined(LUCE_HIP)
+    if (!mask && T > MAX_STEP && warp == 32 &&
+        attention_prefill(stream, q, kc, vc, kv.n_ctx, pos, T, n_head, group, head_dim, scale, out))
+        return;
+#endif
     const int n_split = scratch ? attention_splits(T, n_head, kv.n_ctx) : 1;
     const bool split = n_split > 1 && attention_scratch_bytes(T, n_head, head_dim, kv.n_ctx) <= scratch_bytes;
     with_head_chunks(head_dim, [&](auto qc) {
