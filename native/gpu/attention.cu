@@ -297,7 +297,7 @@ unsigned blocks_for(int64_t n) { return unsigned((n + ELEMENT_THREADS - 1) / ELE
 // fp32 throughout, its own order of sums (prefill rows are held to the CPU within tolerance,
 // never bitwise to decode rows). Keys past the tile's last position are zeros in shared memory
 // and masked, so no unwritten cache row is read.
-constexpr int PREFILL_ROWS = 16, PREFILL_KEYS = 32, PREFILL_WARPS = ATTENTION_THREADS / 32;
+constexpr int PREFILL_ROWS = 16, PREFILL_KEYS = 32, PREFILL_WARPS = ATTENTION_THREADS / 32;  // CUDA: 32 lanes
 
 template <int D>
 struct PrefillSmem {
@@ -306,16 +306,6 @@ struct PrefillSmem {
     static constexpr int p = v + PREFILL_KEYS * D, corr = p + PREFILL_ROWS * PREFILL_KEYS, l = corr + PREFILL_ROWS;
     static constexpr size_t bytes = size_t(l + PREFILL_ROWS) * sizeof(float);
 };
-
-// Over a 32-lane group (a wave64 XOR below 32 stays in its half).
-__device__ __forceinline__ float group32_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
-    return v;
-}
-__device__ __forceinline__ float group32_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += shfl_xor(v, o);
-    return v;
-}
 
 template <int D>
 __global__ void __launch_bounds__(ATTENTION_THREADS)
@@ -327,7 +317,7 @@ __global__ void __launch_bounds__(ATTENTION_THREADS)
     constexpr int WARP_ROWS = PREFILL_ROWS / PREFILL_WARPS;
     extern __shared__ __align__(16) float smem[];
     const int h = blockIdx.x, t0 = blockIdx.y * PREFILL_ROWS, n_rows = min(PREFILL_ROWS, T - t0);
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP;
     const int rg = threadIdx.x / NC, c = threadIdx.x % NC;  // the value phase's rows and chunk
     const auto *K = reinterpret_cast<const float4 *>(kc + int64_t(h / group) * n_ctx * D);
     const auto *V = reinterpret_cast<const float4 *>(vc + int64_t(h / group) * n_ctx * D);
@@ -378,10 +368,10 @@ __global__ void __launch_bounds__(ATTENTION_THREADS)
         for (int i = 0; i < WARP_ROWS; ++i) {
             const int r = warp * WARP_ROWS + i;
             const float sc = key <= row_pos[i] && key < n_keys ? dot[i] * scale : -INFINITY;
-            const float m_new = fmaxf(m[i], group32_max(sc));
+            const float m_new = fmaxf(m[i], warp_max(sc));
             const float corr = m_new == -INFINITY ? 1.f : expf(m[i] - m_new);
             const float p = sc == -INFINITY ? 0.f : expf(sc - m_new);
-            l[i] = l[i] * corr + group32_sum(p);
+            l[i] = l[i] * corr + warp_sum(p);
             m[i] = m_new;
             smem[L::p + r * PREFILL_KEYS + lane] = p;
             if (lane == 0) smem[L::corr + r] = corr;

@@ -113,9 +113,9 @@ struct Session {
 };
 
 // One forward step over T tokens at positions n_past .. n_past+T-1; advances n_past. T <=
-// MAX_STEP, or <= PREFILL_STEP inside a PrefillScope. If logits is not null, rows [logit_row0, T)
-// (at most MAX_STEP of them) of the step's logits are written there (host, [T - logit_row0][V]).
-// capture may be null.
+// PREFILL_STEP (a tree step: MAX_STEP); only prompt chunks go past MAX_STEP. If logits is not
+// null, rows [logit_row0, T) (at most MAX_STEP of them) of the step's logits are written there
+// (host, [T - logit_row0][V]). capture may be null.
 void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,
                   const HiddenCapture *capture);
 // The same, leaving the logits rows [logit_row0, T) in backend memory (returned; valid until the
