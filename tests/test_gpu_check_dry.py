@@ -60,6 +60,7 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
     assert set(bench["verify"]) == {"1", "2", "4", "8", "16", "32"}
     under = bench["ab"]["LUCE_GPU_BULK=0"]  # --ab's step side: an engine of its own under the setting
     assert under["decode"]["tok_s"] > 0 and set(under["verify"]) == set(bench["verify"])
+    assert all(under["prefill"][n]["tok_s"] > 0 for n in ("512", "2048"))  # prefill under the setting too
     steps = report["drafter_bench"]
     assert steps["zero_accept"]["tau"] == 1.0 and steps["full_accept"]["tau"] == steps["block"] == 8
     assert steps["ddtree_oracle"]["tau"] > 1.0

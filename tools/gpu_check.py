@@ -907,9 +907,30 @@ def _decode_ms(eng, ids) -> dict:
     return {"ms_per_token": ms, "tok_s": 1e3 / ms, "tokens": st.n_generated}
 
 
+def _prefill_tok_s(eng, ids, deadline: float) -> dict:
+    """Prompt prefill of PREFILL_LENGTHS tokens of ids from an empty context (the last row's
+    logits downloaded): tok/s per length."""
+    import numpy as np
+
+    from luce.binding import check, lib
+
+    eval_ = _eval_timer(eng, np.empty((1, eng.info.n_vocab), dtype=np.float32))
+    res = {}
+    for n in PREFILL_LENGTHS:
+        if time.perf_counter() > deadline:
+            res[str(n)] = "skipped: time budget"
+            continue
+        log(f"prefill {n}")
+        check(lib().luce_session_reset(eng._session))
+        dt = eval_(ids[:n], 1)
+        res[str(n)] = {"seconds": dt, "tok_s": n / dt}
+    return res
+
+
 def bench_steps_with(path: Path, dut: str, threads: int, deadline: float, setting: dict[str, str]) -> dict | str:
-    """Decode and the verify widths of the bench model on an engine started under `setting`
-    (--ab): the step-level side of an A/B whose kernel side is the kernel bench's extra column."""
+    """Decode, the verify widths and prompt prefill of the bench model on engines started under
+    `setting` (--ab): the step-level side of an A/B whose kernel side is the kernel bench's extra
+    column."""
     import numpy as np
 
     if time.perf_counter() > deadline:
@@ -917,14 +938,15 @@ def bench_steps_with(path: Path, dut: str, threads: int, deadline: float, settin
     log(f"steps under {ab_label(setting)}")
     with bench_engine(path, dut, threads, {"LUCE_GPU_PREFILL_GEMM": "0", **setting}) as eng:
         ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 2048 + 64).astype(np.int32)
-        return {"decode": _decode_ms(eng, ids), "verify": _verify_widths(eng, ids, deadline)}
+        res = {"decode": _decode_ms(eng, ids), "verify": _verify_widths(eng, ids, deadline)}
+    with bench_engine(path, dut, threads, setting) as eng:  # prompt prefill as it runs: the GEMM on
+        res["prefill"] = _prefill_tok_s(eng, ids, deadline)
+    return res
 
 
 def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Path | None = None,
           ab: list[dict[str, str]] = ()) -> dict:
     import numpy as np
-
-    from luce.binding import check, lib
 
     sys.path.insert(0, str(REPO / "models"))
     import synthetic_qwen35 as synth
@@ -948,20 +970,11 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
     with bench_engine(path, dut, threads) as eng:
         res["load_seconds"] = round(time.perf_counter() - t0, 1)
         ids = np.random.default_rng(3).integers(0, eng.info.n_vocab, 2048 + 64).astype(np.int32)
-        eval_ = _eval_timer(eng, np.empty((1, eng.info.n_vocab), dtype=np.float32))
         log("decode")
         res["decode"] = _decode_ms(eng, ids)
         if res.get("floor_ms"):
             res["decode"]["fraction_of_floor"] = res["floor_ms"] / res["decode"]["ms_per_token"]
-        res["prefill"] = {}
-        for n in PREFILL_LENGTHS:
-            if time.perf_counter() > deadline:
-                res["prefill"][str(n)] = "skipped: time budget"
-                continue
-            log(f"prefill {n}")
-            check(lib().luce_session_reset(eng._session))
-            dt = eval_(ids[:n], 1)
-            res["prefill"][str(n)] = {"seconds": dt, "tok_s": n / dt}
+        res["prefill"] = _prefill_tok_s(eng, ids, deadline)
     log("verify widths")  # as speculative decoding verifies: without the prefill GEMM
     with bench_engine(path, dut, threads, {"LUCE_GPU_PREFILL_GEMM": "0"}) as eng:
         res["verify"] = _verify_widths(eng, ids, deadline)
@@ -1359,19 +1372,25 @@ def _select_table(cases: list[dict]) -> list[str]:
 
 
 def _step_ab_table(b: dict) -> list[str]:
-    """--ab at step level: decode and verify-width step times under each setting, beside the default."""
+    """--ab at step level: decode, verify-width step times and prefill tok/s under each setting,
+    beside the default."""
     if not b.get("ab"):
         return []
     ms = lambda row: f"{row['ms']:.2f}" if isinstance(row, dict) else "-"  # noqa: E731
-    lines = ["", "| setting | decode ms/token | " + " | ".join(f"verify {w} ms" for w in VERIFY_WIDTHS) + " |",
-             "| --- | ---: |" + " ---: |" * len(VERIFY_WIDTHS)]
-    runs = {"default": {"decode": b.get("decode"), "verify": b.get("verify") or {}}, **b["ab"]}
+    tok_s = lambda row: f"{row['tok_s']:.0f}" if isinstance(row, dict) else "-"  # noqa: E731
+    lines = ["", "| setting | decode ms/token | " + " | ".join(f"verify {w} ms" for w in VERIFY_WIDTHS) + " | "
+             + " | ".join(f"prefill {n} tok/s" for n in PREFILL_LENGTHS) + " |",
+             "| --- | ---: |" + " ---: |" * (len(VERIFY_WIDTHS) + len(PREFILL_LENGTHS))]
+    runs = {"default": {"decode": b.get("decode"), "verify": b.get("verify") or {}, "prefill": b.get("prefill") or {}},
+            **b["ab"]}
     for label, r in runs.items():
         if not isinstance(r, dict):
-            lines.append(f"| {label} | {r} |" + " |" * len(VERIFY_WIDTHS))
+            lines.append(f"| {label} | {r} |" + " |" * (len(VERIFY_WIDTHS) + len(PREFILL_LENGTHS)))
             continue
         decode = f"{r['decode']['ms_per_token']:.2f}" if r.get("decode") else "-"
-        lines.append(f"| {label} | {decode} | " + " | ".join(ms(r["verify"].get(str(w))) for w in VERIFY_WIDTHS) + " |")
+        prefill = r.get("prefill") or {}
+        lines.append(f"| {label} | {decode} | " + " | ".join(ms(r["verify"].get(str(w))) for w in VERIFY_WIDTHS)
+                     + " | " + " | ".join(tok_s(prefill.get(str(n))) for n in PREFILL_LENGTHS) + " |")
     return lines
 
 
