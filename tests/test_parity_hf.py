@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from fixtures.native_eval import assert_logits_close, decode_step_logits
+from fixtures.native_eval import assert_logits_close, decode_step_logits, last_rows_logits
 from fixtures.tiny_qwen35 import tiny_qwen35
 from luce import Engine, LuceError
-from luce.binding import check, ffi, lib
 
 # Tiny models: torch's intra-op threads only add contention under pytest-xdist (a 64-token
 # generate() took 15 s with them on a busy 2-core machine, 0.4 s without).
@@ -47,10 +46,7 @@ def test_prefill_last_rows_match_hf(tiny, n_rows):
     more than 64 rows (generate.cpp prefill_chunk), wherever the wanted rows begin."""
     _, path, ids, ref = tiny
     with Engine(path, threads=2, ctx_size=512) as eng:
-        L, session = lib(), eng._session
-        out = np.empty((n_rows, eng.info.n_vocab), dtype=np.float32)
-        check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", np.asarray(ids, dtype=np.int32)),
-                                  len(ids), ffi.from_buffer("float[]", out), n_rows))
+        out = last_rows_logits(eng, ids, n_rows)
     assert_logits_close(out, ref[-n_rows:], REL_TOL, f"last {n_rows} rows")
 
 

@@ -192,6 +192,7 @@ def fixture_models(root: Path) -> tuple[list[tuple[str, Path, bool]], list[str]]
 MATMUL_TOL = 1e-5  # max |y - ref| / max (|x| @ |W|^T): fp32 sums of exactly dequantized weights
 MATMUL_WIDTHS = (1, 3, 8, 17, 64)
 PREFILL_WIDTH = 256  # a prefill chunk (session.h PREFILL_STEP): GPU only (the dry run's CPU time)
+MAX_STEP = 64  # session.h: the widest verify step; wider steps are prefill chunks
 
 
 def _matmul_fn(dut: str):
@@ -243,7 +244,6 @@ def _ptr(a):
     return a.ctypes.data_as(ctypes.c_void_p) if a is not None else None
 
 
-MAX_STEP = 64  # session.h: the widest verify step; wider steps are prefill chunks
 ATTN_TOL = 1e-4  # max |gpu - ref| / max |ref|, fp32 kernel vs float64 numpy
 # (T, n_head, n_head_kv, head_dim, n_ctx, pos0, mask), pos[t] = pos0 + t: decode deep in a long cache (many
 # splits), decode at position 0 (one key, all but one split empty), a verify block, a DFlash 2 verify
@@ -709,7 +709,7 @@ def check_model(label: str, path: Path, tol: float, dut: str, threads: int, mode
 def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int, need_checked: bool) -> dict:
     import numpy as np
 
-    from fixtures.native_eval import decode_step_logits
+    from fixtures.native_eval import decode_step_logits, last_rows_logits
     from luce import Engine
 
     rng = np.random.default_rng(7)
@@ -729,8 +729,8 @@ def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int
         long_diff = None
         if tol < FAST_TOL:
             long_ids = np.random.default_rng(8).integers(0, V, 300).tolist()
-            want_long = last_rows(cpu, long_ids, 64)
-            long_diff = float(np.abs(last_rows(gpu, long_ids, 64).astype(np.float64) - want_long).max())
+            want_long = last_rows_logits(cpu, long_ids, 64)
+            long_diff = float(np.abs(last_rows_logits(gpu, long_ids, 64).astype(np.float64) - want_long).max())
             long_diff /= max(float(np.abs(want_long).max()), 1e-30)
         # Batch invariance on the device: prefill rows vs the same rows from one-token steps.
         steps = decode_step_logits(gpu, ids, 40, 29)
@@ -779,10 +779,11 @@ import sys
 sys.path[:0] = sys.argv[2:]
 import numpy as np
 import gpu_check
+from fixtures.native_eval import last_rows_logits
 from luce import Engine
 with Engine(sys.argv[1], device="gpu", ctx_size=512) as eng:
     eng.logits(list(range(70)))
-    gpu_check.last_rows(eng, list(range(300)), 1)  # a prefill chunk of 256
+    last_rows_logits(eng, list(range(300)), 1)  # a prefill chunk of 256
     gpu_check.greedy(eng, list(range(12)), 8)
 gpu_check.check_matmul_ops("gpu", invariance=False, large=False)
 """
@@ -840,17 +841,6 @@ def decode_bytes_per_token(path: Path) -> int:
     mtp = tuple(f"blk.{i}." for i in range(n_main, n_layer))
     return sum(int(t.n_bytes) for t in r.tensors
                if t.name != "token_embd.weight" and not t.name.startswith(mtp))
-
-
-def last_rows(eng, ids, n_rows: int):
-    """The logits of the last n_rows positions of `ids`, evaluated from an empty context."""
-    import numpy as np
-    from luce.binding import check, lib
-
-    check(lib().luce_session_reset(eng._session))
-    out = np.empty((n_rows, eng.info.n_vocab), dtype=np.float32)
-    _eval_timer(eng, out)(ids, n_rows)
-    return out
 
 
 def _eval_timer(eng, logits):
