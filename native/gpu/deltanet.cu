@@ -17,6 +17,7 @@
 #include <algorithm>
 
 #include "kernels.h"
+#include "session.h"  // MAX_STEP
 
 namespace luce::gpu {
 
@@ -127,13 +128,22 @@ __global__ void gated_delta_net_kernel(const float *conv, const float *b, const 
     }
 }
 
+// Sum over the SPLIT adjacent lanes of a state column. Every lane adds the same two values at each
+// level (fp32 addition commutes), so all of them get the same bits.
+template <int SPLIT>
+__device__ __forceinline__ float column_sum(float x) {
+#pragma unroll
+    for (int m = 1; m < SPLIT; m <<= 1) x += shfl_xor(x, m);
+    return x;
+}
+
 // Register-resident variant for DK in {16, 32, 64, 128} (Qwen3.5: 128): each thread keeps its
 // part of a state column in registers for all T tokens, so the loads and stores happen once per
 // launch instead of twice per token, and they are independent (the general kernel above walks
 // the column through memory in two dependent chains per token: ~70 us per 27B layer on an H200,
 // measured 2026-12-03). Columns of DK >= 32 are split over two adjacent lanes (DK/2 rows each;
-// 128 rows plus the 128 k values would overflow the register file), whose partial sums are
-// added low half first; otherwise the fp32 operations are the general kernel's. The order does
+// 128 rows plus the 128 k values would overflow the register file), whose two partial sums are
+// added (column_sum); otherwise the fp32 operations are the general kernel's. The order does
 // not depend on T, so a verify step reproduces the decode steps bit for bit.
 // HIST: the per-token state copies for rollback / tree mode. parent != null (tree mode, HIST):
 // where a token's parent is not the previous token, the thread reloads its part of the column
@@ -219,10 +229,7 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
             s[i] = s[i] * decay;
             kv += s[i] * kp[i];
         }
-        if constexpr (SPLIT == 2) {  // both lanes of the pair form low + high
-            const float other = shfl_xor(kv, 1);
-            kv = part == 0 ? kv + other : other + kv;
-        }
+        kv = column_sum<SPLIT>(kv);
         const float delta = beta * (cur.v - kv);
         float o = 0.f;
 #pragma unroll
@@ -230,10 +237,7 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
             s[i] = s[i] + kp[i] * delta;
             o += s[i] * qp[i];
         }
-        if constexpr (SPLIT == 2) {
-            const float other = shfl_xor(o, 1);
-            o = part == 0 ? o + other : other + o;
-        }
+        o = column_sum<SPLIT>(o);
         if (active) {
             if constexpr (HIST) {
                 float *hist = state_history + (int64_t(t) * HV + j) * DK * DV + int64_t(part) * R * DV + c;
@@ -252,6 +256,171 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
     }
 }
 
+// Prompt-prefill variant: steps wider than MAX_STEP (prompt chunks; never history or tree). The register kernel runs 384 one-warp blocks on a
+// 27B, under one warp per SM scheduler, and each token is two 64-long chains of dependent fp32
+// operations fed by single-word shared-memory loads (ncu, 256 tokens: an instruction every 3.6
+// cycles, 38% of the stalls on fixed-latency dependencies; 310-341 us a layer). Here a state
+// column is split over SPLIT lanes (8 for DK >= 32: 16 rows each), so a block of PREFILL_WARPS
+// warps holds 16 columns and a 27B layer runs 1536 warps; the chains are 16 long, in two
+// accumulators, and q and k come four at a time. Tokens go in chunks of PREFILL_CHUNK: the warps
+// share the normalisation of the chunk's q and k (warp w takes tokens w, w + PREFILL_WARPS),
+// the next chunk's inputs are loaded while this one runs, and token u's output sum shares a pass
+// over the column with token u + 1's kv sum.
+//
+// The fp32 sums are ordered differently from the register kernel's (rows in 8 parts, two
+// accumulators each): prompt prefill is not bit-identical to decode steps over the same tokens,
+// as with any batched prefill, and gpu_check holds it to the float64 reference's tolerance. Steps
+// of up to MAX_STEP tokens (decode, verify and tree steps, whose bits speculative exactness rests
+// on, and the benches' stand-ins for them) never take it, as for the prefill attention.
+constexpr int PREFILL_CHUNK = 8;
+constexpr int PREFILL_WARPS = 4;
+constexpr int PREFILL_TOKENS_PER_WARP = PREFILL_CHUNK / PREFILL_WARPS;
+
+template <int DK>
+__host__ __device__ constexpr int prefill_split() { return DK >= 32 ? 8 : DK / 4; }  // rows per lane: a multiple of 4
+
+// acc0 / acc1 += s[i] * k[i] over the lane's rows, even / odd; s[i] first scaled by decay.
+template <int R>
+__device__ __forceinline__ float decay_dot(float (&s)[R], const float *k, float decay) {
+    const float4 *k4 = reinterpret_cast<const float4 *>(k);
+    float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < R / 4; ++i) {
+        const float4 kk = k4[i];
+        s[4 * i] *= decay;
+        acc0 += s[4 * i] * kk.x;
+        s[4 * i + 1] *= decay;
+        acc1 += s[4 * i + 1] * kk.y;
+        s[4 * i + 2] *= decay;
+        acc0 += s[4 * i + 2] * kk.z;
+        s[4 * i + 3] *= decay;
+        acc1 += s[4 * i + 3] * kk.w;
+    }
+    return acc0 + acc1;
+}
+
+// The chunk's raw inputs a lane loads: for warp w, q and k of tokens w + PREFILL_WARPS * m
+// (values lane + LUCE_WARP * i), its column's v of every token, and (lanes below the chunk's
+// length) b and a of token lane.
+template <int DK>
+struct PrefillInputs {
+    static constexpr int NQ = (DK + 31) / 32;
+    float q[PREFILL_TOKENS_PER_WARP][NQ], k[PREFILL_TOKENS_PER_WARP][NQ], v[PREFILL_CHUNK], b, a;
+};
+
+template <int DK>
+__global__ void __launch_bounds__(PREFILL_WARPS * 64) gated_delta_net_prefill_kernel(
+        const float *conv, const float *b, const float *a, const float *ssm_a, const float *dt_bias, int HK, int HV,
+        int DV, float eps, int T, float *state, float *out) {
+    wait_for_inputs();
+    constexpr int SPLIT = prefill_split<DK>(), R = DK / SPLIT, NQ = PrefillInputs<DK>::NQ;
+    // Part p's rows at p * (R + 4): a quarter-warp's eight parts hit eight distinct groups of banks.
+    constexpr int LINE = DK + 4 * SPLIT;
+    __shared__ __align__(16) float sq[PREFILL_CHUNK][LINE], sk[PREFILL_CHUNK][LINE];
+    __shared__ float sdecay[PREFILL_CHUNK], sbeta[PREFILL_CHUNK];
+    const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP;
+    const int j = blockIdx.x, kh = j % HK;  // tiled GGUF order (spec §3.4 item 5)
+    const int part = threadIdx.x % SPLIT;
+    const int c = blockIdx.y * (blockDim.x / SPLIT) + threadIdx.x / SPLIT;
+    const bool active = c < DV;
+    const int64_t CD = 2 * int64_t(HK) * DK + int64_t(HV) * DV;
+    const float q_scale = 1.0f / sqrtf(float(DK)), ssa = ssm_a[j], dtb = dt_bias[j];
+    float *S = state + int64_t(j) * DK * DV + int64_t(part) * R * DV + c;
+    float s[R];
+    if (active) {
+        const float *p = S;
+#pragma unroll
+        for (int i = 0; i < R; ++i, p += DV) s[i] = *p;
+    }
+    auto load = [&](int t0, PrefillInputs<DK> &in) {
+        const int n = min(PREFILL_CHUNK, T - t0);
+#pragma unroll
+        for (int m = 0; m < PREFILL_TOKENS_PER_WARP; ++m) {
+            const int u = warp + PREFILL_WARPS * m;
+            const float *row = conv + int64_t(t0 + u) * CD;
+#pragma unroll
+            for (int i = 0; i < NQ; ++i) {
+                const int d = lane + i * LUCE_WARP;
+                in.q[m][i] = u < n && d < DK ? row[int64_t(kh) * DK + d] : 0.f;
+                in.k[m][i] = u < n && d < DK ? row[int64_t(HK + kh) * DK + d] : 0.f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < PREFILL_CHUNK; ++u)
+            in.v[u] = u < n && active ? conv[int64_t(t0 + u) * CD + 2 * int64_t(HK) * DK + int64_t(j) * DV + c] : 0.f;
+        in.b = threadIdx.x < n ? b[int64_t(t0 + threadIdx.x) * HV + j] : 0.f;
+        in.a = threadIdx.x < n ? a[int64_t(t0 + threadIdx.x) * HV + j] : 0.f;
+    };
+    PrefillInputs<DK> in;
+    load(0, in);
+    for (int t0 = 0; t0 < T; t0 += PREFILL_CHUNK) {
+        const int n = min(PREFILL_CHUNK, T - t0);
+#pragma unroll
+        for (int m = 0; m < PREFILL_TOKENS_PER_WARP; ++m) {
+            const int u = warp + PREFILL_WARPS * m;
+            float qn = 0.f, kn = 0.f;
+#pragma unroll
+            for (int i = 0; i < NQ; ++i) {
+                qn += in.q[m][i] * in.q[m][i];
+                kn += in.k[m][i] * in.k[m][i];
+            }
+            qn = warp_sum(qn);
+            kn = warp_sum(kn);
+            // L2 norm with llama.cpp's clamp x / max(||x||, eps); q also scaled by 1/sqrt(DK).
+            const float qf = q_scale / fmaxf(sqrtf(qn), eps), kf = 1.0f / fmaxf(sqrtf(kn), eps);
+#pragma unroll
+            for (int i = 0; i < NQ; ++i) {
+                const int d = lane + i * LUCE_WARP;
+                if (d < DK) {
+                    sq[u][d + d / R * 4] = in.q[m][i] * qf;
+                    sk[u][d + d / R * 4] = in.k[m][i] * kf;
+                }
+            }
+        }
+        if (threadIdx.x < n) {
+            sbeta[threadIdx.x] = sigmoid(in.b);
+            sdecay[threadIdx.x] = expf(ssa * softplus(in.a + dtb));
+        }
+        float v[PREFILL_CHUNK];
+#pragma unroll
+        for (int u = 0; u < PREFILL_CHUNK; ++u) v[u] = in.v[u];
+        __syncthreads();
+        if (t0 + PREFILL_CHUNK < T) load(t0 + PREFILL_CHUNK, in);  // in flight during the recurrence
+        const int row0 = part * (R + 4);
+        float kv = decay_dot<R>(s, sk[0] + row0, sdecay[0]);
+#pragma unroll
+        for (int u = 0; u < PREFILL_CHUNK; ++u) {
+            if (u >= n) break;
+            const float delta = sbeta[u] * (v[u] - column_sum<SPLIT>(kv));
+            const float4 *k4 = reinterpret_cast<const float4 *>(sk[u] + row0);
+            const float4 *q4 = reinterpret_cast<const float4 *>(sq[u] + row0);
+            float o0 = 0.f, o1 = 0.f;
+#pragma unroll
+            for (int i = 0; i < R / 4; ++i) {
+                const float4 kk = k4[i], qq = q4[i];
+                s[4 * i] += kk.x * delta;
+                o0 += s[4 * i] * qq.x;
+                s[4 * i + 1] += kk.y * delta;
+                o1 += s[4 * i + 1] * qq.y;
+                s[4 * i + 2] += kk.z * delta;
+                o0 += s[4 * i + 2] * qq.z;
+                s[4 * i + 3] += kk.w * delta;
+                o1 += s[4 * i + 3] * qq.w;
+            }
+            // Token u + 1's decay and kv sum: independent of o's sum, which the lanes finish meanwhile.
+            if (u + 1 < n) kv = decay_dot<R>(s, sk[u + 1] + row0, sdecay[u + 1]);
+            const float o = column_sum<SPLIT>(o0 + o1);
+            if (active && part == 0) out[(int64_t(t0 + u) * HV + j) * DV + c] = o;
+        }
+        __syncthreads();  // the next chunk rewrites sq, sk, sdecay, sbeta
+    }
+    if (active) {
+        float *p = S;
+#pragma unroll
+        for (int i = 0; i < R; ++i, p += DV) *p = s[i];
+    }
+}
+
 template <int DK>
 void launch_reg(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
                 const float *ssm_a, const float *dt_bias, const DeltaNetDims &dm, int T, float *state, float *out,
@@ -259,7 +428,12 @@ void launch_reg(cudaStream_t stream, int warp, const float *conv, const float *b
     // One warp per block: 48 heads x 128 columns (two lanes each) make 384 blocks on a 27B.
     const int threads = std::min(warp, 64), columns = threads / (DK >= 32 ? 2 : 1);
     const dim3 grid(unsigned(dm.hv), unsigned((dm.dv + columns - 1) / columns));
-    if (state_history)
+    if (!state_history && !parent && T > MAX_STEP) {
+        const int block = PREFILL_WARPS * warp, block_columns = block / prefill_split<DK>();
+        const dim3 prefill_grid(unsigned(dm.hv), unsigned((dm.dv + block_columns - 1) / block_columns));
+        launch_kernel(gated_delta_net_prefill_kernel<DK>, prefill_grid, block, 0, stream, conv, b, a, ssm_a, dt_bias,
+                      dm.hk, dm.hv, dm.dv, dm.eps, T, state, out);
+    } else if (state_history)
         launch_kernel(gated_delta_net_reg_kernel<DK, true>, grid, threads, 0, stream, conv, b, a, ssm_a, dt_bias, dm.hk,
                       dm.hv, dm.dv, dm.eps, T, state, out, state_history, parent);
     else
