@@ -2,8 +2,8 @@
 luce's converter turned into the GGUF the runtime loads (tests/fixtures/tiny_qwen35.py, spec
 §2.2 shapes: both layer kinds, HK = 2 != HV = 6, tied and untied heads, an MTP block).
 
-The bar (issue 3): max |diff| <= 1e-4 of the logit scale for the prefill (300 tokens: one chunk
-of 256 and a short one, or 64-token chunks when every row's logits are wanted) and for every
+The bar (issue 3): max |diff| <= 1e-4 of the logit scale for the prefill (600 tokens: one chunk
+of 512 and a short one, or 64-token chunks when every row's logits are wanted) and for every
 single-token decode step, and greedy generation of 64 tokens equal to transformers' greedy
 generate().
 """
@@ -22,7 +22,8 @@ from luce import Engine, LuceError
 torch.set_num_threads(1)
 
 REL_TOL = 1e-4
-N_PROMPT = 300  # > PREFILL_STEP (session.h): a full prefill chunk and a short one
+N_PROMPT = 600  # > PREFILL_STEP (session.h): a full prefill chunk and a short one
+CTX = 1024
 
 
 @pytest.fixture(scope="module", params=["base", "tied", "mtp"])
@@ -36,24 +37,24 @@ def tiny(request, tmp_path_factory):
 
 def test_prefill_matches_hf(tiny):
     _, path, ids, ref = tiny
-    with Engine(path, threads=2, ctx_size=512) as eng:
+    with Engine(path, threads=2, ctx_size=CTX) as eng:
         assert_logits_close(eng.logits(ids), ref, REL_TOL, "prefill")
 
 
-@pytest.mark.parametrize("n_rows", [1, 44, 100, 250])
+@pytest.mark.parametrize("n_rows", [1, 44, 100, 250, 550])
 def test_prefill_last_rows_match_hf(tiny, n_rows):
     """The logits of the last n_rows positions only: prefill chunks are cut so that none returns
     more than 64 rows (generate.cpp prefill_chunk), wherever the wanted rows begin."""
     _, path, ids, ref = tiny
-    with Engine(path, threads=2, ctx_size=512) as eng:
+    with Engine(path, threads=2, ctx_size=CTX) as eng:
         out = last_rows_logits(eng, ids, n_rows)
     assert_logits_close(out, ref[-n_rows:], REL_TOL, f"last {n_rows} rows")
 
 
 def test_decode_steps_match_hf(tiny):
     _, path, ids, ref = tiny
-    n_prefill, n_steps = 259, 16  # a 256-token prefill chunk, then 3; the steps cross position 256
-    with Engine(path, threads=2, ctx_size=512) as eng:
+    n_prefill, n_steps = 515, 16  # a 512-token prefill chunk, then 3; the steps cross position 512
+    with Engine(path, threads=2, ctx_size=CTX) as eng:
         ours = decode_step_logits(eng, ids, n_prefill, n_steps)
     assert_logits_close(ours, ref[n_prefill - 1: n_prefill + n_steps], REL_TOL, "decode")
 
@@ -66,7 +67,7 @@ def test_hidden_state_capture_matches_hf(tiny):
     with torch.no_grad():
         hs = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
     ref = np.stack([hs[i + 1][0].double().numpy() for i in layers], axis=1)  # [n, layers, E]
-    with Engine(path, threads=2, ctx_size=512) as eng:
+    with Engine(path, threads=2, ctx_size=CTX) as eng:
         ours = eng.hidden_states(ids, layers)
         with pytest.raises(LuceError):
             eng.hidden_states(ids[:3], [3, 1])
@@ -77,7 +78,7 @@ def test_f16_kv_cache_stays_close_to_hf(tiny):
     """The f16 KV cache rounds keys and values to IEEE half (relative error 2^-11): logits move,
     but by far less than a wrong cache layout would move them."""
     _, path, ids, ref = tiny
-    with Engine(path, threads=2, ctx_size=512, kv_cache="f16") as eng:
+    with Engine(path, threads=2, ctx_size=CTX, kv_cache="f16") as eng:
         ours = eng.logits(ids)
     assert_logits_close(ours, ref, 5e-3, "prefill with f16 KV")
     assert np.abs(ours - ref).max() > 0  # the half-precision path really ran
@@ -89,6 +90,21 @@ def test_greedy_64_tokens_match_hf(tiny):
     with torch.no_grad():
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64,
                              do_sample=False)[0, len(prompt):].tolist()
-    with Engine(path, threads=2, ctx_size=512) as eng:
+    with Engine(path, threads=2, ctx_size=CTX) as eng:
         gen = eng.generate(prompt_ids=prompt, max_tokens=64, ignore_eos=True)
     assert gen.tokens == ref
+
+
+def test_prefill_step_setting(tiny, monkeypatch):
+    """LUCE_PREFILL_STEP sets a session's prompt chunk: on the CPU a prefill row is its decode row
+    bit for bit, so chunks of 64 and the default give the same logits; a bad value is one error."""
+    _, path, ids, ref = tiny
+    with Engine(path, threads=2, ctx_size=CTX) as eng:
+        default = eng.logits(ids)
+    monkeypatch.setenv("LUCE_PREFILL_STEP", "64")
+    with Engine(path, threads=2, ctx_size=CTX) as eng:
+        assert np.array_equal(eng.logits(ids), default)
+    for bad in ("63", "1025", "512x"):
+        monkeypatch.setenv("LUCE_PREFILL_STEP", bad)
+        with pytest.raises(LuceError, match=f"LUCE_PREFILL_STEP={bad}: not an integer in 64..1024"):
+            Engine(path, threads=2, ctx_size=CTX)

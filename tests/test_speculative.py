@@ -21,7 +21,7 @@ from luce import Engine, LuceError
 PROMPTS = {
     "one": [7],
     "short": [1, 2, 3, 4, 5, 6, 7],
-    "long": [int(t) for t in np.random.default_rng(5).integers(0, 500, 300)],  # prefill chunks of 256 and 44
+    "long": [int(t) for t in np.random.default_rng(5).integers(0, 500, 600)],  # prefill chunks of 512 and 88
 }
 CKPT_BLOCK = {"dflash": 8, "dflash_swa": 8, "dflash2": 8, "dflash2_upstream": 8, "dflash2_logit_scalars": 8,
               "dspark": 7, "dspark_hidden_conf": 7}

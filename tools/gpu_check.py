@@ -191,7 +191,7 @@ def fixture_models(root: Path) -> tuple[list[tuple[str, Path, bool]], list[str]]
 
 MATMUL_TOL = 1e-5  # max |y - ref| / max (|x| @ |W|^T): fp32 sums of exactly dequantized weights
 MATMUL_WIDTHS = (1, 3, 8, 17, 64)
-PREFILL_WIDTH = 256  # a prefill chunk (session.h PREFILL_STEP): GPU only (the dry run's CPU time)
+PREFILL_WIDTH = 512  # a prefill chunk (session.h PREFILL_STEP): GPU only (the dry run's CPU time)
 MAX_STEP = 64  # session.h: the widest verify step; wider steps are prefill chunks
 
 
@@ -722,21 +722,21 @@ def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int
 
     rng = np.random.default_rng(7)
     uploads = []  # the load progress reports: per tensor on the GPU, done == total last
-    with Engine(path, device="cpu", threads=threads, ctx_size=512) as cpu, \
-            Engine(path, device=dut, threads=max(1, threads // 2), ctx_size=512,
+    with Engine(path, device="cpu", threads=threads, ctx_size=1024) as cpu, \
+            Engine(path, device=dut, threads=max(1, threads // 2), ctx_size=1024,
                    progress=lambda done, total: uploads.append((done, total))) as gpu:
         V = cpu.info.n_vocab
         ids = rng.integers(0, V, 70).tolist()  # 70 tokens: a 64-token chunk plus 6
         want, got = cpu.logits(ids), gpu.logits(ids)
         scale = float(np.abs(want).max())
         diff = float(np.abs(got.astype(np.float64) - want).max())
-        # A 300-token prompt's last 64 rows: prefill chunks of 256 (session.h PREFILL_STEP) and
-        # 44. Held to the CPU only where rounding is fp32's (exact kernels, float weights): on
-        # the int8 paths one activation rounding the other way somewhere in 300 positions moves
+        # A 600-token prompt's last 64 rows: prefill chunks of 512 (session.h PREFILL_STEP) and
+        # 88. Held to the CPU only where rounding is fp32's (exact kernels, float weights): on
+        # the int8 paths one activation rounding the other way somewhere in 600 positions moves
         # the logits by several percent (tiny q8_0, fast: 0.25 of the scale, 2026-12-04).
         long_diff = None
         if tol < FAST_TOL:
-            long_ids = np.random.default_rng(8).integers(0, V, 300).tolist()
+            long_ids = np.random.default_rng(8).integers(0, V, 600).tolist()
             want_long = last_rows_logits(cpu, long_ids, 64)
             long_diff = float(np.abs(last_rows_logits(gpu, long_ids, 64).astype(np.float64) - want_long).max())
             long_diff /= max(float(np.abs(want_long).max()), 1e-30)
@@ -779,7 +779,7 @@ def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int
             "ok": bool(ok)}
 
 
-# compute-sanitizer's memcheck over one small model (logits of a 70- and a 300-token prefill, greedy
+# compute-sanitizer's memcheck over one small model (logits of a 70- and a 600-token prefill, greedy
 # decode) and the matmul hook of every type: out-of-bounds or misaligned device accesses that
 # the numbers alone might not show.
 _MEMCHECK_CHILD = r"""
@@ -789,9 +789,9 @@ import numpy as np
 import gpu_check
 from fixtures.native_eval import last_rows_logits
 from luce import Engine
-with Engine(sys.argv[1], device="gpu", ctx_size=512) as eng:
+with Engine(sys.argv[1], device="gpu", ctx_size=1024) as eng:
     eng.logits(list(range(70)))
-    last_rows_logits(eng, list(range(300)), 1)  # a prefill chunk of 256
+    last_rows_logits(eng, list(range(600)), 1)  # a prefill chunk of 512
     gpu_check.greedy(eng, list(range(12)), 8)
 gpu_check.check_matmul_ops("gpu", invariance=False, large=False)
 """
@@ -1447,7 +1447,7 @@ def write_report(out: Path, report: dict) -> None:
              *_select_table(report.get("select", [])),
              *_case_table(f"| DeltaNet case | max abs | rel err vs float64 (tol {DELTA_TOL:g}) | first bad | ok |",
                           report.get("deltanet", [])),
-             "| model | rel diff vs CPU | 256-token chunk vs CPU | tol | prefill vs decode (GPU) | greedy: margin-checked identical | near-tie identical | ok |",
+             "| model | rel diff vs CPU | 512-token chunk vs CPU | tol | prefill vs decode (GPU) | greedy: margin-checked identical | near-tie identical | ok |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in report["checks"]:
         if "error" in c:

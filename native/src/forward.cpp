@@ -110,11 +110,11 @@ const float *forward_rows(Session &s, const int32_t *tokens, int T, bool want_lo
                           const HiddenCapture *capture) {
     Backend &be = *s.model->backend;
     StepBuffers &b = s.buf;
-    // Step buffers hold PREFILL_STEP rows; the logits and the tree arrays MAX_STEP.
-    if (T < 1 || T > (s.tree ? MAX_STEP : PREFILL_STEP) || (want_logits && T - logit_row0 > MAX_STEP))
+    // Step buffers hold prefill_step rows; the logits and the tree arrays MAX_STEP.
+    if (T < 1 || T > (s.tree ? MAX_STEP : s.prefill_step) || (want_logits && T - logit_row0 > MAX_STEP))
         fail(LUCE_ERR_INTERNAL, "forward step of %d tokens (logits from row %d)", T, logit_row0);
 
-    int32_t pos[PREFILL_STEP];
+    int32_t pos[MAX_PREFILL_STEP];
     for (int t = 0; t < T; ++t) pos[t] = s.tree ? s.tree->pos[t] : s.n_past + t;
     be.upload(b.pos, pos, sizeof(int32_t) * size_t(T));
     be.upload(b.tokens, tokens, sizeof(int32_t) * size_t(T));

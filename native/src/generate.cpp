@@ -31,8 +31,8 @@ void check_tokens(const Session &s, const int32_t *tokens, int n) {
 
 }  // namespace
 
-int prefill_chunk(int c0, int n, int first_logit) {
-    return std::min({n, c0 + PREFILL_STEP, std::max(first_logit, c0) + MAX_STEP}) - c0;
+int prefill_chunk(const Session &s, int c0, int n, int first_logit) {
+    return std::min({n, c0 + s.prefill_step, std::max(first_logit, c0) + MAX_STEP}) - c0;
 }
 
 void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n_logit_rows,
@@ -61,7 +61,7 @@ void session_eval(Session &s, const int32_t *tokens, int n, float *logits, int n
     const int64_t V = hp.n_vocab;
     const PrefillScope prefill(*s.model->backend);
     for (int c0 = 0, T = 0; c0 < n; c0 += T) {
-        T = prefill_chunk(c0, n, first_logit);
+        T = prefill_chunk(s, c0, n, first_logit);
         const int row0 = std::max(0, first_logit - c0);
         float *dst = (row0 < T && logits) ? logits + int64_t(c0 + row0 - first_logit) * V : nullptr;
         HiddenCapture chunk_capture;

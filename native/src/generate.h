@@ -10,8 +10,8 @@ namespace luce {
 double now_seconds();
 
 // The length of the prefill chunk at c0 of n tokens whose logits are wanted from first_logit on:
-// PREFILL_STEP tokens, or fewer so that no chunk returns more than MAX_STEP logits rows.
-int prefill_chunk(int c0, int n, int first_logit);
+// the session's prefill_step tokens, or fewer so that no chunk returns more than MAX_STEP logits rows.
+int prefill_chunk(const Session &s, int c0, int n, int first_logit);
 
 // Appends n tokens to the session in prefill chunks; writes the logits of the last n_logit_rows
 // positions (host, row-major) when logits is not null. Validates ids and context first.

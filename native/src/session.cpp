@@ -2,6 +2,7 @@
 #include "session.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "errors.h"
@@ -19,6 +20,17 @@ T *take(Session &s, int64_t n) {
 
 }  // namespace
 
+int prefill_step_setting() {
+    const char *env = std::getenv("LUCE_PREFILL_STEP");
+    if (!env || !*env) return PREFILL_STEP;
+    char *end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < MAX_STEP || v > MAX_PREFILL_STEP)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "LUCE_PREFILL_STEP=%s: not an integer in %d..%d", env, MAX_STEP,
+             MAX_PREFILL_STEP);
+    return int(v);
+}
+
 Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), kv_f16(kv_f16_) {
     graph_id = new_graph_owner();
     const Hparams &hp = m->hp;
@@ -26,7 +38,8 @@ Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), 
         fail(LUCE_ERR_INVALID_ARGUMENT, "context size %d is not in 1..%d (the model's context length)",
              n_ctx, hp.n_ctx_train);
     try {
-        const int64_t T = PREFILL_STEP, E = hp.n_embd, CD = hp.conv_channels();
+        prefill_step = prefill_step_setting();
+        const int64_t T = prefill_step, E = hp.n_embd, CD = hp.conv_channels();
         const int64_t inner = int64_t(hp.ssm_hv) * hp.ssm_dv;
         kv.resize(size_t(hp.n_layer));
         recurrent.resize(size_t(hp.n_layer));

@@ -1,7 +1,7 @@
 // session.h — one sequence's state (KV cache, DeltaNet state) and the step buffers of the forward.
 //
-// Everything is allocated once at session creation with static shapes (T <= PREFILL_STEP tokens
-// per forward step), so prefill chunks and decode steps never allocate. Memory per session:
+// Everything is allocated once at session creation with static shapes (T <= the session's
+// prefill_step tokens per forward step), so prefill chunks and decode steps never allocate. Memory per session:
 //   KV: n_attention_layers x 2 x Hkv x n_ctx x D values (f32, or f16 when asked for)
 //   DeltaNet: n_recurrent_layers x ((Kc-1) x CD + HV x DK x DV) floats, constant in context length.
 #pragma once
@@ -19,10 +19,14 @@ namespace luce {
 constexpr int MAX_STEP = 64;
 // Tokens per prefill chunk (generate.cpp, speculative.cpp). Longer than MAX_STEP because every
 // prefill matmul decodes its weights once per chunk and every op launches once per chunk: the
-// GPU's prefill GEMM and small ops pay those costs a quarter as often as at 64. Prefill rows are
-// never compared bitwise with decode rows, so the chunk length is free to differ.
-constexpr int PREFILL_STEP = 256;
-static_assert(PREFILL_STEP >= MAX_STEP, "a prefill chunk holds any step");
+// GPU's prefill GEMM and small ops pay those costs an eighth as often as at 64 (llama.cpp's
+// default micro-batch is 512 too; on an H200, 2026-12-04, 512 prefilled a 27B 5-7% faster than
+// 256). Prefill rows are never compared bitwise with decode rows, so the chunk length is free to
+// differ. The default; LUCE_PREFILL_STEP (MAX_STEP..MAX_PREFILL_STEP) sets a session's own, for
+// A/B runs (docs/gpu.md).
+constexpr int PREFILL_STEP = 512;
+constexpr int MAX_PREFILL_STEP = 1024;
+static_assert(PREFILL_STEP >= MAX_STEP && PREFILL_STEP <= MAX_PREFILL_STEP, "a prefill chunk holds any step");
 
 // Per-layer recurrent state of a Gated DeltaNet layer.
 struct RecurrentState {
@@ -34,7 +38,7 @@ struct RecurrentState {
     float *qkv_history = nullptr;
 };
 
-// Step buffers, [T][...] with T <= PREFILL_STEP; the logits and the tree arrays hold MAX_STEP rows.
+// Step buffers, [T][...] with T <= the session's prefill_step; the logits and the tree arrays hold MAX_STEP rows.
 struct StepBuffers {
     int32_t *tokens = nullptr, *pos = nullptr;  // [T]
     float *x = nullptr;        // [T][E] residual stream
@@ -90,6 +94,7 @@ struct Session {
     std::vector<void *> allocations;
 
     bool kv_f16 = false;
+    int prefill_step = PREFILL_STEP;  // tokens per prompt chunk; the step buffers' rows
     uint64_t graph_id = 0;  // distinguishes this session's step graphs from another's (forward.cpp)
 
     Session(Model *m, int n_ctx, bool kv_f16);
@@ -112,8 +117,11 @@ struct Session {
     void restore(const Snapshot &in);
 };
 
+// PREFILL_STEP, or LUCE_PREFILL_STEP when set (an integer in MAX_STEP..MAX_PREFILL_STEP).
+int prefill_step_setting();
+
 // One forward step over T tokens at positions n_past .. n_past+T-1; advances n_past. T <=
-// PREFILL_STEP (a tree step: MAX_STEP); only prompt chunks go past MAX_STEP. If logits is not
+// s.prefill_step (a tree step: MAX_STEP); only prompt chunks go past MAX_STEP. If logits is not
 // null, rows [logit_row0, T) (at most MAX_STEP of them) of the step's logits are written there
 // (host, [T - logit_row0][V]). capture may be null.
 void forward_step(Session &s, const int32_t *tokens, int T, float *logits, int logit_row0,

@@ -325,7 +325,7 @@ struct BackendBuffers {
 
 // One generate_speculative call: every buffer sized once up front, then prefill, and a loop of
 // plain, chain or tree steps. Where each piece of data lives:
-//   backend memory: the drafter context and heads scratch, taps [PREFILL_STEP][N][E] (captured device
+//   backend memory: the drafter context and heads scratch, taps [prefill_step][N][E] (captured device
 //   to device by forward_step), the drafter's hidden rows [B][E], DDTree's unary logits [q][V];
 //   host: greedy, the verify rows' argmax ids (reduced on the device, only the ids come back);
 //   sampled, the verify logits (acceptance needs the distributions); the proposals, and the copy
@@ -365,7 +365,7 @@ struct SpecLoop {
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
           ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
           rng(p_.seed), chain_sampling{p_.temperature, &rng, nullptr}, policy(!p_.no_adaptive && !sampled) {
-        taps = dev.array<float>(size_t(PREFILL_STEP) * N * E);
+        taps = dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
         dev_ids = dev.array<int32_t>(size_t(MAX_STEP));
@@ -431,7 +431,7 @@ struct SpecLoop {
         {
             const PrefillScope scope(be);
             for (int c0 = 0, T = 0; c0 < n_prompt; c0 += T) {
-                T = prefill_chunk(c0, n_prompt, n_prompt - 1);
+                T = prefill_chunk(s, c0, n_prompt, n_prompt - 1);
                 run_target(prompt + c0, T, T - 1);
                 draft_append_context(d, ctx, taps, T);
             }
