@@ -414,20 +414,26 @@ def check_select(dut: str) -> list[dict]:
 
 
 DELTA_TOL = 1e-4  # max |gpu - ref| / max |ref| over outputs, final state and history
+DELTA_EPS = 1e-6  # the L2 norm clamp of the random cases
 # (HK, HV, DK, DV, T): the 27B's layer (DK 128: two threads per state column), DK 64, the tiny
 # fixtures' DK 32, DK 48 (no register kernel: the device-memory kernel either way), and 21 tokens
 # of DK 128 (a state carried through a longer step).
-# Steps wider than MAX_STEP without history take the prefill kernel (deltanet.cu): 77 (a short last
-# chunk) at DK = 128, 72 at 64, 65 at 32 with DV = 40 (a block's columns past DV), 66 at 16 (4 lanes
-# a column).
+# Steps wider than MAX_STEP without history take the prefill kernel (deltanet.cu), in chunks of 8
+# tokens: 77 (a short last chunk) at DK = 128, 72 at 64, 65 at 32 with DV = 40 (a block's columns
+# past DV), 66 at 16 (4 lanes a column).
 DELTA_CASES = ((16, 48, 128, 128, 1), (16, 48, 128, 128, 16), (4, 8, 64, 64, 5), (4, 8, 32, 32, 3),
                (2, 4, 48, 48, 4), (4, 8, 128, 128, 21), (4, 8, 128, 128, 77), (4, 8, 64, 64, 72),
                (2, 4, 32, 40, 65), (2, 4, 16, 16, 66))
+# Tree mode (DDTree verify): each token starts from its parent's state (-1: the step's initial
+# state, t = 7 back at the root level); t = 3, 6, 8 and 10 branch off earlier tokens.
+DELTA_TREE_PARENTS = (-1, 0, 1, 0, 3, 4, 1, -1, 2, 8, 5, 10)
+DELTA_TREE_CASES = ((4, 8, 128, 128), (2, 4, 64, 64), (2, 4, 48, 48))
 
 
-def _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state):
+def _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state, parent=None):
     """float64 Gated DeltaNet over T tokens (spec/qwen35.md §1.4 steps 3-7; v head j reads k head
-    j % HK): returns out [T][HV][DV], the final state and the per-token states."""
+    j % HK): returns out [T][HV][DV], the final state and the per-token states. parent: tree mode,
+    token t starts from token parent[t]'s state (< 0: `state`), and the state returned is `state`."""
     import numpy as np
 
     T = conv.shape[0]
@@ -436,6 +442,8 @@ def _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state):
     hist = np.zeros((T, hv, dk, dv))
     sp = lambda x: x if x > 20 else np.log1p(np.exp(x))  # noqa: E731
     for t in range(T):
+        if parent is not None:
+            S = (state.astype(np.float64) if parent[t] < 0 else hist[parent[t]]).copy()
         row = conv[t].astype(np.float64)
         for j in range(hv):
             kh = j % hk
@@ -451,57 +459,89 @@ def _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state):
             S[j] += np.outer(k, delta)
             out[t, j] = q @ S[j]
             hist[t, j] = S[j]
-    return out, S, hist
+    return out, (state.astype(np.float64) if parent is not None else S), hist
 
 
-def check_deltanet(dut: str) -> list[dict]:
-    """Register-resident and device-memory GPU DeltaNet vs float64 numpy on random inputs
-    (libluce_gpu's luce_gpu_deltanet hook; GPU only)."""
+def _deltanet_inputs(rng, hk, hv, dk, dv, T):
+    """Random inputs of one DeltaNet case: conv rows, b, a, ssm_a, dt_bias, initial state."""
+    import numpy as np
+
+    conv = rng.standard_normal((T, 2 * hk * dk + hv * dv), dtype=np.float32)
+    b = rng.standard_normal((T, hv), dtype=np.float32)
+    a = rng.standard_normal((T, hv), dtype=np.float32)
+    ssm_a = -np.exp(rng.standard_normal(hv).astype(np.float32))
+    dt_bias = rng.standard_normal(hv).astype(np.float32)
+    state0 = (0.1 * rng.standard_normal((hv, dk, dv))).astype(np.float32)
+    return conv, b, a, ssm_a, dt_bias, state0
+
+
+def _deltanet_case(case: str, inputs, dims, ref, registers: int, history: bool, parent=None) -> tuple[dict, dict]:
+    """One luce_gpu_deltanet call against the float64 reference: (report row, the outputs)."""
     import ctypes
 
     import numpy as np
 
+    fn, ptr = _hook("libluce_gpu.so", "luce_gpu_deltanet"), _ptr
+    conv, b, a, ssm_a, dt_bias, state0 = inputs
+    hk, hv, dk, dv, T = dims
+    state = state0.copy()
+    out = np.zeros((T, hv, dv), dtype=np.float32)
+    hist = np.zeros((T, hv, dk, dv), dtype=np.float32) if history else None
+    par = None if parent is None else np.ascontiguousarray(parent, dtype=np.int32)
+    err = ctypes.create_string_buffer(512)
+    st = fn(ctypes.c_int32(0), ptr(conv), ptr(b), ptr(a), ptr(ssm_a), ptr(dt_bias), hk, hv, dk, dv,
+            ctypes.c_float(DELTA_EPS), T, ptr(state), ptr(out), ptr(hist), ctypes.c_int32(registers),
+            None if par is None else par.ctypes.data_as(ctypes.c_void_p), err, ctypes.c_size_t(len(err)))
+    if st != 0:
+        return {"case": case, "error": err.value.decode(), "ok": False}, {}
+    got = {"out": out, "state": state, **({"history": hist} if history else {})}
+    worst = {"max_abs": 0.0, "rel_err": 0.0, "first_bad": None}
+    for name, y in got.items():
+        diff = np.abs(y - ref[name])
+        scale = max(float(np.abs(ref[name]).max()), 1e-30)
+        rel = float(diff.max()) / scale
+        if rel > worst["rel_err"]:
+            worst.update(max_abs=float(diff.max()), rel_err=rel)
+        bad = np.argwhere(diff > DELTA_TOL * scale)
+        if len(bad) and worst["first_bad"] is None:
+            worst["first_bad"] = f"{name}{bad[0].tolist()}"
+    return {"case": case, **worst, "ok": worst["rel_err"] <= DELTA_TOL}, got
+
+
+def check_deltanet(dut: str) -> list[dict]:
+    """Register-resident and device-memory GPU DeltaNet vs float64 numpy on random inputs
+    (libluce_gpu's luce_gpu_deltanet hook; GPU only), with and without the history and in tree
+    mode. Up to MAX_STEP tokens the register kernel orders its sums the same way with history as
+    without, so those runs must also agree bit for bit: decode / verify exactness at kernel level
+    (wider steps without history take the prefill kernel and its own order)."""
+    import numpy as np
+
     if dut != "gpu":
         return [{"case": "all", "skipped": "luce_gpu_deltanet is a GPU test hook", "ok": True}]
-    fn, ptr = _hook("libluce_gpu.so", "luce_gpu_deltanet"), _ptr
     rng = np.random.default_rng(13)
     rows = []
-    eps = 1e-6
-    for hk, hv, dk, dv, T in DELTA_CASES:
-        conv = rng.standard_normal((T, 2 * hk * dk + hv * dv), dtype=np.float32)
-        b = rng.standard_normal((T, hv), dtype=np.float32)
-        a = rng.standard_normal((T, hv), dtype=np.float32)
-        ssm_a = -np.exp(rng.standard_normal(hv).astype(np.float32))
-        dt_bias = rng.standard_normal(hv).astype(np.float32)
-        state0 = (0.1 * rng.standard_normal((hv, dk, dv))).astype(np.float32)
-        ref_out, ref_state, ref_hist = _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state0)
-        # Without history, steps wider than MAX_STEP (prompt chunks) take the prefill kernel, whose
-        # fp32 sums are ordered differently: held to the float64 reference's tolerance like the rest.
+    for dims in DELTA_CASES:
+        inputs = _deltanet_inputs(rng, *dims)
+        out, state, hist = _deltanet_ref(*inputs[:5], *dims[:4], DELTA_EPS, inputs[5])
+        ref = {"out": out, "state": state, "history": hist}
+        label = "HK={} HV={} DK={} DV={} T={}".format(*dims)
+        runs = {}
         for registers, history in ((1, True), (0, True), (1, False)):
-            state = state0.copy()
-            out = np.zeros((T, hv, dv), dtype=np.float32)
-            hist = np.zeros((T, hv, dk, dv), dtype=np.float32) if history else None
-            err = ctypes.create_string_buffer(512)
-            st = fn(ctypes.c_int32(0), ptr(conv), ptr(b), ptr(a), ptr(ssm_a), ptr(dt_bias), hk, hv, dk, dv,
-                    ctypes.c_float(eps), T, ptr(state), ptr(out), ptr(hist), ctypes.c_int32(registers), err,
-                    ctypes.c_size_t(len(err)))
-            case = f"HK={hk} HV={hv} DK={dk} DV={dv} T={T} {'registers' if registers else 'device memory'}" \
-                   f"{'' if history else ', no history'}"
-            if st != 0:
-                rows.append({"case": case, "error": err.value.decode(), "ok": False})
-                continue
-            worst = {"max_abs": 0.0, "rel_err": 0.0, "first_bad": None}
-            checked = (("out", out, ref_out), ("state", state, ref_state)) + ((("history", hist, ref_hist),) if history else ())
-            for name, got, ref in checked:
-                diff = np.abs(got - ref)
-                scale = max(float(np.abs(ref).max()), 1e-30)
-                rel = float(diff.max()) / scale
-                if rel > worst["rel_err"]:
-                    worst.update(max_abs=float(diff.max()), rel_err=rel)
-                bad = np.argwhere(diff > DELTA_TOL * scale)
-                if len(bad) and worst["first_bad"] is None:
-                    worst["first_bad"] = f"{name}{bad[0].tolist()}"
-            rows.append({"case": case, **worst, "ok": worst["rel_err"] <= DELTA_TOL})
+            case = f"{label} {'registers' if registers else 'device memory'}{'' if history else ', no history'}"
+            row, runs[registers, history] = _deltanet_case(case, inputs, dims, ref, registers, history)
+            rows.append(row)
+        with_hist, without = runs[1, True], runs[1, False]
+        if dims[4] <= MAX_STEP and with_hist and without and not all(np.array_equal(with_hist[k], without[k]) for k in ("out", "state")):
+            rows.append({"case": f"{label} registers: history on / off", "error": "outputs differ in bits", "ok": False})
+    for hk, hv, dk, dv in DELTA_TREE_CASES:
+        dims = (hk, hv, dk, dv, len(DELTA_TREE_PARENTS))
+        inputs = _deltanet_inputs(rng, *dims)
+        out, state, hist = _deltanet_ref(*inputs[:5], hk, hv, dk, dv, DELTA_EPS, inputs[5], DELTA_TREE_PARENTS)
+        ref = {"out": out, "state": state, "history": hist}
+        for registers in (1, 0):
+            case = "HK={} HV={} DK={} DV={} T={} ".format(*dims) + \
+                   f"{'registers' if registers else 'device memory'}, tree {list(DELTA_TREE_PARENTS)}"
+            rows.append(_deltanet_case(case, inputs, dims, ref, registers, True, DELTA_TREE_PARENTS)[0])
     return rows
 
 

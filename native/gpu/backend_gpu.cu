@@ -742,15 +742,18 @@ extern "C" luce_status luce_gpu_select(int32_t device_index, const float *x, int
 // Test hook for tools/gpu_check.py: one gated_delta_net call on the device over T tokens, host
 // buffers in and out (state [HV][DK][DV] is read and advanced; history [T][HV][DK][DV] may be
 // null). registers != 0 takes the register-resident kernel where DK has one, 0 the device-memory
-// kernel, so both are checked against float64 numpy.
+// kernel, so both are checked against float64 numpy. parent (may be null; needs history): tree
+// mode, token t starting from token parent[t]'s state (< 0: the initial state), which is left as is.
 extern "C" luce_status luce_gpu_deltanet(int32_t device_index, const float *conv, const float *b, const float *a,
                                          const float *ssm_a, const float *dt_bias, int32_t hk, int32_t hv, int32_t dk,
                                          int32_t dv, float eps, int32_t T, float *state, float *out, float *history,
-                                         int32_t registers, char *err, size_t err_len) {
+                                         int32_t registers, const int32_t *parent, char *err, size_t err_len) {
     try {
         if (T < 1 || T > 4096 || hk < 1 || hv < 1 || hv % hk != 0 || dk < 1 || dk > 1024 || dv < 1 || dv > 4096 ||
-            !conv || !b || !a || !ssm_a || !dt_bias || !state || !out)
+            !conv || !b || !a || !ssm_a || !dt_bias || !state || !out || (parent && !history))
             luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_deltanet: bad shape");
+        for (int32_t t = 0; parent && t < T; ++t)
+            if (parent[t] >= t) luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_deltanet: parent[%d] = %d", t, parent[t]);
         luce::GpuBackend be(device_index);
         const size_t cd = size_t(2 * hk * dk + hv * dv), ss = size_t(hv) * dk * dv;
         auto dev = [&](const float *src, size_t n) {
@@ -761,9 +764,14 @@ extern "C" luce_status luce_gpu_deltanet(int32_t device_index, const float *conv
         float *cd_d = dev(conv, size_t(T) * cd), *b_d = dev(b, size_t(T) * hv), *a_d = dev(a, size_t(T) * hv);
         float *sa_d = dev(ssm_a, size_t(hv)), *dt_d = dev(dt_bias, size_t(hv)), *st_d = dev(state, ss);
         float *out_d = dev(nullptr, size_t(T) * hv * dv), *hist_d = history ? dev(nullptr, size_t(T) * ss) : nullptr;
+        int32_t *parent_d = nullptr;
+        if (parent) {
+            parent_d = static_cast<int32_t *>(be.alloc(size_t(T) * sizeof(int32_t)));
+            be.upload(parent_d, parent, size_t(T) * sizeof(int32_t));
+        }
         const luce::DeltaNetDims dims{hk, hv, dk, dv, eps};
         luce::gpu::gated_delta_net(be.stream(), be.warp_size(), cd_d, b_d, a_d, sa_d, dt_d, dims, T, st_d, out_d, hist_d,
-                                   registers != 0);
+                                   registers != 0, parent_d);
         be.download(out, out_d, size_t(T) * hv * dv * sizeof(float));
         be.download(state, st_d, ss * sizeof(float));
         if (history) be.download(history, hist_d, size_t(T) * ss * sizeof(float));

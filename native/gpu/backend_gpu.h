@@ -178,8 +178,10 @@ luce_gpu_select(int32_t device_index, const float *x, int32_t n_rows, int64_t n,
                 char *err, size_t err_len);
 
 // Test hook (tools/gpu_check.py): one gated_delta_net over T tokens on GPU `device_index`, host
-// buffers; registers selects the register-resident kernel (DK 32/64/128) or the device-memory one.
+// buffers; registers selects the register-resident kernel (DK 16/32/64/128) or the device-memory
+// one; parent (may be null) runs tree mode.
 extern "C" __attribute__((visibility("default"))) luce_status
 luce_gpu_deltanet(int32_t device_index, const float *conv, const float *b, const float *a, const float *ssm_a,
                   const float *dt_bias, int32_t hk, int32_t hv, int32_t dk, int32_t dv, float eps, int32_t T,
-                  float *state, float *out, float *history, int32_t registers, char *err, size_t err_len);
+                  float *state, float *out, float *history, int32_t registers, const int32_t *parent, char *err,
+                  size_t err_len);
