@@ -39,14 +39,18 @@ __device__ __forceinline__ float tree_tap(const float *x, const float *state, co
 
 // parent != null (DDTree verify): windows follow each node's ancestors, and the state is left
 // as it was (the caller restores the accepted path's). Block: CONV_CHANNELS channels (x) by up to
-// CONV_TOKEN_LANES tokens (y); the state advances after every thread has read the old one.
+// CONV_TOKEN_LANES tokens (y), over CONV_BLOCK_TOKENS tokens of the step (grid y); the state
+// advances after every thread of the first token block has read the old one.
+constexpr int CONV_BLOCK_TOKENS = 32;
+
 __global__ void conv_silu_kernel(const float *x, float *state, const float *w, int T, int C, int Kc,
                                  float *out, const int32_t *parent) {
     wait_for_inputs();
     const int S = Kc - 1, c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t_end = min(T, int(blockIdx.y + 1) * CONV_BLOCK_TOKENS);
     if (c < C) {
         const float *wc = w + int64_t(c) * Kc;
-        for (int t = threadIdx.y; t < T; t += blockDim.y) {
+        for (int t = int(blockIdx.y) * CONV_BLOCK_TOKENS + threadIdx.y; t < t_end; t += blockDim.y) {
             float acc = 0.f;
             for (int j = 0; j < Kc; ++j) {
                 const int src = t - S + j;  // < 0: state row S + src
@@ -57,7 +61,8 @@ __global__ void conv_silu_kernel(const float *x, float *state, const float *w, i
             out[int64_t(t) * C + c] = silu(acc);
         }
     }
-    if (parent) return;
+    // Only the first token block reads the state in a chain (its tokens include the first S).
+    if (parent || blockIdx.y != 0) return;
     __syncthreads();  // the old state rows are read
     if (c < C && threadIdx.y == 0) {
         for (int i = 0; i < S; ++i) {  // new state = last S raw inputs of (old state ++ x), in place
@@ -444,7 +449,8 @@ void launch_reg(cudaStream_t stream, int warp, const float *conv, const float *b
 // ---- launchers ---------------------------------------------------------------------------------
 
 // conv_silu: a verify step's tokens side by side (one thread per channel walked them in turn:
-// ~22 us for 16 tokens of a 27B layer on an H200, 2026-12-03).
+// ~22 us for 16 tokens of a 27B layer on an H200, 2026-12-03), and a prompt chunk's in blocks of
+// CONV_BLOCK_TOKENS (one block per 32 channels walked 256 tokens in 31.5 us, 2026-12-04).
 constexpr int CONV_CHANNELS = 32, CONV_TOKEN_LANES = 8;
 constexpr int DELTA_COLUMNS = 64;  // state columns per block: a multiple of both warp sizes
 
@@ -453,9 +459,11 @@ constexpr int DELTA_COLUMNS = 64;  // state columns per block: a multiple of bot
 void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w, int T, int C, int Kc,
                float *out, const int32_t *parent) {
     if (T < 1 || C < 1) return;
+    if (Kc - 1 > CONV_BLOCK_TOKENS) fail(LUCE_ERR_UNSUPPORTED, "GPU conv: kernel size %d", Kc);
     const dim3 block(CONV_CHANNELS, unsigned(std::min(T, CONV_TOKEN_LANES)));
-    launch_kernel(conv_silu_kernel, unsigned((C + CONV_CHANNELS - 1) / CONV_CHANNELS), block, 0, stream, x, state, w, T,
-                  C, Kc, out, parent);
+    const dim3 grid(unsigned((C + CONV_CHANNELS - 1) / CONV_CHANNELS),
+                    unsigned((T + CONV_BLOCK_TOKENS - 1) / CONV_BLOCK_TOKENS));
+    launch_kernel(conv_silu_kernel, grid, block, 0, stream, x, state, w, T, C, Kc, out, parent);
 }
 
 void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
