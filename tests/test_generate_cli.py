@@ -290,6 +290,14 @@ def test_token_id_out_of_range(tiny):
     assert_one_line_error(run("-m", gguf, "--prompt-ids", "1,512"), 1, "token id 512 is out of range")
 
 
+@pytest.mark.parametrize("value", ["12", "2048", "big"])
+def test_bad_prefill_step_setting(tiny, monkeypatch, value):
+    _, gguf, _ = tiny
+    monkeypatch.setenv("LUCE_PREFILL_STEP", value)
+    assert_one_line_error(run("-m", gguf, "-p", "hi", "-n", 2), 1,
+                          f"LUCE_PREFILL_STEP={value}: not an integer in 64..1024")
+
+
 # --------------------------------------------------------------------------------------------
 # real subprocess
 
