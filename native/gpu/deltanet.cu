@@ -261,16 +261,19 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
     }
 }
 
-// Prompt-prefill variant: steps wider than MAX_STEP (prompt chunks; never history or tree). The register kernel runs 384 one-warp blocks on a
-// 27B, under one warp per SM scheduler, and each token is two 64-long chains of dependent fp32
-// operations fed by single-word shared-memory loads (ncu, 256 tokens: an instruction every 3.6
-// cycles, 38% of the stalls on fixed-latency dependencies; 310-341 us a layer). Here a state
-// column is split over SPLIT lanes (8 for DK >= 32: 16 rows each), so a block of PREFILL_WARPS
-// warps holds 16 columns and a 27B layer runs 1536 warps; the chains are 16 long, in two
-// accumulators, and q and k come four at a time. Tokens go in chunks of PREFILL_CHUNK: the warps
-// share the normalisation of the chunk's q and k (warp w takes tokens w, w + PREFILL_WARPS),
-// the next chunk's inputs are loaded while this one runs, and token u's output sum shares a pass
-// over the column with token u + 1's kv sum.
+// Prompt-prefill variant: steps wider than MAX_STEP (prompt chunks; never history or tree). The
+// register kernel runs 384 one-warp blocks on a 27B, under one warp per SM scheduler, and each
+// token is two 64-long chains of dependent fp32 operations fed by single-word shared-memory loads
+// (ncu, 256 tokens: an instruction every 3.6 cycles, 38% of the stalls on fixed-latency
+// dependencies; 310-341 us a layer). Here a state column is split over SPLIT lanes (8 for DK >=
+// 32: 16 rows each), so a block of PREFILL_WARPS warps holds 16 columns and a 27B layer runs 1536
+// warps; the chains are 16 long, in two accumulators, and q and k come four at a time. Tokens go
+// in chunks of PREFILL_CHUNK: the warps share the normalisation of the chunk's q and k (warp w
+// takes tokens w, w + PREFILL_WARPS), the next chunk's inputs are loaded while this one runs, and
+// token u's output sum shares a pass over the column with token u + 1's kv sum (143.6 us per 256
+// tokens, H200, 2026-12-04). A unified kernel of this design for every step, history and tree
+// mode included, measured slower at decode and verify widths (benchmarks.md, session 16): the
+// history rows it writes are 16-byte pieces per lane group, not the register kernel's 64 bytes.
 //
 // The fp32 sums are ordered differently from the register kernel's (rows in 8 parts, two
 // accumulators each): prompt prefill is not bit-identical to decode steps over the same tokens,
