@@ -98,7 +98,7 @@ def test_greedy_64_tokens_match_hf(tiny):
 def test_prefill_step_setting(tiny, monkeypatch):
     """LUCE_PREFILL_STEP sets a session's prompt chunk: on the CPU a prefill row is its decode row
     bit for bit, so chunks of 64 and the default give the same logits; a bad value is one error."""
-    _, path, ids, ref = tiny
+    _, path, ids, _ = tiny
     with Engine(path, threads=2, ctx_size=CTX) as eng:
         default = eng.logits(ids)
     monkeypatch.setenv("LUCE_PREFILL_STEP", "64")

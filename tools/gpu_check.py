@@ -430,10 +430,11 @@ DELTA_TREE_PARENTS = (-1, 0, 1, 0, 3, 4, 1, -1, 2, 8, 5, 10)
 DELTA_TREE_CASES = ((4, 8, 128, 128), (2, 4, 64, 64), (2, 4, 48, 48))
 
 
-def _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state, parent=None):
+def _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state, parent=None) -> dict:
     """float64 Gated DeltaNet over T tokens (spec/qwen35.md §1.4 steps 3-7; v head j reads k head
-    j % HK): returns out [T][HV][DV], the final state and the per-token states. parent: tree mode,
-    token t starts from token parent[t]'s state (< 0: `state`), and the state returned is `state`."""
+    j % HK): {"out": [T][HV][DV], "state": the final state, "history": the per-token states}.
+    parent: tree mode, token t starts from token parent[t]'s state (< 0: `state`), and the state
+    returned is `state`."""
     import numpy as np
 
     T = conv.shape[0]
@@ -459,7 +460,7 @@ def _deltanet_ref(conv, b, a, ssm_a, dt_bias, hk, hv, dk, dv, eps, state, parent
             S[j] += np.outer(k, delta)
             out[t, j] = q @ S[j]
             hist[t, j] = S[j]
-    return out, (state.astype(np.float64) if parent is not None else S), hist
+    return {"out": out, "state": state.astype(np.float64) if parent is not None else S, "history": hist}
 
 
 def _deltanet_inputs(rng, hk, hv, dk, dv, T):
@@ -475,7 +476,8 @@ def _deltanet_inputs(rng, hk, hv, dk, dv, T):
     return conv, b, a, ssm_a, dt_bias, state0
 
 
-def _deltanet_case(case: str, inputs, dims, ref, registers: int, history: bool, parent=None) -> tuple[dict, dict]:
+def _deltanet_case(label: str, inputs, dims, ref, registers: int, history: bool,
+                   parent=None) -> tuple[dict, dict]:
     """One luce_gpu_deltanet call against the float64 reference: (report row, the outputs)."""
     import ctypes
 
@@ -492,6 +494,8 @@ def _deltanet_case(case: str, inputs, dims, ref, registers: int, history: bool, 
     st = fn(ctypes.c_int32(0), ptr(conv), ptr(b), ptr(a), ptr(ssm_a), ptr(dt_bias), hk, hv, dk, dv,
             ctypes.c_float(DELTA_EPS), T, ptr(state), ptr(out), ptr(hist), ctypes.c_int32(registers),
             None if par is None else par.ctypes.data_as(ctypes.c_void_p), err, ctypes.c_size_t(len(err)))
+    kernel = "registers" if registers else "device memory"
+    case = "HK={} HV={} DK={} DV={} T={} ".format(*dims) + kernel + label
     if st != 0:
         return {"case": case, "error": err.value.decode(), "ok": False}, {}
     got = {"out": out, "state": state, **({"history": hist} if history else {})}
@@ -522,26 +526,24 @@ def check_deltanet(dut: str) -> list[dict]:
     rows = []
     for dims in DELTA_CASES:
         inputs = _deltanet_inputs(rng, *dims)
-        out, state, hist = _deltanet_ref(*inputs[:5], *dims[:4], DELTA_EPS, inputs[5])
-        ref = {"out": out, "state": state, "history": hist}
-        label = "HK={} HV={} DK={} DV={} T={}".format(*dims)
+        ref = _deltanet_ref(*inputs[:5], *dims[:4], DELTA_EPS, inputs[5])
         runs = {}
         for registers, history in ((1, True), (0, True), (1, False)):
-            case = f"{label} {'registers' if registers else 'device memory'}{'' if history else ', no history'}"
-            row, runs[registers, history] = _deltanet_case(case, inputs, dims, ref, registers, history)
+            row, runs[registers, history] = _deltanet_case("" if history else ", no history", inputs, dims, ref,
+                                                           registers, history)
             rows.append(row)
         with_hist, without = runs[1, True], runs[1, False]
-        if dims[4] <= MAX_STEP and with_hist and without and not all(np.array_equal(with_hist[k], without[k]) for k in ("out", "state")):
-            rows.append({"case": f"{label} registers: history on / off", "error": "outputs differ in bits", "ok": False})
+        if dims[4] <= MAX_STEP and with_hist and without and \
+                not all(np.array_equal(with_hist[k], without[k]) for k in ("out", "state")):
+            rows.append({"case": "HK={} HV={} DK={} DV={} T={} registers: history on / off".format(*dims),
+                         "error": "outputs differ in bits", "ok": False})
     for hk, hv, dk, dv in DELTA_TREE_CASES:
         dims = (hk, hv, dk, dv, len(DELTA_TREE_PARENTS))
         inputs = _deltanet_inputs(rng, *dims)
-        out, state, hist = _deltanet_ref(*inputs[:5], hk, hv, dk, dv, DELTA_EPS, inputs[5], DELTA_TREE_PARENTS)
-        ref = {"out": out, "state": state, "history": hist}
+        ref = _deltanet_ref(*inputs[:5], hk, hv, dk, dv, DELTA_EPS, inputs[5], DELTA_TREE_PARENTS)
         for registers in (1, 0):
-            case = "HK={} HV={} DK={} DV={} T={} ".format(*dims) + \
-                   f"{'registers' if registers else 'device memory'}, tree {list(DELTA_TREE_PARENTS)}"
-            rows.append(_deltanet_case(case, inputs, dims, ref, registers, True, DELTA_TREE_PARENTS)[0])
+            rows.append(_deltanet_case(f", tree {list(DELTA_TREE_PARENTS)}", inputs, dims, ref, registers, True,
+                                       DELTA_TREE_PARENTS)[0])
     return rows
 
 

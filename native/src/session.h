@@ -1,7 +1,8 @@
 // session.h — one sequence's state (KV cache, DeltaNet state) and the step buffers of the forward.
 //
 // Everything is allocated once at session creation with static shapes (T <= the session's
-// prefill_step tokens per forward step), so prefill chunks and decode steps never allocate. Memory per session:
+// prefill_step tokens per forward step), so prefill chunks and decode steps never allocate.
+// Memory per session:
 //   KV: n_attention_layers x 2 x Hkv x n_ctx x D values (f32, or f16 when asked for)
 //   DeltaNet: n_recurrent_layers x ((Kc-1) x CD + HV x DK x DV) floats, constant in context length.
 #pragma once
@@ -22,8 +23,8 @@ constexpr int MAX_STEP = 64;
 // GPU's prefill GEMM and small ops pay those costs an eighth as often as at 64 (llama.cpp's
 // default micro-batch is 512 too; on an H200, 2026-12-04, 512 prefilled a 27B 5-7% faster than
 // 256). Prefill rows are never compared bitwise with decode rows, so the chunk length is free to
-// differ. The default; LUCE_PREFILL_STEP (MAX_STEP..MAX_PREFILL_STEP) sets a session's own, for
-// A/B runs (docs/gpu.md).
+// differ. The default; LUCE_PREFILL_STEP (MAX_STEP..MAX_PREFILL_STEP) sets a session's own
+// (docs/cli.md).
 constexpr int PREFILL_STEP = 512;
 constexpr int MAX_PREFILL_STEP = 1024;
 static_assert(PREFILL_STEP >= MAX_STEP && PREFILL_STEP <= MAX_PREFILL_STEP, "a prefill chunk holds any step");
@@ -38,7 +39,8 @@ struct RecurrentState {
     float *qkv_history = nullptr;
 };
 
-// Step buffers, [T][...] with T <= the session's prefill_step; the logits and the tree arrays hold MAX_STEP rows.
+// Step buffers, [T][...] with T <= the session's prefill_step; the logits and the tree arrays
+// hold MAX_STEP rows.
 struct StepBuffers {
     int32_t *tokens = nullptr, *pos = nullptr;  // [T]
     float *x = nullptr;        // [T][E] residual stream
