@@ -684,16 +684,17 @@ GRAPH_STEPS = 24  # one-token steps compared between graph replay and eager laun
 def check_graphs(path: Path, dut: str, threads: int) -> dict:
     """Step graphs (the default) against eager launches (LUCE_GPU_GRAPHS=0), each with programmatic
     dependent launch (the default on sm_90+), against eager launches without it (LUCE_GPU_PDL=0,
-    every kernel waiting for the whole previous one) on one fixture model: the logits of a prefill
-    and GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the tokens of a
+    every kernel waiting for the whole previous one) and against the attention prologue fused
+    into one launch (LUCE_GPU_FUSED_ATTN=1, eager) on one fixture model: the logits of a prefill and
+    GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the tokens of a
     greedy generation (the device-argmax path)."""
     import numpy as np
 
     from luce import Engine
     from luce.binding import check, ffi, lib
 
-    def run(graphs: str, pdl: str = "1"):
-        with env(LUCE_GPU_GRAPHS=graphs, LUCE_GPU_PDL=pdl):
+    def run(graphs: str, pdl: str = "1", fused: str = "0"):
+        with env(LUCE_GPU_GRAPHS=graphs, LUCE_GPU_PDL=pdl, LUCE_GPU_FUSED_ATTN=fused):
             eng = Engine(path, device=dut, threads=threads)
         try:
             L, session, V = lib(), eng._session, eng.info.n_vocab
@@ -711,14 +712,13 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
         finally:
             eng.close()
 
-    serial_rows, serial_tokens = run("0", pdl="0")
-    eager_rows, eager_tokens = run("0")
     graph_rows, graph_tokens = run("1")
-    diff = np.argwhere((eager_rows != graph_rows) | (serial_rows != graph_rows))
+    others = {"serial": run("0", pdl="0"), "eager": run("0"), "fused": run("0", fused="1")}
+    diff = np.argwhere(np.any([rows != graph_rows for rows, _ in others.values()], axis=0))
     res = {"model": path.name, "steps": GRAPH_STEPS, "identical_logits": not len(diff),
-           "max_abs": float(max(np.abs(eager_rows - graph_rows).max(), np.abs(serial_rows - graph_rows).max())),
+           "max_abs": max(float(np.abs(rows - graph_rows).max()) for rows, _ in others.values()),
            "first_diff": diff[0].tolist() if len(diff) else None,
-           "identical_tokens": serial_tokens == eager_tokens == graph_tokens}
+           "identical_tokens": all(tokens == graph_tokens for _, tokens in others.values())}
     res["ok"] = res["identical_logits"] and res["identical_tokens"]
     return res
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "row_math.cuh"
 #include "session.h"  // MAX_STEP
 
 namespace luce::gpu {
@@ -38,14 +39,11 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int T, int n_head
     const int i = int(idx % half);
     const int64_t th = idx / half;  // t * n_head + h
     const int t = int(th / n_head);
-    // inv_freq = theta^(-2i/R) in fp32, angle in fp32 (spec §1.3), as the CPU backend.
-    const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(n_rot));
-    float s, c;
-    sincosf(float(pos[t]) * inv_freq, &s, &c);
     float *xh = x + th * head_dim;
-    const float a = xh[i], b = xh[i + half];
-    xh[i] = a * c - b * s;
-    xh[i + half] = b * c + a * s;
+    float a = xh[i], b = xh[i + half];
+    rope_rotate(a, b, i, n_rot, theta, pos[t]);
+    xh[i] = a;
+    xh[i + half] = b;
 }
 
 // One thread per (t, h, d): cache[h][pos[t]][d] = k[t][h][d] (and v).
@@ -60,6 +58,41 @@ __global__ void kv_store_kernel(float *kc, float *vc, int n_ctx, const float *k,
     const int64_t dst = (int64_t(h) * n_ctx + pos[t]) * head_dim + d;
     kc[dst] = k[idx];
     vc[dst] = v[idx];
+}
+
+// An attention layer's prologue in one launch (the rmsnorm, rope_neox and kv_store kernels
+// did it in five): one block per head row, norm_threads(D) threads as rmsnorm's launch has, so
+// the norm's sum and every other step are theirs to the bit. Blocks [0, T H) take the query
+// heads (q_h, the first D of each 2D row of qg), the rest the key heads, which also store the
+// token's k and v rows in the cache at slot[t]. k is rewritten in place, as the five ops leave it.
+__global__ void __launch_bounds__(1024) qk_norm_rope_store_kernel(const float *qg, const float *q_norm, float *q,
+                                                                  float *k, const float *k_norm, const float *v,
+                                                                  float *kc, float *vc, int n_ctx, const int32_t *pos,
+                                                                  const int32_t *slot, int T, int n_head,
+                                                                  int n_head_kv, int D, int n_rot, float theta,
+                                                                  float eps) {
+    extern __shared__ float head[];  // the normalised row, D floats
+    wait_for_inputs();
+    const int q_rows = T * n_head;
+    const bool is_q = int(blockIdx.x) < q_rows;
+    const int r = is_q ? blockIdx.x : blockIdx.x - q_rows;  // t * heads + h
+    const int t = r / (is_q ? n_head : n_head_kv);
+    const float *x = is_q ? qg + int64_t(r) * 2 * D : k + int64_t(r) * D;
+    const float *w = is_q ? q_norm : k_norm;
+    const float scale = row_rms_scale(x, D, eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) head[i] = x[i] * scale * w[i];
+    __syncthreads();
+    const int half = n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rope_rotate(head[i], head[i + half], i, n_rot, theta, pos[t]);
+    __syncthreads();
+    float *y = is_q ? q + int64_t(r) * D : k + int64_t(r) * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) y[i] = head[i];
+    if (is_q) return;
+    const int64_t dst = (int64_t(r % n_head_kv) * n_ctx + slot[t]) * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        kc[dst + i] = head[i];
+        vc[dst + i] = v[int64_t(r) * D + i];
+    }
 }
 
 // A warp's share of the keys [j0, j1) visible to one query (mrow: the tree or drafter mask row,
@@ -455,6 +488,16 @@ void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, 
     require_f32_cache(kv);
     launch_kernel(kv_store_kernel, blocks_for(n), ELEMENT_THREADS, 0, stream, static_cast<float *>(kv.k),
                   static_cast<float *>(kv.v), kv.n_ctx, k, v, pos, T, n_head_kv, head_dim);
+}
+
+void qk_norm_rope_store(cudaStream_t stream, const float *qg, const float *q_norm, float *q, float *k,
+                        const float *k_norm, const float *v, KvLayer &kv, const int32_t *pos, const int32_t *slot,
+                        int T, int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps) {
+    if (T < 1) return;
+    require_f32_cache(kv);
+    launch_kernel(qk_norm_rope_store_kernel, unsigned(T * (n_head + n_head_kv)), norm_threads(head_dim),
+                  size_t(head_dim) * sizeof(float), stream, qg, q_norm, q, k, k_norm, v, static_cast<float *>(kv.k),
+                  static_cast<float *>(kv.v), kv.n_ctx, pos, slot, T, n_head, n_head_kv, head_dim, n_rot, theta, eps);
 }
 
 // Splits over the KV length: chunks of at least SPLIT_MIN_KEYS keys, and about SPLIT_TARGET_BLOCKS

@@ -121,6 +121,7 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     mma_kernel_ = forced == "frag" ? MmaKernel::frag : forced == "staged" ? MmaKernel::staged
                 : forced == "gemm" ? MmaKernel::gemm : MmaKernel::by_shape;
     attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
+    fused_attn_ = env_is("LUCE_GPU_FUSED_ATTN", "1");
     // Programmatic dependent launch (gpu_compat.h): Hopper and later, unless LUCE_GPU_PDL=0.
 #if !defined(LUCE_HIP)
     gpu::dependent_launch = prop.major >= 9 && !env_is("LUCE_GPU_PDL", "0");
@@ -421,6 +422,17 @@ void GpuBackend::kv_store(KvLayer &kv, const float *k, const float *v, const int
                           int n_head_kv, int head_dim) {
     LUCE_OP("kv_store");
     gpu::kv_store(stream_, kv, k, v, pos, T, n_head_kv, head_dim);
+}
+
+void GpuBackend::qk_norm_rope_store(const float *qg, const float *q_norm, float *q, float *k, const float *k_norm,
+                                    const float *v, KvLayer &kv, const int32_t *pos, const int32_t *slot, int T,
+                                    int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps) {
+    if (!fused_attn_)
+        return Backend::qk_norm_rope_store(qg, q_norm, q, k, k_norm, v, kv, pos, slot, T, n_head, n_head_kv,
+                                           head_dim, n_rot, theta, eps);
+    LUCE_OP("qk_norm_rope_store");
+    gpu::qk_norm_rope_store(stream_, qg, q_norm, q, k, k_norm, v, kv, pos, slot, T, n_head, n_head_kv, head_dim,
+                            n_rot, theta, eps);
 }
 
 void GpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask,

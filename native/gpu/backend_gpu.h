@@ -47,6 +47,9 @@ public:
                    float theta) override;
     void kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
                   int n_head_kv, int head_dim) override;
+    void qk_norm_rope_store(const float *qg, const float *q_norm, float *q, float *k, const float *k_norm,
+                            const float *v, KvLayer &kv, const int32_t *pos, const int32_t *slot, int T, int n_head,
+                            int n_head_kv, int head_dim, int n_rot, float theta, float eps) override;
     void attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask, int T,
                    int n_head, int n_head_kv, int head_dim, float *out) override;
     void conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
@@ -136,6 +139,9 @@ private:
     std::map<uint64_t, cudaGraphExec_t> graph_execs_;
     std::map<uint64_t, int> graph_seen_;
     bool attn_split_ = true;
+    // The attention prologue in one launch (LUCE_GPU_FUSED_ATTN=1). Opt-in until an H200 run
+    // has checked its bits against the five ops and timed it (docs/gpu.md).
+    bool fused_attn_ = false;
     bool delta_registers_ = true;  // LUCE_GPU_DELTANET_REG=0: DeltaNet state stays in device memory
     void *gemm_scratch_ = nullptr;           // the prefill GEMM's split partials, grown on demand
     size_t gemm_scratch_bytes_ = 0;

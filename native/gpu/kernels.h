@@ -94,6 +94,8 @@ void repack_weights(cudaStream_t stream, int type, void *data, int64_t n_bytes);
 
 // norms.cu. The ops that feed a matmul can quantize their output for it (act_quant.cuh) when
 // fq.q is set: rmsnorm needs y_stride == dim; every output length a multiple of fq.block.
+// The block size of the norms of rows of dim (the fused attention prologue launches the same).
+int norm_threads(int dim);
 void rmsnorm(cudaStream_t stream, const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
              float eps, float *y, int64_t y_stride, const FusedQuant &fq = {});
 void add_rmsnorm(cudaStream_t stream, int warp, float *x, const float *y, const float *w, int n_rows, int dim,
@@ -113,6 +115,10 @@ void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_h
                int n_rot, float theta);
 void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
               int n_head_kv, int head_dim);
+// rmsnorm x2, rope_neox x2 and kv_store in one launch (Backend::qk_norm_rope_store).
+void qk_norm_rope_store(cudaStream_t stream, const float *qg, const float *q_norm, float *q, float *k,
+                        const float *k_norm, const float *v, KvLayer &kv, const int32_t *pos, const int32_t *slot,
+                        int T, int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps);
 // Split-KV scratch the attention of this shape uses (0: it runs in one pass). Without enough
 // scratch (null / smaller) attention runs the one-pass kernel.
 int64_t attention_scratch_bytes(int T, int n_head, int head_dim, int n_ctx);

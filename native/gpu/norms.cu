@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kernels.h"
+#include "row_math.cuh"
 
 namespace luce::gpu {
 
@@ -34,10 +35,7 @@ __global__ void __launch_bounds__(WIDE_NORM_THREADS) rmsnorm_kernel(const float 
     wait_for_inputs();
     const float *xr = x + blockIdx.x * x_stride;
     float *yr = y + blockIdx.x * y_stride;
-    float ss = 0.f;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-    const float scale = 1.0f / sqrtf(block_sum(ss) / float(dim) + eps);
+    const float scale = row_rms_scale(xr, dim, eps);
 #pragma unroll 4
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
     quantize_row(fq, y, dim);
@@ -246,13 +244,13 @@ __global__ void add_kernel(float *x, const float *y, int64_t n) {
 constexpr int ELEMENTWISE_THREADS = 256;
 constexpr int64_t MAX_ELEMENTWISE_BLOCKS = 4096;  // grid-stride beyond this
 
-int norm_threads(int dim) { return dim >= WIDE_NORM_DIM ? WIDE_NORM_THREADS : NORM_THREADS; }
-
 unsigned elementwise_blocks(int64_t n) {
     return unsigned(std::min<int64_t>((n + ELEMENTWISE_THREADS - 1) / ELEMENTWISE_THREADS, MAX_ELEMENTWISE_BLOCKS));
 }
 
 }  // namespace
+
+int norm_threads(int dim) { return dim >= WIDE_NORM_DIM ? WIDE_NORM_THREADS : NORM_THREADS; }
 
 void rmsnorm(cudaStream_t stream, const float *x, int64_t x_stride, const float *w, int n_rows, int dim,
              float eps, float *y, int64_t y_stride, const FusedQuant &fq) {

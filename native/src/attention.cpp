@@ -22,14 +22,10 @@ void attention_mixer(Session &s, int il, int T) {
     const Backend::MatmulOut proj[] = {{&w.q, b.qg, 2 * int64_t(H) * D}, {&w.k, b.k, int64_t(Hkv) * D},
                                        {&w.v, b.v, int64_t(Hkv) * D}};
     be.matmuls(b.cur, T, proj, 3);
-    // Rows of qg are (t, h) with stride 2D; the query is the first D of each.
-    be.rmsnorm(b.qg, 2 * D, w.q_norm.data(), T * H, D, hp.rms_eps, b.q, D);
-    be.rmsnorm(b.k, D, w.k_norm.data(), T * Hkv, D, hp.rms_eps, b.k, D);
-    be.rope_neox(b.q, b.pos, T, H, D, hp.n_rot, hp.rope_theta);
-    be.rope_neox(b.k, b.pos, T, Hkv, D, hp.n_rot, hp.rope_theta);
     KvLayer &kv = s.kv[size_t(il)];
     // Tree verify: nodes are stored at their slots and see only their ancestors (session.h).
-    be.kv_store(kv, b.k, b.v, s.tree ? b.tree_slot : b.pos, T, Hkv, D);
+    be.qk_norm_rope_store(b.qg, w.q_norm.data(), b.q, b.k, w.k_norm.data(), b.v, kv, b.pos,
+                          s.tree ? b.tree_slot : b.pos, T, H, Hkv, D, hp.n_rot, hp.rope_theta, hp.rms_eps);
     be.attention(b.q, kv, b.pos, s.tree ? b.tree_mask : nullptr, T, H, Hkv, D, b.attn);
     be.mul_sigmoid(b.attn, b.qg + D, 2 * D, T * H, D);  // gate_h sits right after q_h
     be.matmul(w.o, b.attn, T, b.mix, E);

@@ -125,6 +125,19 @@ public:
     // Writes k, v ([T][Hkv][D]) into the cache at positions pos[t].
     virtual void kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
                           int n_head_kv, int head_dim) = 0;
+    // An attention layer's prologue: q = rmsnorm(q_h) * q_norm for the query heads of qg
+    // ([T][H][2D], q_h the first D of each head's row) into q [T][H][D]; k = rmsnorm(k) * k_norm
+    // in place; NeoX RoPE on both at pos; then k and v into the cache at slot[t] (pos, or a tree
+    // step's slots). The default is those five ops; a GPU backend runs them in one launch.
+    virtual void qk_norm_rope_store(const float *qg, const float *q_norm, float *q, float *k, const float *k_norm,
+                                    const float *v, KvLayer &kv, const int32_t *pos, const int32_t *slot, int T,
+                                    int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps) {
+        rmsnorm(qg, 2 * int64_t(head_dim), q_norm, T * n_head, head_dim, eps, q, head_dim);
+        rmsnorm(k, head_dim, k_norm, T * n_head_kv, head_dim, eps, k, head_dim);
+        rope_neox(q, pos, T, n_head, head_dim, n_rot, theta);
+        rope_neox(k, pos, T, n_head_kv, head_dim, n_rot, theta);
+        kv_store(kv, k, v, slot, T, n_head_kv, head_dim);
+    }
     // out[t][h] = softmax(q[t][h] . K[h/(H/Hkv)][j] / sqrt(D)) V over visible keys j. Visible:
     // j <= pos[t] when mask is null; otherwise mask[t * n_ctx + j] != 0 (tree verify, issue 4).
     virtual void attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask,
