@@ -64,6 +64,10 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
     steps = report["drafter_bench"]
     assert steps["zero_accept"]["tau"] == 1.0 and steps["full_accept"]["tau"] == steps["block"] == 8
     assert steps["ddtree_oracle"]["tau"] > 1.0
+    # The verify steps inside the loop: the two runs' difference is one full-width step per token.
+    for width in ("8", "16"):
+        loop = steps["loop_verify"][width]
+        assert loop["tau"] == 1.0 and loop["steps"] == 64 and loop["verify_ms"] > 0, (width, loop)
 
     # One second of budget: the first drafter is measured (chain and tree), the others are skipped.
     spec = report["reference_spec"]

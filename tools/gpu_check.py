@@ -1169,6 +1169,9 @@ DRAFT_BENCH_TOKENS = 64
 DRAFT_BENCH_BLOCK = 8
 DRAFT_BENCH_ORACLE_STEPS = 16  # full-acceptance and DDTree runs: steps of a whole block each (was 4)
 DRAFT_BENCH_SETUP_S = 45  # generating the 2 GB drafter and loading the 27B pair, roughly
+# Verify steps timed inside the speculative loop (loop_verify): widths 8 and 16, as issue 6's bar
+# names width 16 and a DFlash 2 step verifies 8.
+LOOP_VERIFY_WIDTHS = (8, 16)
 
 
 def _reference_drafter(kind: str, root: Path) -> Path:
@@ -1363,9 +1366,30 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float, profile_p
                          "draft_ms": 1e3 * st["draft_seconds"] / n, "verify_ms": 1e3 * st["verify_seconds"] / n,
                          "rollback_ms": 1e3 * st["rollback_seconds"] / n,
                          "x_plain": 1e3 * step / res["plain_ms"]}
+        res["loop_verify"] = {}
+        for width in LOOP_VERIFY_WIDTHS:
+            if time.perf_counter() > deadline:
+                res["loop_verify"][str(width)] = "skipped: time budget"
+                continue
+            log(f"drafter bench: verify steps of {width} rows")
+            res["loop_verify"][str(width)] = _loop_verify(eng, kw, width, res["plain_ms"])
     if profile_path is not None and time.perf_counter() < deadline:  # on the CPU: the script's dry run
         res["profile"] = profile_drafter_steps(target, path, dut, threads, kw, profile_path)
     return res
+
+
+def _loop_verify(eng, kw: dict, width: int, plain_ms: float) -> dict:
+    """A verify step of `width` rows as the speculative loop runs it: the rollback history written,
+    the argmax taken on the device, only the ids downloaded (bench()'s verify widths time
+    session_eval, which writes no history and downloads every row's logits). Every draft is
+    rejected, so each step verifies block = width rows and commits one token. Two runs, of
+    DRAFT_BENCH_TOKENS and twice as many tokens, end alike (their last width - 2 steps verify
+    fewer rows, max_tokens capping the drafts); their difference holds only full-width steps."""
+    runs = [eng.generate(**{**kw, "draft_block_size": width, "max_tokens": n}).stats
+            for n in (DRAFT_BENCH_TOKENS, 2 * DRAFT_BENCH_TOKENS)]
+    steps = runs[1]["spec_steps"] - runs[0]["spec_steps"]
+    verify_ms = 1e3 * (runs[1]["verify_seconds"] - runs[0]["verify_seconds"]) / max(1, steps)
+    return {"steps": steps, "tau": runs[1]["tau"], "verify_ms": verify_ms, "x_plain": verify_ms / plain_ms}
 
 
 def profile_drafter_steps(target: Path, drafter: Path, dut: str, threads: int, kw: dict, profile_path: Path) -> str:
@@ -1598,6 +1622,11 @@ def write_report(out: Path, report: dict) -> None:
                              f"step {r['step_ms']:.2f} ms = {r['x_plain']:.2f}x plain (draft {r['draft_ms']:.2f}, "
                              f"verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms; "
                              f"{r['spec_steps']} steps, tau {r['tau']:.2f})"))
+            for width, r in (db.get("loop_verify") or {}).items():
+                lines.append(f"- verify step of {width} rows inside the speculative loop (history written, argmax "
+                             "on the device; full-width steps of two zero-acceptance runs): " +
+                             (r if isinstance(r, str) else
+                              f"{r['verify_ms']:.2f} ms = {r['x_plain']:.2f}x the plain step ({r['steps']} steps)"))
             if db.get("profile"):
                 lines.append(f"- per-op profile of the zero-acceptance run: {Path(db['profile']).name}")
     lines += _reference_spec_table(report.get("reference_spec", []))
