@@ -1491,7 +1491,19 @@ def _reference_spec_table(rows: list[dict]) -> list[str]:
 
 
 def write_report(out: Path, report: dict) -> None:
+    """gpu_report.json (everything measured) and gpu_report.md (its tables), one section per stage."""
     (out / "gpu_report.json").write_text(json.dumps(report, indent=2, default=str))
+    lines = (_check_lines(report) + _drafter_check_lines(report.get("drafters")) + _kernel_bench_lines(report.get("kernels"))
+             + _bench_lines(report.get("bench")) + _drafter_bench_lines(report.get("drafter_bench"))
+             + _reference_spec_table(report.get("reference_spec", [])))
+    lines.append(f"\nRESULT: {'PASS' if report['ok'] else 'FAIL'} ({report['seconds']:.0f} s)")
+    text = "\n".join(lines) + "\n"
+    (out / "gpu_report.md").write_text(text)
+    print(text)
+
+
+def _check_lines(report: dict) -> list[str]:
+    """The header, then the checks: kernels against their oracles, models against the CPU, graphs."""
     lines = [f"# luce GPU check — {report['date']}", "",
              f"- device: {report.get('device', '?')}; host {report['host']}",
              f"- build: {json.dumps(report.get('build'))}",
@@ -1533,7 +1545,8 @@ def write_report(out: Path, report: dict) -> None:
     g = report.get("graphs")
     if g:
         lines.append(f"\n- step graphs (default) vs eager (LUCE_GPU_GRAPHS=0) vs eager without programmatic "
-                     f"dependent launch (LUCE_GPU_PDL=0), {g.get('model')}: " + (
+                     f"dependent launch (LUCE_GPU_PDL=0) vs eager with the attention prologue fused "
+                     f"(LUCE_GPU_FUSED_ATTN=1), {g.get('model')}: " + (
             f"error: {g['error']}" if "error" in g else
             f"logits of prefill + {g['steps']} one-token steps bitwise identical: {g['identical_logits']} "
             f"(max abs diff {g['max_abs']:.2e}, first diff {g['first_diff']}); greedy tokens identical: "
@@ -1542,98 +1555,115 @@ def write_report(out: Path, report: dict) -> None:
         lines.append(f"\n- compute-sanitizer memcheck (synthetic tiny iq4_xs + matmul hook): {report['memcheck']['status']}")
     for n in report.get("notes", []):
         lines.append(f"\nNOTE: {n}")
-    if report.get("drafters"):
-        lines += ["", "| drafter | hidden rel diff (tol {:g}) | chain GPU == CPU | conf diff | spec == plain (GPU) "
-                  "| spec GPU == CPU | DDTree | tau GPU / CPU | ok |".format(DRAFT_TOL),
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for r in report["drafters"]:
-            if "error" in r or "skipped" in r:
-                lines.append(f"| {r['kind']} | " + (f"error: {r['error']} | | | | | | | FAIL |" if "error" in r
-                                                   else f"skipped: {r['skipped']} | | | | | | | - |"))
+    return lines
+
+
+def _drafter_check_lines(drafters: list[dict] | None) -> list[str]:
+    """The reference drafters on the GPU against the CPU and against plain decoding."""
+    if not drafters:
+        return []
+    lines = ["", "| drafter | hidden rel diff (tol {:g}) | chain GPU == CPU | conf diff | spec == plain (GPU) "
+              "| spec GPU == CPU | DDTree | tau GPU / CPU | ok |".format(DRAFT_TOL),
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in drafters:
+        if "error" in r or "skipped" in r:
+            lines.append(f"| {r['kind']} | " + (f"error: {r['error']} | | | | | | | FAIL |" if "error" in r
+                                               else f"skipped: {r['skipped']} | | | | | | | - |"))
+            continue
+        g = r["generate"]
+        col = lambda k: ", ".join(x[k] if len(x[k]) < 60 else x[k][:57] + "..." for x in g)  # noqa: E731
+        taus = ", ".join(f"{x['tau']:.2f} / {x['tau_cpu']:.2f}" for x in g)
+        lines.append(f"| {r['kind']} | {r['hidden_rel_diff']:.2e} | {r['chain_identical']} | "
+                     f"{r['confidence_diff']:.1e} | {col('lossless')} | {col('gpu_vs_cpu')} | {col('ddtree')} | "
+                     f"{taus} | "
+                     f"{'ok' if r['ok'] else 'FAIL'} |")
+    return lines
+
+
+def _kernel_bench_lines(ks: list[dict] | None) -> list[str]:
+    """The matmul kernel bench: each shape and width under each kernel."""
+    if not ks:
+        return []
+    ab = list(next((k["ab"] for k in ks if "ab" in k), {}))
+    lines = ["", f"## Matmul kernels: device time per call, {KERNEL_REPS} calls (activations quantized once)", "",
+             "| type | rows x cols | T | default: us (GB/s of weights) | x T=1 | dp4a forced | fragment tensor-core "
+             "forced | staged tensor-core forced | prefill GEMM forced |" + "".join(f" default, {a} |" for a in ab),
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(ab)]
+    for k in ks:
+        if "error" in k:
+            lines.append(f"| error: {k['error']} | | | | | | | | |")
+            continue
+        cell = lambda r: f"{r['us']:.1f} ({r['GBps']:.0f})"  # noqa: E731
+        lines.append(f"| {k['type']} | {k['rows']} x {k['cols']} | {k['T']} | {cell(k['auto'])} | "
+                     f"{k['x_width1']:.2f} | {cell(k['dp4a'])} | {cell(k['frag'])} | {cell(k['staged'])} | "
+                     f"{cell(k['gemm'])} |" + "".join(f" {cell(k['ab'][a])} |" for a in ab))
+    return lines
+
+
+def _bench_lines(b: dict | None) -> list[str]:
+    """The synthetic target: decode against the floor, prefill, verify widths, the A/B settings."""
+    if not b:
+        return []
+    lines = ["", f"## Bench: synthetic {b['shape']} {b['mix']} ({b.get('file_gib')} GiB)", ""]
+    if "error" in b:
+        lines.append(f"error: {b['error']}")
+    bw = b.get("copy_bandwidth_Bps")
+    lines.append(f"- load {b.get('load_seconds')} s; weights read per decode token "
+                 f"{b['bytes_per_token'] / 2**30:.2f} GiB; copy bandwidth "
+                 f"{(bw or 0) / 1e12:.2f} TB/s (read+write); floor {b.get('floor_ms', float('nan')):.2f} ms/token")
+    d = b.get("decode")
+    if d:
+        lines.append(f"- decode (step graphs): {d['tok_s']:.1f} tok/s, {d['ms_per_token']:.2f} ms/token"
+                     + (f", {100 * d['fraction_of_floor']:.0f}% of the floor" if "fraction_of_floor" in d else ""))
+    for key, what in (("decode_eager", "without step graphs (LUCE_GPU_GRAPHS=0)"),
+                      ("decode_no_pdl", "without programmatic dependent launch (LUCE_GPU_PDL=0)")):
+        dg = b.get(key)
+        if dg:
+            lines.append(f"- decode {what}: " + (
+                f"{dg['tok_s']:.1f} tok/s, {dg['ms_per_token']:.2f} ms/token" if isinstance(dg, dict) else dg))
+    for n, p in (b.get("prefill") or {}).items():
+        lines.append(f"- prefill {n}: " + (f"{p['tok_s']:.0f} tok/s ({p['seconds']:.3f} s, the fastest of "
+                                           f"{', '.join(f'{r:.3f}' for r in p['runs_seconds'])} s)"
+                                           if isinstance(p, dict) else p))
+    if b.get("verify"):
+        lines += ["", "| verify width | ms/step (incl. w logits rows downloaded) | x width 1 | "
+                  "ms/step (last row's logits only) |", "| --- | --- | --- | --- |"]
+        for w, row in b["verify"].items():
+            lines.append(f"| {w} | " + (f"{row['ms']:.2f} | {row.get('x_width1', float('nan')):.2f} | "
+                                        f"{row.get('ms_last_row_logits', float('nan')):.2f} |"
+                                        if isinstance(row, dict) else f"{row} | | |"))
+    lines += _step_ab_table(b)
+    if b.get("profile"):
+        lines.append(f"\n- per-op profile of decode, verify-16 and prefill-512 steps: {Path(b['profile']).name}")
+    lines.append(f"\n- device memory in use after the bench: {b.get('device_memory_used_mib')} MiB")
+    return lines
+
+
+def _drafter_bench_lines(db: dict | None) -> list[str]:
+    """The synthetic DFlash 2 pair: whole speculative steps against a plain step, verify inside the loop."""
+    if not db:
+        return []
+    lines = ["", f"## Bench: DFlash 2 step, synthetic {db.get('shape')} pair, block {db.get('block')}", ""]
+    if "error" in db or "skipped" in db:
+        lines.append(f"- {db.get('error') or db.get('skipped')}")
+    else:
+        lines.append(f"- drafter {db['drafter_mib']} MiB; plain step {db['plain_ms']:.2f} ms")
+        for name in ("zero_accept", "full_accept", "ddtree_oracle"):
+            r = db.get(name)
+            if r is None:
                 continue
-            g = r["generate"]
-            col = lambda k: ", ".join(x[k] if len(x[k]) < 60 else x[k][:57] + "..." for x in g)  # noqa: E731
-            taus = ", ".join(f"{x['tau']:.2f} / {x['tau_cpu']:.2f}" for x in g)
-            lines.append(f"| {r['kind']} | {r['hidden_rel_diff']:.2e} | {r['chain_identical']} | "
-                         f"{r['confidence_diff']:.1e} | {col('lossless')} | {col('gpu_vs_cpu')} | {col('ddtree')} | "
-                         f"{taus} | "
-                         f"{'ok' if r['ok'] else 'FAIL'} |")
-    ks = report.get("kernels")
-    if ks:
-        ab = list(next((k["ab"] for k in ks if "ab" in k), {}))
-        lines += ["", f"## Matmul kernels: device time per call, {KERNEL_REPS} calls (activations quantized once)", "",
-                  "| type | rows x cols | T | default: us (GB/s of weights) | x T=1 | dp4a forced | fragment tensor-core "
-                  "forced | staged tensor-core forced | prefill GEMM forced |" + "".join(f" default, {a} |" for a in ab),
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(ab)]
-        for k in ks:
-            if "error" in k:
-                lines.append(f"| error: {k['error']} | | | | | | | | |")
-                continue
-            cell = lambda r: f"{r['us']:.1f} ({r['GBps']:.0f})"  # noqa: E731
-            lines.append(f"| {k['type']} | {k['rows']} x {k['cols']} | {k['T']} | {cell(k['auto'])} | "
-                         f"{k['x_width1']:.2f} | {cell(k['dp4a'])} | {cell(k['frag'])} | {cell(k['staged'])} | "
-                         f"{cell(k['gemm'])} |" + "".join(f" {cell(k['ab'][a])} |" for a in ab))
-    b = report.get("bench")
-    if b:
-        lines += ["", f"## Bench: synthetic {b['shape']} {b['mix']} ({b.get('file_gib')} GiB)", ""]
-        if "error" in b:
-            lines.append(f"error: {b['error']}")
-        bw = b.get("copy_bandwidth_Bps")
-        lines.append(f"- load {b.get('load_seconds')} s; weights read per decode token "
-                     f"{b['bytes_per_token'] / 2**30:.2f} GiB; copy bandwidth "
-                     f"{(bw or 0) / 1e12:.2f} TB/s (read+write); floor {b.get('floor_ms', float('nan')):.2f} ms/token")
-        d = b.get("decode")
-        if d:
-            lines.append(f"- decode (step graphs): {d['tok_s']:.1f} tok/s, {d['ms_per_token']:.2f} ms/token"
-                         + (f", {100 * d['fraction_of_floor']:.0f}% of the floor" if "fraction_of_floor" in d else ""))
-        for key, what in (("decode_eager", "without step graphs (LUCE_GPU_GRAPHS=0)"),
-                          ("decode_no_pdl", "without programmatic dependent launch (LUCE_GPU_PDL=0)")):
-            dg = b.get(key)
-            if dg:
-                lines.append(f"- decode {what}: " + (
-                    f"{dg['tok_s']:.1f} tok/s, {dg['ms_per_token']:.2f} ms/token" if isinstance(dg, dict) else dg))
-        for n, p in (b.get("prefill") or {}).items():
-            lines.append(f"- prefill {n}: " + (f"{p['tok_s']:.0f} tok/s ({p['seconds']:.3f} s, the fastest of "
-                                               f"{', '.join(f'{r:.3f}' for r in p['runs_seconds'])} s)"
-                                               if isinstance(p, dict) else p))
-        if b.get("verify"):
-            lines += ["", "| verify width | ms/step (incl. w logits rows downloaded) | x width 1 | "
-                      "ms/step (last row's logits only) |", "| --- | --- | --- | --- |"]
-            for w, row in b["verify"].items():
-                lines.append(f"| {w} | " + (f"{row['ms']:.2f} | {row.get('x_width1', float('nan')):.2f} | "
-                                            f"{row.get('ms_last_row_logits', float('nan')):.2f} |"
-                                            if isinstance(row, dict) else f"{row} | | |"))
-        lines += _step_ab_table(b)
-        if b.get("profile"):
-            lines.append(f"\n- per-op profile of decode, verify-16 and prefill-512 steps: {Path(b['profile']).name}")
-        lines.append(f"\n- device memory in use after the bench: {b.get('device_memory_used_mib')} MiB")
-    db = report.get("drafter_bench")
-    if db:
-        lines += ["", f"## Bench: DFlash 2 step, synthetic {db.get('shape')} pair, block {db.get('block')}", ""]
-        if "error" in db or "skipped" in db:
-            lines.append(f"- {db.get('error') or db.get('skipped')}")
-        else:
-            lines.append(f"- drafter {db['drafter_mib']} MiB; plain step {db['plain_ms']:.2f} ms")
-            for name in ("zero_accept", "full_accept", "ddtree_oracle"):
-                r = db.get(name)
-                if r is None:
-                    continue
-                lines.append(f"- {name}: " + (r if isinstance(r, str) else
-                             f"step {r['step_ms']:.2f} ms = {r['x_plain']:.2f}x plain (draft {r['draft_ms']:.2f}, "
-                             f"verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms; "
-                             f"{r['spec_steps']} steps, tau {r['tau']:.2f})"))
-            for width, r in (db.get("loop_verify") or {}).items():
-                lines.append(f"- verify step of {width} rows inside the speculative loop (history written, argmax "
-                             "on the device; full-width steps of two zero-acceptance runs): " +
-                             (r if isinstance(r, str) else
-                              f"{r['verify_ms']:.2f} ms = {r['x_plain']:.2f}x the plain step ({r['steps']} steps)"))
-            if db.get("profile"):
-                lines.append(f"- per-op profile of the zero-acceptance run: {Path(db['profile']).name}")
-    lines += _reference_spec_table(report.get("reference_spec", []))
-    lines.append(f"\nRESULT: {'PASS' if report['ok'] else 'FAIL'} ({report['seconds']:.0f} s)")
-    text = "\n".join(lines) + "\n"
-    (out / "gpu_report.md").write_text(text)
-    print(text)
+            lines.append(f"- {name}: " + (r if isinstance(r, str) else
+                         f"step {r['step_ms']:.2f} ms = {r['x_plain']:.2f}x plain (draft {r['draft_ms']:.2f}, "
+                         f"verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms; "
+                         f"{r['spec_steps']} steps, tau {r['tau']:.2f})"))
+        for width, r in (db.get("loop_verify") or {}).items():
+            lines.append(f"- verify step of {width} rows inside the speculative loop (history written, argmax "
+                         "on the device; full-width steps of two zero-acceptance runs): " +
+                         (r if isinstance(r, str) else
+                          f"{r['verify_ms']:.2f} ms = {r['x_plain']:.2f}x the plain step ({r['steps']} steps)"))
+        if db.get("profile"):
+            lines.append(f"- per-op profile of the zero-acceptance run: {Path(db['profile']).name}")
+    return lines
 
 
 def _stage(report: dict, key: str, what: str, measure, on_error) -> None:
