@@ -171,9 +171,12 @@ struct Int8Launch {
     // rows: fewer lanes to spread the loads over; two for Q4_K / Q5_K, whose raw units are
     // large; for Q6_K a whole row's worth on rows of one part, four on longer ones, which spill
     // at eight under min_blocks_per_sm's bound);
-    // wider steps keep two and apply each to up to eight tokens. Wider than eight, tiles
-    // of eight tokens re-read the weights (from L2 mostly): the tensor-core kernel serves those
-    // widths where it exists.
+    // wider steps keep two and apply each to a tile of up to 32 tokens: 2, 4, 8, 16 or 32, the
+    // smallest that holds the step, so every verify width reads each weight once (HIP, which has
+    // no tensor-core kernel here, runs this kernel at every width; tiles of eight re-read the
+    // weights two to four times at 16-32 tokens). Prompt chunks wider than 32 take tiles of 32.
+    // On CUDA the tensor-core kernels serve from MMA_MIN_TOKENS up, and this path only under
+    // LUCE_GPU_MATMUL=dp4a.
     template <int TYPE>
     void operator()() const {
         if constexpr (act_block_of(TYPE) == 0) {
@@ -192,7 +195,9 @@ struct Int8Launch {
                 }
             } else if (T == 2) launch<TYPE, 2, 2>();
             else if (T <= 4) launch<TYPE, 4, 2>();
-            else launch<TYPE, 8, 2>();
+            else if (T <= 8) launch<TYPE, 8, 2>();
+            else if (T <= 16) launch<TYPE, 16, 2>();
+            else launch<TYPE, 32, 2>();
         }
     }
 };
