@@ -476,6 +476,10 @@ def _deltanet_inputs(rng, hk, hv, dk, dv, T):
     return conv, b, a, ssm_a, dt_bias, state0
 
 
+# luce_gpu_deltanet's kernel argument (gpu::DeltaKernel)
+DELTA_KERNELS = {0: "device memory", 1: "registers", 2: "registers, state loaded early"}
+
+
 def _deltanet_case(label: str, inputs, dims, ref, registers: int, history: bool,
                    parent=None) -> tuple[dict, dict]:
     """One luce_gpu_deltanet call against the float64 reference: (report row, the outputs)."""
@@ -494,7 +498,7 @@ def _deltanet_case(label: str, inputs, dims, ref, registers: int, history: bool,
     st = fn(ctypes.c_int32(0), ptr(conv), ptr(b), ptr(a), ptr(ssm_a), ptr(dt_bias), hk, hv, dk, dv,
             ctypes.c_float(DELTA_EPS), T, ptr(state), ptr(out), ptr(hist), ctypes.c_int32(registers),
             None if par is None else par.ctypes.data_as(ctypes.c_void_p), err, ctypes.c_size_t(len(err)))
-    kernel = "registers" if registers else "device memory"
+    kernel = DELTA_KERNELS[registers]
     case = "HK={} HV={} DK={} DV={} T={} ".format(*dims) + kernel + label
     if st != 0:
         return {"case": case, "error": err.value.decode(), "ok": False}, {}
@@ -517,7 +521,8 @@ def check_deltanet(dut: str) -> list[dict]:
     (libluce_gpu's luce_gpu_deltanet hook; GPU only), with and without the history and in tree
     mode. Up to MAX_STEP tokens the register kernel orders its sums the same way with history as
     without, so those runs must also agree bit for bit: decode / verify exactness at kernel level
-    (wider steps without history take the prefill kernel and its own order)."""
+    (wider steps without history take the prefill kernel and its own order); with its state
+    loaded early (LUCE_GPU_DELTANET_EARLY) it must give the same bits as without."""
     import numpy as np
 
     if dut != "gpu":
@@ -528,15 +533,16 @@ def check_deltanet(dut: str) -> list[dict]:
         inputs = _deltanet_inputs(rng, *dims)
         ref = _deltanet_ref(*inputs[:5], *dims[:4], DELTA_EPS, inputs[5])
         runs = {}
-        for registers, history in ((1, True), (0, True), (1, False)):
+        for registers, history in ((1, True), (0, True), (1, False), (2, True)):
             row, runs[registers, history] = _deltanet_case("" if history else ", no history", inputs, dims, ref,
                                                            registers, history)
             rows.append(row)
-        with_hist, without = runs[1, True], runs[1, False]
-        if dims[4] <= MAX_STEP and with_hist and without and \
-                not all(np.array_equal(with_hist[k], without[k]) for k in ("out", "state")):
-            rows.append({"case": "HK={} HV={} DK={} DV={} T={} registers: history on / off".format(*dims),
-                         "error": "outputs differ in bits", "ok": False})
+        same_bits = [("history on / off", runs[1, True], runs[1, False], ("out", "state"), dims[4] <= MAX_STEP),
+                     ("state loaded early / not", runs[2, True], runs[1, True], ("out", "state", "history"), True)]
+        for what, x, y, keys, applies in same_bits:
+            if applies and x and y and not all(np.array_equal(x[k], y[k]) for k in keys):
+                rows.append({"case": "HK={} HV={} DK={} DV={} T={} registers: ".format(*dims) + what,
+                             "error": "outputs differ in bits", "ok": False})
     for hk, hv, dk, dv in DELTA_TREE_CASES:
         dims = (hk, hv, dk, dv, len(DELTA_TREE_PARENTS))
         inputs = _deltanet_inputs(rng, *dims)
@@ -684,17 +690,18 @@ GRAPH_STEPS = 24  # one-token steps compared between graph replay and eager laun
 def check_graphs(path: Path, dut: str, threads: int) -> dict:
     """Step graphs (the default) against eager launches (LUCE_GPU_GRAPHS=0), each with programmatic
     dependent launch (the default on sm_90+), against eager launches without it (LUCE_GPU_PDL=0,
-    every kernel waiting for the whole previous one) and against the attention prologue fused
-    into one launch (LUCE_GPU_FUSED_ATTN=1, eager) on one fixture model: the logits of a prefill and
-    GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the tokens of a
-    greedy generation (the device-argmax path)."""
+    every kernel waiting for the whole previous one), against the attention prologue fused into
+    one launch (LUCE_GPU_FUSED_ATTN=1, eager) and against the DeltaNet state loaded before the
+    previous kernel ends (LUCE_GPU_DELTANET_EARLY=1, graphs) on one fixture model: the logits of a
+    prefill and GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the
+    tokens of a greedy generation (the device-argmax path)."""
     import numpy as np
 
     from luce import Engine
     from luce.binding import check, ffi, lib
 
-    def run(graphs: str, pdl: str = "1", fused: str = "0"):
-        with env(LUCE_GPU_GRAPHS=graphs, LUCE_GPU_PDL=pdl, LUCE_GPU_FUSED_ATTN=fused):
+    def run(graphs: str, pdl: str = "1", fused: str = "0", early: str = "0"):
+        with env(LUCE_GPU_GRAPHS=graphs, LUCE_GPU_PDL=pdl, LUCE_GPU_FUSED_ATTN=fused, LUCE_GPU_DELTANET_EARLY=early):
             eng = Engine(path, device=dut, threads=threads)
         try:
             L, session, V = lib(), eng._session, eng.info.n_vocab
@@ -713,7 +720,8 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
             eng.close()
 
     graph_rows, graph_tokens = run("1")
-    others = {"serial": run("0", pdl="0"), "eager": run("0"), "fused": run("0", fused="1")}
+    others = {"serial": run("0", pdl="0"), "eager": run("0"), "fused": run("0", fused="1"),
+              "early": run("1", early="1")}
     diff = np.argwhere(np.any([rows != graph_rows for rows, _ in others.values()], axis=0))
     res = {"model": path.name, "steps": GRAPH_STEPS, "identical_logits": not len(diff),
            "max_abs": max(float(np.abs(rows - graph_rows).max()) for rows, _ in others.values()),
@@ -1546,7 +1554,8 @@ def _check_lines(report: dict) -> list[str]:
     if g:
         lines.append(f"\n- step graphs (default) vs eager (LUCE_GPU_GRAPHS=0) vs eager without programmatic "
                      f"dependent launch (LUCE_GPU_PDL=0) vs eager with the attention prologue fused "
-                     f"(LUCE_GPU_FUSED_ATTN=1), {g.get('model')}: " + (
+                     f"(LUCE_GPU_FUSED_ATTN=1) vs graphs with the DeltaNet state loaded early "
+                     f"(LUCE_GPU_DELTANET_EARLY=1), {g.get('model')}: " + (
             f"error: {g['error']}" if "error" in g else
             f"logits of prefill + {g['steps']} one-token steps bitwise identical: {g['identical_logits']} "
             f"(max abs diff {g['max_abs']:.2e}, first diff {g['first_diff']}); greedy tokens identical: "

@@ -128,7 +128,9 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     gpu::frag_bulk_copies = gpu::bulk::bulk_copies_supported(prop.major) && !env_is("LUCE_GPU_BULK", "0");
     gpu::frag_bulk_tensor = !env_is("LUCE_GPU_BULK", "rows");
 #endif
-    delta_registers_ = !env_is("LUCE_GPU_DELTANET_REG", "0");
+    delta_kernel_ = env_is("LUCE_GPU_DELTANET_REG", "0")     ? gpu::DeltaKernel::memory
+                    : env_is("LUCE_GPU_DELTANET_EARLY", "1") ? gpu::DeltaKernel::registers_early
+                                                             : gpu::DeltaKernel::registers;
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
         profile_ = std::make_unique<gpu::OpProfile>(prof);
     // Step graphs unless LUCE_GPU_GRAPHS=0, and never under the profiler, whose per-op events
@@ -455,7 +457,7 @@ void GpuBackend::gated_delta_net(const float *conv, const float *b, const float 
                                  float *out, float *state_history, const int32_t *parent) {
     LUCE_OP("gated_delta_net");
     gpu::gated_delta_net(stream_, warp_, conv, b, a, ssm_a, dt_bias, dims, T, state, out, state_history,
-                         delta_registers_, parent);
+                         delta_kernel_, parent);
 }
 
 // The generate loop hands argmax the host copy of the logits it downloaded for sampling; device
@@ -753,8 +755,9 @@ extern "C" luce_status luce_gpu_select(int32_t device_index, const float *x, int
 
 // Test hook for tools/gpu_check.py: one gated_delta_net call on the device over T tokens, host
 // buffers in and out (state [HV][DK][DV] is read and advanced; history [T][HV][DK][DV] may be
-// null). registers != 0 takes the register-resident kernel where DK has one, 0 the device-memory
-// kernel, so both are checked against float64 numpy. parent (may be null; needs history): tree
+// null). registers: 0 the device-memory kernel, 1 the register-resident one where DK has one, 2
+// that one with its state loaded early (gpu::DeltaKernel), so each is checked against float64
+// numpy. parent (may be null; needs history): tree
 // mode, token t starting from token parent[t]'s state (< 0: the initial state), which is left as is.
 extern "C" luce_status luce_gpu_deltanet(int32_t device_index, const float *conv, const float *b, const float *a,
                                          const float *ssm_a, const float *dt_bias, int32_t hk, int32_t hv, int32_t dk,
@@ -762,7 +765,8 @@ extern "C" luce_status luce_gpu_deltanet(int32_t device_index, const float *conv
                                          int32_t registers, const int32_t *parent, char *err, size_t err_len) {
     try {
         if (T < 1 || T > 4096 || hk < 1 || hv < 1 || hv % hk != 0 || dk < 1 || dk > 1024 || dv < 1 || dv > 4096 ||
-            !conv || !b || !a || !ssm_a || !dt_bias || !state || !out || (parent && !history))
+            registers < 0 || registers > 2 || !conv || !b || !a || !ssm_a || !dt_bias || !state || !out ||
+            (parent && !history))
             luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_deltanet: bad shape");
         for (int32_t t = 0; parent && t < T; ++t)
             if (parent[t] >= t) luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_deltanet: parent[%d] = %d", t, parent[t]);
@@ -783,7 +787,7 @@ extern "C" luce_status luce_gpu_deltanet(int32_t device_index, const float *conv
         }
         const luce::DeltaNetDims dims{hk, hv, dk, dv, eps};
         luce::gpu::gated_delta_net(be.stream(), be.warp_size(), cd_d, b_d, a_d, sa_d, dt_d, dims, T, st_d, out_d, hist_d,
-                                   registers != 0, parent_d);
+                                   luce::gpu::DeltaKernel(registers), parent_d);
         be.download(out, out_d, size_t(T) * hv * dv * sizeof(float));
         be.download(state, st_d, ss * sizeof(float));
         if (history) be.download(history, hist_d, size_t(T) * ss * sizeof(float));

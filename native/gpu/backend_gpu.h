@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "act_quant.cuh"
 #include "gpu_compat.h"
+#include "kernels.h"  // gpu::DeltaKernel
 #include "op_profile.h"
 
 namespace luce {
@@ -142,7 +143,9 @@ private:
     // The attention prologue in one launch (LUCE_GPU_FUSED_ATTN=1). Opt-in until an H200 run
     // has checked its bits against the five ops and timed it (docs/gpu.md).
     bool fused_attn_ = false;
-    bool delta_registers_ = true;  // LUCE_GPU_DELTANET_REG=0: DeltaNet state stays in device memory
+    // LUCE_GPU_DELTANET_REG=0: the state stays in device memory; LUCE_GPU_DELTANET_EARLY=1: in
+    // registers, loaded ahead of the previous kernel's end (opt-in until an H200 run times it).
+    gpu::DeltaKernel delta_kernel_ = gpu::DeltaKernel::registers;
     void *gemm_scratch_ = nullptr;           // the prefill GEMM's split partials, grown on demand
     size_t gemm_scratch_bytes_ = 0;
     int n_sm_ = 1;                           // the device's SMs (CUs): the prefill GEMM's splits

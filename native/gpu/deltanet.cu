@@ -154,11 +154,14 @@ __device__ __forceinline__ float column_sum(float x) {
 // where a token's parent is not the previous token, the thread reloads its part of the column
 // from the parent's history row (which it wrote itself) or from `state` (the step's initial
 // state, which a tree step never writes).
-template <int DK, bool HIST>
+// EARLY: the state is loaded before wait_for_inputs(), overlapping the previous kernel's
+// tail (at one token those loads are a DRAM round trip of the kernel's ~8 us). Allowed by
+// gpu_compat.h's exception: the state's last writer is this layer's kernel of an earlier step or
+// a rollback copy, never the kernel just before (the conv), and the loads go through L2.
+template <int DK, bool HIST, bool EARLY>
 __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
         const float *conv, const float *b, const float *a, const float *ssm_a, const float *dt_bias, int HK, int HV,
         int DV, float eps, int T, float *state, float *out, float *state_history, const int32_t *parent) {
-    wait_for_inputs();
     // DK = 32 splits too, so the small check models run the path the 27B runs.
     constexpr int SPLIT = DK >= 32 ? 2 : 1, R = DK / SPLIT;
     __shared__ float sq[DK], sk[DK];
@@ -170,11 +173,14 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
     const float q_scale = 1.0f / sqrtf(float(DK));
     float *S = state + int64_t(j) * DK * DV + int64_t(part) * R * DV + c;  // row part * R of column c
     float s[R];
-    if (active) {
+    auto load_state = [&] {
         const float *p = S;  // a running pointer: R 64-bit addresses would crowd the registers
 #pragma unroll
-        for (int i = 0; i < R; ++i, p += DV) s[i] = *p;
-    }
+        for (int i = 0; i < R; ++i, p += DV) s[i] = EARLY ? load_l2(p) : *p;
+    };
+    if (EARLY && active) load_state();
+    wait_for_inputs();
+    if (!EARLY && active) load_state();
     // Token t + 1's inputs are loaded while token t is computed: each load is an L2 round trip
     // that nothing else hides (one warp per block, a few blocks per SM), three of them in a
     // chain per token before.
@@ -432,7 +438,7 @@ __global__ void __launch_bounds__(PREFILL_WARPS * 64) gated_delta_net_prefill_ke
 template <int DK>
 void launch_reg(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
                 const float *ssm_a, const float *dt_bias, const DeltaNetDims &dm, int T, float *state, float *out,
-                float *state_history, const int32_t *parent) {
+                float *state_history, const int32_t *parent, bool early_state) {
     // One warp per block: 48 heads x 128 columns (two lanes each) make 384 blocks on a 27B.
     const int threads = std::min(warp, 64), columns = threads / (DK >= 32 ? 2 : 1);
     const dim3 grid(unsigned(dm.hv), unsigned((dm.dv + columns - 1) / columns));
@@ -441,12 +447,18 @@ void launch_reg(cudaStream_t stream, int warp, const float *conv, const float *b
         const dim3 prefill_grid(unsigned(dm.hv), unsigned((dm.dv + block_columns - 1) / block_columns));
         launch_kernel(gated_delta_net_prefill_kernel<DK>, prefill_grid, block, 0, stream, conv, b, a, ssm_a, dt_bias,
                       dm.hk, dm.hv, dm.dv, dm.eps, T, state, out);
-    } else if (state_history)
-        launch_kernel(gated_delta_net_reg_kernel<DK, true>, grid, threads, 0, stream, conv, b, a, ssm_a, dt_bias, dm.hk,
-                      dm.hv, dm.dv, dm.eps, T, state, out, state_history, parent);
-    else
-        launch_kernel(gated_delta_net_reg_kernel<DK, false>, grid, threads, 0, stream, conv, b, a, ssm_a, dt_bias,
-                      dm.hk, dm.hv, dm.dv, dm.eps, T, state, out, state_history, nullptr);
+    } else {
+        auto run = [&](auto kernel, const int32_t *tree_parent) {
+            launch_kernel(kernel, grid, threads, 0, stream, conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dv, dm.eps, T,
+                          state, out, state_history, tree_parent);
+        };
+        if (state_history)
+            early_state ? run(gated_delta_net_reg_kernel<DK, true, true>, parent)
+                        : run(gated_delta_net_reg_kernel<DK, true, false>, parent);
+        else
+            early_state ? run(gated_delta_net_reg_kernel<DK, false, true>, nullptr)
+                        : run(gated_delta_net_reg_kernel<DK, false, false>, nullptr);
+    }
 }
 
 // ---- launchers ---------------------------------------------------------------------------------
@@ -471,15 +483,16 @@ void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w
 
 void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dm, int T,
-                     float *state, float *out, float *state_history, bool registers, const int32_t *parent) {
+                     float *state, float *out, float *state_history, DeltaKernel kernel, const int32_t *parent) {
     if (T < 1) return;
     if (parent && !state_history) fail(LUCE_ERR_INTERNAL, "tree-mode delta rule needs the state history");
     const size_t shared = 2 * sizeof(float) * size_t(dm.dk);
     if (shared > 48 * 1024) fail(LUCE_ERR_UNSUPPORTED, "GPU DeltaNet: state dim %d is too large", dm.dk);
-    if (registers && (dm.dk == 16 || dm.dk == 32 || dm.dk == 64 || dm.dk == 128)) {
+    if (kernel != DeltaKernel::memory && (dm.dk == 16 || dm.dk == 32 || dm.dk == 64 || dm.dk == 128)) {
         auto launch = dm.dk == 16 ? launch_reg<16> : dm.dk == 32 ? launch_reg<32> : dm.dk == 64 ? launch_reg<64>
                                                                                                  : launch_reg<128>;
-        launch(stream, warp, conv, b, a, ssm_a, dt_bias, dm, T, state, out, state_history, parent);
+        launch(stream, warp, conv, b, a, ssm_a, dt_bias, dm, T, state, out, state_history, parent,
+               kernel == DeltaKernel::registers_early);
     } else {
         const int threads = std::max(DELTA_COLUMNS, warp);
         const dim3 grid(unsigned(dm.hv), unsigned((dm.dv + threads - 1) / threads));

@@ -150,7 +150,11 @@ __device__ __forceinline__ float block_sum(float v) {
 // of memory an earlier kernel wrote and before any write (an earlier kernel may still read what
 // would be overwritten), and before any early return (a grid that exits without waiting would
 // let its successors run ahead of its own predecessor). Only immutable data (weights, constants)
-// is read before it. tests/test_gpu_build.py checks that every kernel calls it.
+// is read before it, with one documented exception: data whose last writer is at least two
+// launches back (or a copy before them) may be read early, through L2 (load_l2). A grid starts
+// only when every block of the one before it has passed its own wait, that is, when the grid two
+// back has completed and its writes are in memory (the DeltaNet state under
+// LUCE_GPU_DELTANET_EARLY=1). tests/test_gpu_build.py checks that every kernel calls it.
 //
 // It waits for the previous grid to complete and its writes to be visible, then lets the next
 // grid launch: one grid ahead at most, so waiting blocks never hold a whole GPU. No-op on HIP,
@@ -159,6 +163,15 @@ __device__ __forceinline__ void wait_for_inputs() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LUCE_HIP)
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// A load that bypasses L1 (HIP: a plain load; the wait above is a no-op there).
+__device__ __forceinline__ float load_l2(const float *p) {
+#if defined(LUCE_HIP)
+    return *p;
+#else
+    return __ldcg(p);
 #endif
 }
 
