@@ -241,6 +241,17 @@ luce_status luce_matvec(int32_t type, const void *weights, size_t nbytes, int64_
 luce_status luce_matmul(int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
                         int64_t n_cols, const float *x, int64_t n_tok, float *y);
 
+/* ---- the host sampler (sampling.h; what luce_generate runs at temperature > 0) --------------- */
+
+/* The first token luce_generate would sample from a row of n logits with this seed. temperature
+   > 0, top_k >= 0 (0 = all), top_p in (0, 1]. */
+luce_status luce_sample(const float *logits, int32_t n, float temperature, int32_t top_k, float top_p,
+                        uint64_t seed, int32_t *out);
+/* The distribution it samples from as probs[n] (zero outside the top-k / nucleus set), as
+   speculative decoding's rejection sampling uses it. */
+luce_status luce_sample_probs(const float *logits, int32_t n, float temperature, int32_t top_k, float top_p,
+                              float *probs);
+
 /* LUCE_CDEF_END */
 
 #ifdef __cplusplus

@@ -26,6 +26,7 @@
 
 #include "drafter.h"
 #include "errors.h"
+#include "sampling.h"
 
 namespace luce {
 
@@ -200,14 +201,13 @@ void draft_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_ro
 
 namespace {
 
-// The k best of scores[0..n) (ids: indices), best first, ties to the lower index.
+// The k best of scores[0..n) (ids: indices), best first, ties to the lower index (sampling.h's
+// Ranking: a selection, not a sort of the vocabulary).
 void best_k(const float *scores, int n, int k, std::vector<int32_t> &ids) {
-    ids.resize(size_t(n));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-    });
-    ids.resize(size_t(k));
+    thread_local Ranking ranking;
+    ranking.reset(scores, n);
+    const int32_t *best = ranking.best(k);
+    ids.assign(best, best + k);
 }
 
 // The log-softmax normaliser of candidate scores (every other token's score is -inf), summed in

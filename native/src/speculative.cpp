@@ -58,50 +58,6 @@ int block_rows(const Drafter &d, int requested) {
     return requested;
 }
 
-// The sampler's distribution over the vocabulary (sampling.h: temperature, top-k, top-p with
-// ties to the lower id), as explicit probabilities so rejection sampling can compare it with q.
-void target_probs(const float *logits, int V, const luce_generate_params &p, std::vector<int32_t> &ids,
-                  float *probs) {
-    std::iota(ids.begin(), ids.end(), 0);
-    const int k = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    std::fill(probs, probs + V, 0.f);
-    const float top = logits[ids[0]];
-    double sum = 0.0;
-    for (int i = 0; i < k; ++i) sum += (probs[ids[size_t(i)]] = std::exp((logits[ids[size_t(i)]] - top) / p.temperature));
-    int keep = k;
-    if (p.top_p < 1.f) {
-        double mass = 0.0;
-        for (int i = 0; i < k; ++i) {
-            mass += probs[ids[size_t(i)]] / sum;
-            if (mass >= double(p.top_p)) {
-                keep = i + 1;
-                break;
-            }
-        }
-        for (int i = keep; i < k; ++i) probs[ids[size_t(i)]] = 0.f;
-    }
-    double kept = 0.0;
-    for (int i = 0; i < keep; ++i) kept += probs[ids[size_t(i)]];
-    for (int i = 0; i < keep; ++i) probs[ids[size_t(i)]] = float(probs[ids[size_t(i)]] / kept);
-}
-
-int32_t draw(const float *w, int V, Rng &rng) {
-    double sum = 0.0;
-    for (int i = 0; i < V; ++i) sum += w[i];
-    double u = rng.uniform() * sum;
-    int32_t last = 0;
-    for (int i = 0; i < V; ++i) {
-        if (w[i] <= 0.f) continue;
-        last = i;
-        u -= w[i];
-        if (u < 0.0) return i;
-    }
-    return last;
-}
-
 // Rollback checkpoints of every DeltaNet layer for one verify of up to W rows. Memory, per
 // recurrent layer: W x (HV*DK*DV + CD) + (Kc-1) x CD floats (W = verify width; Qwen3.5-27B,
 // W = 17: 48 layers x 17 x (48*128*128 + 10240) x 4 B ~= 2.6 GB). Restoring is a copy: no replay.
@@ -347,9 +303,11 @@ struct SpecLoop {
     float *taps, *hidden, *row_logits;
     int32_t *dev_ids;  // greedy: the argmax of each target row, in backend memory
     std::vector<float> logits, q_probs, p_row, conf, tree_U;
-    std::vector<int32_t> block, tokens, ids, row_ids, tree_pos, tree_slot, tree_parent, path, chain_rows;
+    std::vector<int32_t> block, tokens, row_ids, tree_pos, tree_slot, tree_parent, path, chain_rows;
     std::vector<uint8_t> tree_mask;
     HiddenCapture capture;
+    SamplerParams sampler;  // the target's distribution (sampled runs)
+    Ranking ranking;
     Rng rng;
     ChainSampling chain_sampling;
     AdaptivePolicy policy;
@@ -364,7 +322,7 @@ struct SpecLoop {
           E(d_.hp.n_embd), N(d_.n_taps()), budget(p_.ddtree_budget ? p_.ddtree_budget : DEFAULT_DDTREE_BUDGET),
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
           ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
-          rng(p_.seed), chain_sampling{p_.temperature, &rng, nullptr}, policy(!p_.no_adaptive && !sampled) {
+          sampler{p_.temperature, p_.top_k, p_.top_p}, rng(p_.seed), chain_sampling{p_.temperature, &rng, nullptr}, policy(!p_.no_adaptive && !sampled) {
         taps = dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
@@ -376,7 +334,6 @@ struct SpecLoop {
         conf.resize(size_t(B));
         block.assign(size_t(B), d.hp.mask_token_id);
         tokens.resize(size_t(W));
-        ids.resize(size_t(V));
         for (auto *v : {&tree_pos, &tree_slot, &tree_parent}) v->resize(size_t(W));
         tree_mask.resize(p.ddtree ? size_t(W) * size_t(s.n_ctx) : 0);
         tree_U.resize(p.ddtree ? size_t(q_max) * V : 0);
@@ -408,8 +365,8 @@ struct SpecLoop {
     // The next token after row r of the last run_target.
     int32_t choose(int r) {
         if (!sampled) return row_ids[size_t(r)];
-        target_probs(logits.data() + size_t(r) * V, V, p, ids, p_row.data());
-        return draw(p_row.data(), V, rng);
+        target_probs(logits.data() + size_t(r) * V, V, sampler, ranking, p_row.data());
+        return draw_weighted(p_row.data(), V, rng);
     }
     bool is_stop(int32_t id) const {
         return !p.ignore_eos && std::find(p.stop_ids, p.stop_ids + p.n_stop_ids, id) != p.stop_ids + p.n_stop_ids;
@@ -461,12 +418,12 @@ struct SpecLoop {
         for (; n < q; ++n) {
             const int32_t dt = tokens[size_t(n + 1)];
             const float *qi = q_probs.data() + size_t(n) * V;
-            target_probs(logits.data() + size_t(n) * V, V, p, ids, p_row.data());
+            target_probs(logits.data() + size_t(n) * V, V, sampler, ranking, p_row.data());
             if (rng.uniform() * qi[dt] < p_row[size_t(dt)]) continue;  // u < p/q
             double mass = 0.0;
             for (int v = 0; v < V; ++v) mass += (p_row[size_t(v)] = std::max(p_row[size_t(v)] - qi[v], 0.f));
-            if (mass <= 0.0) target_probs(logits.data() + size_t(n) * V, V, p, ids, p_row.data());
-            bonus = draw(p_row.data(), V, rng);
+            if (mass <= 0.0) target_probs(logits.data() + size_t(n) * V, V, sampler, ranking, p_row.data());
+            bonus = draw_weighted(p_row.data(), V, rng);
             return n;
         }
         bonus = choose(q);

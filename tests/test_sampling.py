@@ -1,0 +1,171 @@
+"""The host sampler (native/src/sampling.h) against a numpy implementation of its documented rules,
+written here from sampling.h's text, not from the C++:
+
+- RNG: xoshiro256** seeded through splitmix64(seed), uniform = (next >> 11) * 2^-53.
+- Candidates: the top_k largest logits (0 = all), ties to the lower id; then the smallest prefix
+  whose softmax mass (at the temperature) reaches top_p; one draw in proportion to the kept
+  weights, walking the candidates best first (in id order when nothing is truncated).
+- The explicit distribution (luce_sample_probs, what speculative decoding's rejection sampling
+  compares the drafter's q with): the same candidates, renormalised, zero elsewhere.
+
+The rows are crafted to reach every branch the fast ranking has: ties (a whole row of equal
+logits, where the tie rule alone decides the candidates), signed zeros, peaked and flat rows, and
+a 248k-token vocabulary (Qwen3.5's) whose nucleus needs more than one round of selection.
+Equality is on the drawn token ids; the weights are fp32 exps on both sides (numpy's and libm's
+may differ in the last bit, which could move a draw only when u falls within ~1e-7 of a boundary).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from luce.binding import check, ffi, lib
+from luce.errors import LuceError
+
+MASK = (1 << 64) - 1
+
+
+class Xoshiro256:
+    def __init__(self, seed: int):
+        self.s = []
+        x = seed & MASK
+        for _ in range(4):  # splitmix64
+            x = (x + 0x9E3779B97F4A7C15) & MASK
+            z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+            self.s.append(z ^ (z >> 31))
+
+    @staticmethod
+    def _rotl(v: int, k: int) -> int:
+        return ((v << k) | (v >> (64 - k))) & MASK
+
+    def uniform(self) -> float:
+        s = self.s
+        result = (self._rotl((s[1] * 5) & MASK, 7) * 9) & MASK
+        t = (s[1] << 17) & MASK
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = self._rotl(s[3], 45)
+        return (result >> 11) * 2.0 ** -53
+
+
+def _candidates(logits: np.ndarray, top_k: int) -> np.ndarray:
+    """Candidate ids best first: logit descending, ties to the lower id (-0.0 == 0.0)."""
+    n = len(logits)
+    k = top_k if 0 < top_k < n else n
+    return np.lexsort((np.arange(n), -logits.astype(np.float64)))[:k]
+
+
+def _nucleus(w: np.ndarray, top_p: float) -> int:
+    if top_p >= 1.0:
+        return len(w)
+    mass = np.cumsum(w.astype(np.float64) / w.astype(np.float64).sum())
+    reached = np.flatnonzero(mass >= float(np.float32(top_p)))  # top_p crosses the ABI as a float
+    return int(reached[0]) + 1 if len(reached) else len(w)
+
+
+def oracle_sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, seed: int) -> int:
+    n = len(logits)
+    truncated = (0 < top_k < n) or top_p < 1.0
+    order = _candidates(logits, top_k) if truncated else np.arange(n)
+    top = logits[order[0]] if truncated else logits.max()
+    w = np.exp((logits[order] - top) * (np.float32(1) / np.float32(temperature)))
+    keep = _nucleus(w, top_p)
+    u = Xoshiro256(seed).uniform() * float(w[:keep].astype(np.float64).sum())
+    for i in range(keep):
+        u -= float(w[i])
+        if u < 0.0:
+            return int(order[i])
+    return int(order[keep - 1])
+
+
+def oracle_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    order = _candidates(logits, top_k)
+    w = np.exp((logits[order] - logits[order[0]]) / np.float32(temperature))
+    keep = _nucleus(w, top_p)
+    probs = np.zeros(len(logits), np.float32)
+    probs[order[:keep]] = w[:keep] / w[:keep].astype(np.float64).sum()
+    return probs
+
+
+def luce_sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, seed: int) -> int:
+    out = ffi.new("int32_t *")
+    check(lib().luce_sample(ffi.from_buffer("float[]", logits), len(logits), temperature, top_k, top_p, seed, out))
+    return int(out[0])
+
+
+def luce_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    probs = np.empty(len(logits), np.float32)
+    check(lib().luce_sample_probs(ffi.from_buffer("float[]", logits), len(logits), temperature, top_k, top_p,
+                                  ffi.from_buffer("float[]", probs)))
+    return probs
+
+
+def _rows() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    normal = rng.normal(0, 2, 1000).astype(np.float32)
+    tied = normal.copy()
+    tied[rng.choice(1000, 200, replace=False)] = normal[:200]  # many exact ties with other ids
+    tied[[3, 500, 999]] = np.float32(0.0)
+    tied[[10, 600]] = np.float32(-0.0)
+    tied[np.argmax(tied)] = tied.max()
+    # Qwen3.5's vocabulary: a peaked head (a trained model's) over a long flat tail, and a row
+    # whose 0.9 nucleus takes a few thousand ids (several rounds of selection).
+    big_peaked = rng.normal(0, 1, 248320).astype(np.float32)
+    big_peaked[rng.choice(248320, 30, replace=False)] += np.float32(12.0)
+    big_broad = (rng.normal(0, 1, 248320) * 2.5).astype(np.float32)
+    return {"normal": normal, "tied": tied, "flat": np.zeros(256, np.float32), "peaked": normal * 8,
+            "big_peaked": big_peaked, "big_broad": big_broad}
+
+
+ROWS = _rows()
+SETTINGS = [(0.7, 0, 1.0), (1.0, 40, 1.0), (0.8, 0, 0.9), (1.2, 50, 0.5), (1.0, 0, 0.999), (1.0, 5, 1.0),
+            (0.9, 0, 0.3)]
+
+
+@pytest.mark.parametrize("row", sorted(ROWS))
+@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
+def test_sampled_ids_follow_the_documented_rules(row, temperature, top_k, top_p):
+    logits = ROWS[row]
+    seeds = range(4) if logits.size > 10_000 else range(40)
+    got = [luce_sample(logits, temperature, top_k, top_p, seed) for seed in seeds]
+    assert got == [oracle_sample(logits, temperature, top_k, top_p, seed) for seed in seeds]
+
+
+@pytest.mark.parametrize("row", sorted(ROWS))
+@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
+def test_explicit_distribution_is_the_renormalised_candidate_set(row, temperature, top_k, top_p):
+    logits = ROWS[row]
+    want = oracle_probs(logits, temperature, top_k, top_p)
+    got = luce_probs(logits, temperature, top_k, top_p)
+    assert np.array_equal(got > 0, want > 0)  # the same candidates, ties included
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
+
+
+def test_a_flat_row_keeps_the_lowest_ids():
+    """Every logit equal: the tie rule alone picks the candidates (top-k 5: ids 0-4; top-p 0.25 of
+    256 equal weights, each 1/256 exactly: the first 64 ids), so a draw never leaves them."""
+    flat = ROWS["flat"]
+    assert {luce_sample(flat, 1.0, 5, 1.0, s) for s in range(200)} == set(range(5))
+    assert max(luce_sample(flat, 1.0, 0, 0.25, s) for s in range(200)) < 64
+    assert np.flatnonzero(luce_probs(flat, 1.0, 0, 0.25)).tolist() == list(range(64))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(temperature=0.0), "temperature must be > 0"),
+    (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(n=0), "n must be positive"),
+])
+def test_bad_arguments_are_one_error_line(kwargs, message):
+    args = dict(n=4, temperature=1.0, top_k=0, top_p=1.0)
+    args.update(kwargs)
+    row = np.zeros(4, np.float32)
+    out = ffi.new("int32_t *")
+    with pytest.raises(LuceError, match=message):
+        check(lib().luce_sample(ffi.from_buffer("float[]", row), args["n"], args["temperature"], args["top_k"],
+                                args["top_p"], 1, out))
