@@ -7,6 +7,8 @@ written here from sampling.h's text, not from the C++:
   weights, walking the candidates best first (in id order when nothing is truncated).
 - The explicit distribution (luce_sample_probs, what speculative decoding's rejection sampling
   compares the drafter's q with): the same candidates, renormalised, zero elsewhere.
+- A whole seeded generation (one RNG over the run; with top-k the backend ranks each decode
+  step's row and only the k candidates reach the sampler) replays step by step.
 
 The rows are crafted to reach every branch the fast ranking has: ties (a whole row of equal
 logits, where the tie rule alone decides the candidates), signed zeros, peaked and flat rows, and
@@ -19,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fixtures.random_qwen35_gguf import SPEC_TINY, write_random_qwen35
+from luce import Engine
 from luce.binding import check, ffi, lib
 from luce.errors import LuceError
 
@@ -68,13 +72,17 @@ def _nucleus(w: np.ndarray, top_p: float) -> int:
 
 
 def oracle_sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, seed: int) -> int:
+    return oracle_draw(logits, temperature, top_k, top_p, Xoshiro256(seed))
+
+
+def oracle_draw(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: Xoshiro256) -> int:
     n = len(logits)
     truncated = (0 < top_k < n) or top_p < 1.0
     order = _candidates(logits, top_k) if truncated else np.arange(n)
     top = logits[order[0]] if truncated else logits.max()
     w = np.exp((logits[order] - top) * (np.float32(1) / np.float32(temperature)))
     keep = _nucleus(w, top_p)
-    u = Xoshiro256(seed).uniform() * float(w[:keep].astype(np.float64).sum())
+    u = rng.uniform() * float(w[:keep].astype(np.float64).sum())
     for i in range(keep):
         u -= float(w[i])
         if u < 0.0:
@@ -169,3 +177,26 @@ def test_bad_arguments_are_one_error_line(kwargs, message):
     with pytest.raises(LuceError, match=message):
         check(lib().luce_sample(ffi.from_buffer("float[]", row), args["n"], args["temperature"], args["top_k"],
                                 args["top_p"], 1, out))
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = write_random_qwen35(tmp_path_factory.mktemp("sampling") / "tiny.gguf", SPEC_TINY, seed=2)
+    with Engine(path, threads=2, ctx_size=256) as eng:
+        yield eng
+
+
+@pytest.mark.parametrize("top_k,top_p", [(20, 0.8), (40, 1.0), (0, 0.9), (0, 1.0)])
+def test_seeded_generation_replays_with_the_numpy_sampler(engine, top_k, top_p):
+    """generate(seed): the first token from the prompt's last row on the host, each later one from
+    its decode step (top-k runs: the k candidates Backend::topk_rows ranked where the logits are;
+    otherwise the whole row), one RNG throughout. The numpy sampler, replayed with one RNG over
+    the logits of the same sequences, draws the same ids."""
+    prompt, temperature, seed, n = [5, 17, 42, 99, 3, 250, 7], 0.8, 11, 12
+    got = engine.generate(prompt_ids=prompt, max_tokens=n, temperature=temperature, top_k=top_k, top_p=top_p,
+                          seed=seed, ignore_eos=True).tokens
+    rng, seq, want = Xoshiro256(seed), list(prompt), []
+    for _ in range(n):
+        want.append(oracle_draw(engine.logits(seq)[-1], temperature, top_k, top_p, rng))
+        seq.append(want[-1])
+    assert got == want

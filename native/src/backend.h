@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "errors.h"
 
@@ -258,6 +259,23 @@ void run_graphed(Backend &be, uint64_t key, Launches &&launches) {
     }
     if (!ran) launches();
 }
+
+// Backend memory owned for one generation, released in reverse order.
+struct BackendBuffers {
+    Backend &be;
+    std::vector<void *> owned;
+    explicit BackendBuffers(Backend &b) : be(b) {}
+    ~BackendBuffers() {
+        for (auto it = owned.rbegin(); it != owned.rend(); ++it) be.release(*it);
+    }
+    BackendBuffers(const BackendBuffers &) = delete;
+    BackendBuffers &operator=(const BackendBuffers &) = delete;
+    template <typename T>
+    T *array(size_t n) {
+        owned.push_back(be.alloc(n * sizeof(T) + 64));
+        return static_cast<T *>(owned.back());
+    }
+};
 
 // The steps of a prompt's prefill, for the scope's lifetime (Backend::set_prefill).
 class PrefillScope {

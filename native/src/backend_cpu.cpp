@@ -15,6 +15,7 @@
 #include "errors.h"
 #include "quants.h"
 #include "quants_kernels.h"  // f16_to_f32
+#include "sampling.h"  // Ranking
 
 namespace luce {
 
@@ -413,15 +414,14 @@ void CpuBackend::argmax_rows(const float *x, int n_rows, int64_t n, int32_t *out
 }
 
 void CpuBackend::topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals) {
-    std::vector<int32_t> order(static_cast<size_t>(n));
+    Ranking ranking;  // the samplers' order: value descending, ties to the lower id
     for (int r = 0; r < n_rows; ++r) {
         const float *row = x + int64_t(r) * n;
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+        ranking.reset(row, int(n));
+        const int32_t *best = ranking.best(k);
         for (int i = 0; i < k; ++i) {
-            ids[int64_t(r) * k + i] = order[size_t(i)];
-            vals[int64_t(r) * k + i] = row[order[size_t(i)]];
+            ids[int64_t(r) * k + i] = best[i];
+            vals[int64_t(r) * k + i] = row[best[i]];
         }
     }
 }

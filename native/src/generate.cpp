@@ -92,6 +92,16 @@ void check_generate_request(const Session &s, const int32_t *prompt, int n_promp
              n_prompt, p.max_tokens, s.n_ctx, s.n_past);
 }
 
+namespace {
+
+// Sampled decoding with a top-k of at most this (Backend::topk_rows' bound) ranks each step's row
+// where its logits are, and only the k candidates come back: 8 bytes each instead of the whole
+// row (1 MB for a 248k vocabulary, a host copy per token on a GPU), and the sampler draws from
+// them exactly as from the row.
+constexpr int MAX_BACKEND_TOP_K = 256;
+
+}  // namespace
+
 luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce_generate_params &p,
                      luce_token_callback callback, void *user_data, int32_t *out_tokens,
                      int out_capacity, luce_generate_stats *stats) {
@@ -102,6 +112,19 @@ luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce
     Sampler sampler(SamplerParams{p.temperature, p.top_k, p.top_p}, p.seed, int(V));
     auto choose = [&]() -> int32_t {
         return p.temperature == 0.f ? be.argmax(logits.data(), V) : sampler.sample(logits.data());
+    };
+    const int k = p.temperature > 0.f && p.top_k > 0 && p.top_k < V && p.top_k <= MAX_BACKEND_TOP_K ? p.top_k : 0;
+    BackendBuffers dev(be);
+    int32_t *dev_ids = k ? dev.array<int32_t>(size_t(k)) : nullptr;
+    float *dev_vals = k ? dev.array<float>(size_t(k)) : nullptr;
+    std::vector<int32_t> cand_ids(static_cast<size_t>(k));
+    std::vector<float> cand_vals(static_cast<size_t>(k));
+    // One decode step of a sampled run whose top-k the backend ranks.
+    auto step_top_k = [&](int32_t token) -> int32_t {
+        be.topk_rows(forward_step_rows(s, &token, 1, 0, nullptr), 1, V, k, dev_ids, dev_vals);
+        be.download(cand_ids.data(), dev_ids, sizeof(int32_t) * size_t(k));
+        be.download(cand_vals.data(), dev_vals, sizeof(float) * size_t(k));
+        return sampler.sample_ranked(cand_ids.data(), cand_vals.data(), k);
     };
     auto is_stop = [&](int32_t id) {
         return !p.ignore_eos && std::find(p.stop_ids, p.stop_ids + p.n_stop_ids, id) != p.stop_ids + p.n_stop_ids;
@@ -134,6 +157,10 @@ luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce
         if (st.n_generated == p.max_tokens) break;
         if (p.temperature == 0.f) {
             next = forward_step_greedy(s, next);
+            continue;
+        }
+        if (k) {
+            next = step_top_k(next);
             continue;
         }
         forward_step(s, &next, 1, logits.data(), 0, nullptr);

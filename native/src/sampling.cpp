@@ -127,10 +127,16 @@ int32_t Sampler::sample(const float *logits) {
     }
     ranking_.reset(logits, n);
     const int32_t *ids = ranking_.best(k);
-    const float top = logits[ids[0]];
+    for (int i = 0; i < k; ++i) weights_[size_t(i)] = logits[ids[i]];
+    return sample_ranked(ids, weights_.data(), k);
+}
+
+int32_t Sampler::sample_ranked(const int32_t *ids, const float *values, int k) {
+    const float inv_t = 1.0f / p_.temperature;
+    const float top = values[0];
     double sum = 0.0;
     for (int i = 0; i < k; ++i) {
-        probs_[size_t(i)] = std::exp((logits[ids[i]] - top) * inv_t);
+        probs_[size_t(i)] = std::exp((values[i] - top) * inv_t);
         sum += probs_[size_t(i)];
     }
     // Nucleus: the smallest prefix whose probability mass reaches top_p.

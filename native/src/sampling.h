@@ -59,6 +59,9 @@ public:
     Sampler(const SamplerParams &p, uint64_t seed, int n_vocab);
     // Samples from a host row of n_vocab logits (temperature > 0 only; greedy uses the backend argmax).
     int32_t sample(const float *logits);
+    // The same draw from a row's k best, already ranked (best first, ties to the lower id) with
+    // their logits, as Backend::topk_rows gives them: for top_k == k, sample() of the whole row.
+    int32_t sample_ranked(const int32_t *ids, const float *values, int k);
 
 private:
     int32_t sample_nucleus(const float *logits, float inv_t);

@@ -264,21 +264,6 @@ void record_spec_step(luce_generate_stats &st, int drafted, int accepted, int q,
     st.rollback_seconds += t_rolled - t_verified;
 }
 
-// Backend memory owned for one generation, released in reverse order.
-struct BackendBuffers {
-    Backend &be;
-    std::vector<void *> owned;
-    explicit BackendBuffers(Backend &b) : be(b) {}
-    ~BackendBuffers() {
-        for (auto it = owned.rbegin(); it != owned.rend(); ++it) be.release(*it);
-    }
-    template <typename T>
-    T *array(size_t n) {
-        owned.push_back(be.alloc(n * sizeof(T) + 64));
-        return static_cast<T *>(owned.back());
-    }
-};
-
 // One generate_speculative call: every buffer sized once up front, then prefill, and a loop of
 // plain, chain or tree steps. Where each piece of data lives:
 //   backend memory: the drafter context and heads scratch, taps [prefill_step][N][E] (captured device
