@@ -194,7 +194,8 @@ public:
     // so a chain can feed it to the next get_rows without a host round trip.
     virtual void argmax_rows(const float *x, int n_rows, int64_t n, int32_t *out) = 0;
     // The k largest of each row of x [n_rows][n], value descending, ties -> lower id:
-    // ids, vals [n_rows][k]. k <= 256.
+    // ids, vals [n_rows][k]. k <= MAX_TOP_K.
+    static constexpr int MAX_TOP_K = 256;
     virtual void topk_rows(const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals) = 0;
     // DFlash 2 selector pair terms: out[t][a][b] = sum_r pred[t][a][r] * hproj[t][r] * succ[t][b][r]
     // for a, b < k; pred, succ [n_rows][k][R] gathered codebook rows, hproj [n_rows][R].

@@ -92,16 +92,6 @@ void check_generate_request(const Session &s, const int32_t *prompt, int n_promp
              n_prompt, p.max_tokens, s.n_ctx, s.n_past);
 }
 
-namespace {
-
-// Sampled decoding with a top-k of at most this (Backend::topk_rows' bound) ranks each step's row
-// where its logits are, and only the k candidates come back: 8 bytes each instead of the whole
-// row (1 MB for a 248k vocabulary, a host copy per token on a GPU), and the sampler draws from
-// them exactly as from the row.
-constexpr int MAX_BACKEND_TOP_K = 256;
-
-}  // namespace
-
 luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce_generate_params &p,
                      luce_token_callback callback, void *user_data, int32_t *out_tokens,
                      int out_capacity, luce_generate_stats *stats) {
@@ -113,7 +103,11 @@ luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce
     auto choose = [&]() -> int32_t {
         return p.temperature == 0.f ? be.argmax(logits.data(), V) : sampler.sample(logits.data());
     };
-    const int k = p.temperature > 0.f && p.top_k > 0 && p.top_k < V && p.top_k <= MAX_BACKEND_TOP_K ? p.top_k : 0;
+    // Sampled decoding with a top-k of at most Backend::MAX_TOP_K ranks each step's row where its
+    // logits are, and only the k candidates come back: 8 bytes each instead of the whole row (1 MB
+    // for a 248k vocabulary, a host copy per token on a GPU); the sampler draws from them exactly
+    // as from the row.
+    const int k = p.temperature > 0.f && p.top_k > 0 && p.top_k < V && p.top_k <= Backend::MAX_TOP_K ? p.top_k : 0;
     BackendBuffers dev(be);
     int32_t *dev_ids = k ? dev.array<int32_t>(size_t(k)) : nullptr;
     float *dev_vals = k ? dev.array<float>(size_t(k)) : nullptr;

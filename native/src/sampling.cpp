@@ -190,47 +190,71 @@ int32_t Sampler::draw(const int32_t *ids, const float *w, int keep) {
 
 // ---- explicit probabilities ------------------------------------------------------------------------
 
-void target_probs(const float *logits, int V, const SamplerParams &p, Ranking &ranking, float *probs) {
-    const int k = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
-    const int32_t *ids = nullptr;
+namespace {
+
+// target_probs over k candidates already ranked (best first), value(i) the logit of ids[i]:
+// everything else is zero.
+template <class Value>
+void ranked_probs(const int32_t *ids, const Value &value, int k, int V, const SamplerParams &p, float *probs) {
+    std::fill(probs, probs + V, 0.f);
+    const float top = value(0);
     double sum = 0.0;
-    if (k < V) {
-        ranking.reset(logits, V);
-        ids = ranking.best(k);
-        std::fill(probs, probs + V, 0.f);
-        const float top = logits[ids[0]];
-        for (int i = 0; i < k; ++i) sum += (probs[ids[i]] = std::exp((logits[ids[i]] - top) / p.temperature));
-    } else {
-        const float top = *std::max_element(logits, logits + V);
-        for (int i = 0; i < V; ++i) sum += (probs[i] = std::exp((logits[i] - top) / p.temperature));
+    for (int i = 0; i < k; ++i) sum += (probs[ids[i]] = std::exp((value(i) - top) / p.temperature));
+    int keep = k;
+    double mass = 0.0, kept = 0.0;
+    for (int i = 0; i < k; ++i) {
+        mass += probs[ids[i]] / sum;
+        kept += probs[ids[i]];
+        if (p.top_p < 1.f && mass >= double(p.top_p)) {
+            keep = i + 1;
+            break;
+        }
     }
-    if (k == V && p.top_p >= 1.f) {  // every id kept: no ranking needed
+    for (int i = keep; i < k; ++i) probs[ids[i]] = 0.f;
+    for (int i = 0; i < keep; ++i) probs[ids[i]] = float(probs[ids[i]] / kept);
+}
+
+}  // namespace
+
+void target_probs(const float *logits, int V, const SamplerParams &p, Ranking &ranking, float *probs) {
+    if (p.top_k > 0 && p.top_k < V) {
+        ranking.reset(logits, V);
+        const int32_t *ids = ranking.best(p.top_k);
+        return ranked_probs(ids, [&](int i) { return logits[ids[i]]; }, p.top_k, V, p, probs);
+    }
+    const float top = *std::max_element(logits, logits + V);
+    double sum = 0.0;
+    for (int i = 0; i < V; ++i) sum += (probs[i] = std::exp((logits[i] - top) / p.temperature));
+    if (p.top_p >= 1.f) {  // every id kept: no ranking needed
         for (int i = 0; i < V; ++i) probs[i] = float(probs[i] / sum);
         return;
     }
-    if (!ids) ranking.reset(logits, V);
-    // Nucleus over the ranked candidates (all of them when top_p is 1), ranked a batch at a time.
+    // The nucleus, its candidates ranked a batch at a time.
+    ranking.reset(logits, V);
+    const int32_t *ids = nullptr;
     int keep = 0;
     double mass = 0.0, kept = 0.0;
-    for (int ranked = 0, m = std::min(k, NUCLEUS_FIRST); keep == 0; m = std::min(k, m * NUCLEUS_GROWTH)) {
+    for (int ranked = 0, m = std::min(V, NUCLEUS_FIRST); keep == 0; m = std::min(V, m * NUCLEUS_GROWTH)) {
         ids = ranking.best(m);
         for (; ranked < m && keep == 0; ++ranked) {
             mass += probs[ids[ranked]] / sum;
             kept += probs[ids[ranked]];
-            if (p.top_p < 1.f && mass >= double(p.top_p)) keep = ranked + 1;
+            if (mass >= double(p.top_p)) keep = ranked + 1;
         }
-        if (keep == 0 && m == k) keep = k;
+        if (keep == 0 && m == V) keep = V;
     }
-    // The candidates ranked below the nucleus drop out; the kept ones are renormalised.
-    if (k < V) {
-        for (int i = keep; i < k; ++i) probs[ids[i]] = 0.f;
-    } else if (keep < V) {  // every id ranked below the nucleus' last one (ties: higher ids)
-        const int32_t last = ids[keep - 1];
-        const float at = logits[last];
-        for (int i = 0; i < V; ++i)
-            if (logits[i] < at || (logits[i] == at && i > last)) probs[i] = 0.f;
-    }
+    // Every id ranked below the nucleus' last one drops out (ties: the higher ids); the kept
+    // ones are renormalised.
+    const int32_t last = ids[keep - 1];
+    const float at = logits[last];
+    for (int i = 0; i < V; ++i)
+        if (logits[i] < at || (logits[i] == at && i > last)) probs[i] = 0.f;
     for (int i = 0; i < keep; ++i) probs[ids[i]] = float(probs[ids[i]] / kept);
+}
+
+void target_probs_ranked(const int32_t *ids, const float *values, int k, int V, const SamplerParams &p,
+                         float *probs) {
+    ranked_probs(ids, [&](int i) { return values[i]; }, k, V, p, probs);
 }
 
 int32_t draw_weighted(const float *w, int V, Rng &rng) {

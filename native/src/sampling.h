@@ -80,6 +80,9 @@ private:
 // the top-k / nucleus set), for rejection sampling against a drafter's q. The same candidates and
 // ranking as Sampler; the weights are formed as exp((logit - top) / temperature).
 void target_probs(const float *logits, int n_vocab, const SamplerParams &p, Ranking &ranking, float *probs);
+// The same from a row's top_k best, already ranked with their logits (Backend::topk_rows).
+void target_probs_ranked(const int32_t *ids, const float *values, int k, int n_vocab, const SamplerParams &p,
+                         float *probs);
 
 // One draw from unnormalised weights w[0..n) in id order (u = uniform * sum, then the walk).
 int32_t draw_weighted(const float *w, int n, Rng &rng);

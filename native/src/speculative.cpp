@@ -293,6 +293,13 @@ struct SpecLoop {
     HiddenCapture capture;
     SamplerParams sampler;  // the target's distribution (sampled runs)
     Ranking ranking;
+    // Sampled runs with a top-k of at most Backend::MAX_TOP_K: k. The backend ranks each verify
+    // row where the logits are and only the k candidates come back (else the whole rows).
+    int top_k_rows;
+    int32_t *dev_cand_ids = nullptr;
+    float *dev_cand_vals = nullptr;
+    std::vector<int32_t> cand_ids;
+    std::vector<float> cand_vals;
     Rng rng;
     ChainSampling chain_sampling;
     AdaptivePolicy policy;
@@ -307,13 +314,21 @@ struct SpecLoop {
           E(d_.hp.n_embd), N(d_.n_taps()), budget(p_.ddtree_budget ? p_.ddtree_budget : DEFAULT_DDTREE_BUDGET),
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
           ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
-          sampler{p_.temperature, p_.top_k, p_.top_p}, rng(p_.seed), chain_sampling{p_.temperature, &rng, nullptr}, policy(!p_.no_adaptive && !sampled) {
+          sampler{p_.temperature, p_.top_k, p_.top_p},
+          top_k_rows(sampled && p_.top_k > 0 && p_.top_k < V && p_.top_k <= Backend::MAX_TOP_K ? p_.top_k : 0),
+          rng(p_.seed), chain_sampling{p_.temperature, &rng, nullptr}, policy(!p_.no_adaptive && !sampled) {
         taps = dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
         dev_ids = dev.array<int32_t>(size_t(MAX_STEP));
         row_ids.resize(size_t(MAX_STEP));
-        logits.resize(sampled ? size_t(W) * V : 0);
+        logits.resize(sampled && !top_k_rows ? size_t(W) * V : 0);
+        if (top_k_rows) {
+            dev_cand_ids = dev.array<int32_t>(size_t(W) * top_k_rows);
+            dev_cand_vals = dev.array<float>(size_t(W) * top_k_rows);
+            cand_ids.resize(size_t(W) * top_k_rows);
+            cand_vals.resize(size_t(W) * top_k_rows);
+        }
         q_probs.resize(sampled ? size_t(q_max) * V : 0);
         p_row.resize(size_t(V));
         conf.resize(size_t(B));
@@ -337,20 +352,34 @@ struct SpecLoop {
 
     // The target over toks (T rows, taps captured); what each row r >= row0 says next is then
     // row_ids[r - row0] (greedy: argmax on the backend, so a GPU step downloads indices, not
-    // (T - row0) vocabulary rows) or the logits in `logits` (sampled).
+    // (T - row0) vocabulary rows), or (sampled) the rows' top-k candidates in cand_ids /
+    // cand_vals, or without a top-k the logits in `logits`.
     void run_target(const int32_t *toks, int T, int row0) {
-        if (sampled) {
+        const int n = T - row0;
+        if (sampled && !top_k_rows) {
             forward_step(s, toks, T, logits.data(), row0, &capture);
             return;
         }
         const float *rows = forward_step_rows(s, toks, T, row0, &capture);
-        be.argmax_rows(rows, T - row0, V, dev_ids);
-        be.download(row_ids.data(), dev_ids, sizeof(int32_t) * size_t(T - row0));
+        if (sampled) {
+            be.topk_rows(rows, n, V, top_k_rows, dev_cand_ids, dev_cand_vals);
+            be.download(cand_ids.data(), dev_cand_ids, sizeof(int32_t) * size_t(n) * top_k_rows);
+            be.download(cand_vals.data(), dev_cand_vals, sizeof(float) * size_t(n) * top_k_rows);
+            return;
+        }
+        be.argmax_rows(rows, n, V, dev_ids);
+        be.download(row_ids.data(), dev_ids, sizeof(int32_t) * size_t(n));
+    }
+    // The target's distribution after row r of the last run_target (sampled), into p_row.
+    void target_row_probs(int r) {
+        if (!top_k_rows) return target_probs(logits.data() + size_t(r) * V, V, sampler, ranking, p_row.data());
+        const size_t at = size_t(r) * top_k_rows;
+        target_probs_ranked(cand_ids.data() + at, cand_vals.data() + at, top_k_rows, V, sampler, p_row.data());
     }
     // The next token after row r of the last run_target.
     int32_t choose(int r) {
         if (!sampled) return row_ids[size_t(r)];
-        target_probs(logits.data() + size_t(r) * V, V, sampler, ranking, p_row.data());
+        target_row_probs(r);
         return draw_weighted(p_row.data(), V, rng);
     }
     bool is_stop(int32_t id) const {
@@ -403,11 +432,11 @@ struct SpecLoop {
         for (; n < q; ++n) {
             const int32_t dt = tokens[size_t(n + 1)];
             const float *qi = q_probs.data() + size_t(n) * V;
-            target_probs(logits.data() + size_t(n) * V, V, sampler, ranking, p_row.data());
+            target_row_probs(n);
             if (rng.uniform() * qi[dt] < p_row[size_t(dt)]) continue;  // u < p/q
             double mass = 0.0;
             for (int v = 0; v < V; ++v) mass += (p_row[size_t(v)] = std::max(p_row[size_t(v)] - qi[v], 0.f));
-            if (mass <= 0.0) target_probs(logits.data() + size_t(n) * V, V, sampler, ranking, p_row.data());
+            if (mass <= 0.0) target_row_probs(n);
             bonus = draw_weighted(p_row.data(), V, rng);
             return n;
         }
