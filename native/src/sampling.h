@@ -44,10 +44,10 @@ public:
     void reset(const float *scores, int n);
     // The ids of the m best (m <= n), best first. A call with a larger m ranks again.
     const int32_t *best(int m);
-    // Id i's key: a larger key ranks first.
-    uint64_t key(int i) const;
 
 private:
+    uint64_t key(int i) const;  // id i's key: a larger key ranks first
+
     const float *scores_ = nullptr;
     std::vector<uint64_t> keys_;
     std::vector<int32_t> ids_;
