@@ -46,7 +46,7 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
         capture_output=True, text=True, timeout=600, env={**os.environ, "LUCE_CHECK_WORK": str(tmp_path / "work")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = json.loads((out / "gpu_report.json").read_text())
-    for stage in ("matmul", "attention", "select", "deltanet", "checks", "drafters"):
+    for stage in ("matmul", "attention", "select", "deltanet", "checks", "drafters", "sampling"):
         assert report[stage] and all(row["ok"] for row in report[stage]), stage
     assert report["graphs"]["ok"] and report["graphs"]["identical_tokens"]
     under = report["matmul_ab"]["LUCE_GPU_BULK=0"]  # --ab's settings pass the matmul checks too

@@ -1,5 +1,5 @@
-"""The host sampler (native/src/sampling.h) against a numpy implementation of its documented rules,
-written here from sampling.h's text, not from the C++:
+"""The host sampler (native/src/sampling.h) against a numpy implementation of its documented rules
+(tests/fixtures/sampler_oracle.py, written from sampling.h's text, not from the C++):
 
 - RNG: xoshiro256** seeded through splitmix64(seed), uniform = (next >> 11) * 2^-53.
 - Candidates: the top_k largest logits (0 = all), ties to the lower id; then the smallest prefix
@@ -21,83 +21,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fixtures.native_eval import decode_step_logits
 from fixtures.random_qwen35_gguf import SPEC_TINY, write_random_qwen35
+from fixtures.sampler_oracle import Xoshiro256, oracle_draw, oracle_probs, oracle_sample
 from luce import Engine
 from luce.binding import check, ffi, lib
 from luce.errors import LuceError
-
-MASK = (1 << 64) - 1
-
-
-class Xoshiro256:
-    def __init__(self, seed: int):
-        self.s = []
-        x = seed & MASK
-        for _ in range(4):  # splitmix64
-            x = (x + 0x9E3779B97F4A7C15) & MASK
-            z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-            self.s.append(z ^ (z >> 31))
-
-    @staticmethod
-    def _rotl(v: int, k: int) -> int:
-        return ((v << k) | (v >> (64 - k))) & MASK
-
-    def uniform(self) -> float:
-        s = self.s
-        result = (self._rotl((s[1] * 5) & MASK, 7) * 9) & MASK
-        t = (s[1] << 17) & MASK
-        s[2] ^= s[0]
-        s[3] ^= s[1]
-        s[1] ^= s[2]
-        s[0] ^= s[3]
-        s[2] ^= t
-        s[3] = self._rotl(s[3], 45)
-        return (result >> 11) * 2.0 ** -53
-
-
-def _candidates(logits: np.ndarray, top_k: int) -> np.ndarray:
-    """Candidate ids best first: logit descending, ties to the lower id (-0.0 == 0.0)."""
-    n = len(logits)
-    k = top_k if 0 < top_k < n else n
-    return np.lexsort((np.arange(n), -logits.astype(np.float64)))[:k]
-
-
-def _nucleus(w: np.ndarray, top_p: float) -> int:
-    if top_p >= 1.0:
-        return len(w)
-    mass = np.cumsum(w.astype(np.float64) / w.astype(np.float64).sum())
-    reached = np.flatnonzero(mass >= float(np.float32(top_p)))  # top_p crosses the ABI as a float
-    return int(reached[0]) + 1 if len(reached) else len(w)
-
-
-def oracle_sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, seed: int) -> int:
-    return oracle_draw(logits, temperature, top_k, top_p, Xoshiro256(seed))
-
-
-def oracle_draw(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: Xoshiro256) -> int:
-    n = len(logits)
-    truncated = (0 < top_k < n) or top_p < 1.0
-    order = _candidates(logits, top_k) if truncated else np.arange(n)
-    top = logits[order[0]] if truncated else logits.max()
-    w = np.exp((logits[order] - top) * (np.float32(1) / np.float32(temperature)))
-    keep = _nucleus(w, top_p)
-    u = rng.uniform() * float(w[:keep].astype(np.float64).sum())
-    for i in range(keep):
-        u -= float(w[i])
-        if u < 0.0:
-            return int(order[i])
-    return int(order[keep - 1])
-
-
-def oracle_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
-    order = _candidates(logits, top_k)
-    w = np.exp((logits[order] - logits[order[0]]) / np.float32(temperature))
-    keep = _nucleus(w, top_p)
-    probs = np.zeros(len(logits), np.float32)
-    probs[order[:keep]] = w[:keep] / w[:keep].astype(np.float64).sum()
-    return probs
-
 
 def luce_sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, seed: int) -> int:
     out = ffi.new("int32_t *")
@@ -195,8 +124,6 @@ def test_seeded_generation_replays_with_the_numpy_sampler(engine, top_k, top_p):
     prompt, temperature, seed, n = [5, 17, 42, 99, 3, 250, 7], 0.8, 11, 12
     got = engine.generate(prompt_ids=prompt, max_tokens=n, temperature=temperature, top_k=top_k, top_p=top_p,
                           seed=seed, ignore_eos=True).tokens
-    rng, seq, want = Xoshiro256(seed), list(prompt), []
-    for _ in range(n):
-        want.append(oracle_draw(engine.logits(seq)[-1], temperature, top_k, top_p, rng))
-        seq.append(want[-1])
-    assert got == want
+    rows = decode_step_logits(engine, prompt + got, len(prompt), n - 1)  # the rows generate drew from
+    rng = Xoshiro256(seed)
+    assert got == [oracle_draw(row, temperature, top_k, top_p, rng) for row in rows]

@@ -731,6 +731,37 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
     return res
 
 
+SAMPLING_SETTINGS = ((0.8, 20, 0.8), (0.8, 40, 1.0), (0.8, 0, 0.9), (1.0, 0, 1.0))  # temperature, top-k, top-p
+SAMPLING_TOKENS = 16
+
+
+def check_sampling(path: Path, dut: str, threads: int) -> list[dict]:
+    """Seeded sampled generation on the device under test against the numpy sampler of
+    tests/fixtures/sampler_oracle.py, replayed with one RNG over the rows the generation drew from
+    (the prompt's prefill row, then one-token steps): the same ids. With a top-k the device ranks
+    each decode step's row (topk_rows) and only the candidates come back, so this also holds the
+    device's ranking to the sampler's order, ties to the lower id."""
+    import numpy as np
+
+    from fixtures.native_eval import decode_step_logits
+    from fixtures.sampler_oracle import Xoshiro256, oracle_draw
+    from luce import Engine
+
+    rows_out = []
+    with Engine(path, device=dut, threads=threads) as eng:
+        prompt = np.random.default_rng(23).integers(0, eng.info.n_vocab, 12).tolist()
+        for seed, (temperature, top_k, top_p) in enumerate(SAMPLING_SETTINGS):
+            got = eng.generate(prompt_ids=prompt, max_tokens=SAMPLING_TOKENS, temperature=temperature, top_k=top_k,
+                               top_p=top_p, seed=seed, ignore_eos=True).tokens
+            rows = decode_step_logits(eng, prompt + got, len(prompt), len(got) - 1)
+            rng = Xoshiro256(seed)
+            want = [oracle_draw(row, temperature, top_k, top_p, rng) for row in rows]
+            first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+            rows_out.append({"case": f"{path.name}: temperature {temperature}, top-k {top_k}, top-p {top_p}",
+                             "tokens": len(got), "first_diff": first, "ok": first is None and len(got) == len(want)})
+    return rows_out
+
+
 @contextlib.contextmanager
 def bench_engine(path: Path, dut: str, threads: int, setting: dict[str, str | None] | None = None):
     """The bench model on an engine started under `setting` (the backend reads its switches when it
@@ -1560,6 +1591,11 @@ def _check_lines(report: dict) -> list[str]:
             f"logits of prefill + {g['steps']} one-token steps bitwise identical: {g['identical_logits']} "
             f"(max abs diff {g['max_abs']:.2e}, first diff {g['first_diff']}); greedy tokens identical: "
             f"{g['identical_tokens']} -> {'ok' if g['ok'] else 'FAIL'}"))
+    lines += [""] if report.get("sampling") else []
+    for r in report.get("sampling", []):
+        lines.append(f"- seeded sampling vs the numpy sampler, {r['case']}: " + (
+            f"error: {r['error']}" if "error" in r else
+            f"{r['tokens']} tokens, first difference {r['first_diff']} -> {'ok' if r['ok'] else 'FAIL'}"))
     if "memcheck" in report:
         lines.append(f"\n- compute-sanitizer memcheck (synthetic tiny iq4_xs + matmul hook): {report['memcheck']['status']}")
     for n in report.get("notes", []):
@@ -1737,6 +1773,8 @@ def run(args, out: Path, build_info: dict | None) -> int:
                                          "ok": False})
     _stage(report, "graphs", "step graphs vs eager", lambda: check_graphs(models[0][1], args.dut, threads),
            lambda message: {"error": message, "ok": False})
+    _stage(report, "sampling", "seeded sampling vs the numpy sampler",
+           lambda: check_sampling(models[0][1], args.dut, threads), _failed_cases("case"))
     if args.dut == "gpu" and not args.no_memcheck:
         log("memcheck")
         report["memcheck"] = memcheck(models[0][1])
@@ -1756,7 +1794,8 @@ def run(args, out: Path, build_info: dict | None) -> int:
                    lambda: bench_reference_spec(args.dut, threads, time.perf_counter() + args.ref_spec_budget),
                    lambda message: [{"error": message}])
     report["ok"] = (all(c["ok"] for c in report["checks"] + matmul_rows + report.get("attention", [])
-                        + report.get("select", []) + report.get("deltanet", []) + [report.get("graphs", {"ok": True})]
+                        + report.get("select", []) + report.get("deltanet", []) + report.get("sampling", [])
+                        + [report.get("graphs", {"ok": True})]
                         + report.get("drafters", []))
                     and not notes
                     and report.get("memcheck", {"ok": True})["ok"]) and "error" not in report.get("bench", {})
