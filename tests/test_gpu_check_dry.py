@@ -57,6 +57,7 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
 
     bench = report["bench"]
     assert bench["decode"]["tok_s"] > 0 and set(bench["prefill"]) == {"512", "2048"}
+    assert len(bench["decode_sampled"]) == 2 and all(d["tok_s"] > 0 for d in bench["decode_sampled"].values())
     assert set(bench["verify"]) == {"1", "2", "4", "8", "16", "32"}
     under = bench["ab"]["LUCE_GPU_BULK=0"]  # --ab's step side: an engine of its own under the setting
     assert under["decode"]["tok_s"] > 0 and set(under["verify"]) == set(bench["verify"])

@@ -667,15 +667,16 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     return rows
 
 
-def greedy(engine, ids, n: int):
-    """Plain greedy generation through the C ABI (ignores end-of-generation ids)."""
+def plain_generate(engine, ids, n: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+    """Plain (not speculative) generation through the C ABI, end-of-generation ids ignored:
+    greedy, or sampled with seed 0 when a temperature is given."""
     import numpy as np
     from luce.binding import check, ffi, lib
 
     ids = np.ascontiguousarray(ids, dtype=np.int32)
     check(lib().luce_session_reset(engine._session))
-    params = ffi.new("luce_generate_params *", {"max_tokens": n, "temperature": 0.0, "top_k": 0,
-                                                "top_p": 1.0, "seed": 0, "ignore_eos": 1,
+    params = ffi.new("luce_generate_params *", {"max_tokens": n, "temperature": temperature, "top_k": top_k,
+                                                "top_p": top_p, "seed": 0, "ignore_eos": 1,
                                                 "stop_ids": ffi.NULL, "n_stop_ids": 0})
     out = ffi.new("int32_t[]", n)
     stats = ffi.new("luce_generate_stats *")
@@ -714,7 +715,7 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
                 tok = np.array([int(np.argmax(rows[i]))], dtype=np.int32)
                 check(L.luce_session_eval(session, ffi.from_buffer("int32_t[]", tok), 1,
                                           ffi.from_buffer("float[]", rows[i + 1]), 1))
-            tokens, _ = greedy(eng, ids, GRAPH_STEPS)
+            tokens, _ = plain_generate(eng, ids, GRAPH_STEPS)
             return rows, tokens
         finally:
             eng.close()
@@ -831,8 +832,8 @@ def _check_model(path: Path, tol: float, self_tol: float, dut: str, threads: int
         n_gen = 16
         greedy_rows = []
         for p in prompts:
-            cpu_tokens, _ = greedy(cpu, p, n_gen)
-            gpu_tokens, _ = greedy(gpu, p, n_gen)
+            cpu_tokens, _ = plain_generate(cpu, p, n_gen)
+            gpu_tokens, _ = plain_generate(gpu, p, n_gen)
             seq = p + cpu_tokens[:-1]
             # The GPU's rows as its greedy run makes them: the prompt's prefill, then one-token
             # steps (its prefill rows, another kernel family, can round an int8 activation the
@@ -873,7 +874,7 @@ from luce import Engine
 with Engine(sys.argv[1], device="gpu", ctx_size=1024) as eng:
     eng.logits(list(range(70)))
     last_rows_logits(eng, list(range(600)), 1)  # a prefill chunk of 512
-    gpu_check.greedy(eng, list(range(12)), 8)
+    gpu_check.plain_generate(eng, list(range(12)), 8)
 gpu_check.check_matmul_ops("gpu", invariance=False, large=False)
 """
 
@@ -978,12 +979,18 @@ def _verify_widths(eng, ids, deadline: float) -> dict:
     return res
 
 
-def _decode_ms(eng, ids) -> dict:
-    """Plain greedy decode of DECODE_TOKENS after a 16-token prompt, after a short warm-up."""
-    greedy(eng, ids[:16], 4)  # warm-up: first launches, page faults
-    _, st = greedy(eng, ids[:16], DECODE_TOKENS)
+def _decode_ms(eng, ids, **sampling) -> dict:
+    """Plain decode of DECODE_TOKENS after a 16-token prompt, after a short warm-up: greedy, or
+    sampled under `sampling` (temperature, top_k, top_p)."""
+    plain_generate(eng, ids[:16], 4, **sampling)  # warm-up: first launches, page faults
+    _, st = plain_generate(eng, ids[:16], DECODE_TOKENS, **sampling)
     ms = 1e3 * st.decode_seconds / max(1, st.n_generated - 1)
     return {"ms_per_token": ms, "tok_s": 1e3 / ms, "tokens": st.n_generated}
+
+
+# Sampled decode: the device ranks the row (top-k) / the whole row comes back to the host sampler.
+SAMPLED_DECODE = {"temperature 0.7, top-k 20, top-p 0.8": dict(temperature=0.7, top_k=20, top_p=0.8),
+                  "temperature 0.7": dict(temperature=0.7)}
 
 
 PREFILL_RUNS = 3  # a prefill is one run of 0.2-0.8 s: single runs moved by ~5% between engines
@@ -1059,6 +1066,7 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
         res["decode"] = _decode_ms(eng, ids)
         if res.get("floor_ms"):
             res["decode"]["fraction_of_floor"] = res["floor_ms"] / res["decode"]["ms_per_token"]
+        res["decode_sampled"] = {label: _decode_ms(eng, ids, **kw) for label, kw in SAMPLED_DECODE.items()}
         res["prefill"] = _prefill_tok_s(eng, ids, deadline)
     log("verify widths")  # as speculative decoding verifies: without the prefill GEMM
     with bench_engine(path, dut, threads, {"LUCE_GPU_PREFILL_GEMM": "0"}) as eng:
@@ -1168,7 +1176,7 @@ def profile_steps(path: Path, dut: str, threads: int, ids, profile_path: Path) -
         with open(profile_path, "a") as f:
             f.write("## decode: 16-token prompt, 8 greedy steps (prefill included)\n")
         with Engine(path, device=dut, threads=threads, ctx_size=1024) as eng:
-            greedy(eng, ids[:16], 8)
+            plain_generate(eng, ids[:16], 8)
         with open(profile_path, "a") as f:
             f.write("\n## verify: 64-token prompt, then 3 steps of 16 tokens with 16 logits rows (prefill included; "
                     "LUCE_GPU_PREFILL_GEMM=0, as speculative verify steps)\n")
@@ -1660,6 +1668,8 @@ def _bench_lines(b: dict | None) -> list[str]:
     if d:
         lines.append(f"- decode (step graphs): {d['tok_s']:.1f} tok/s, {d['ms_per_token']:.2f} ms/token"
                      + (f", {100 * d['fraction_of_floor']:.0f}% of the floor" if "fraction_of_floor" in d else ""))
+    for label, ds in (b.get("decode_sampled") or {}).items():
+        lines.append(f"- decode sampled ({label}): {ds['tok_s']:.1f} tok/s, {ds['ms_per_token']:.2f} ms/token")
     for key, what in (("decode_eager", "without step graphs (LUCE_GPU_GRAPHS=0)"),
                       ("decode_no_pdl", "without programmatic dependent launch (LUCE_GPU_PDL=0)")):
         dg = b.get(key)
