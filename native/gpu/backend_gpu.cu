@@ -85,8 +85,38 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     name_ = std::string("cuda:") + prop.name;
 #endif
     LUCE_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    // Switches, read once per backend (docs/gpu.md lists them).
+    read_switches(prop);
+    argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
+    // No pinned memory (locked-memory limits): uploads stay pageable, which is only slower.
+    void *pinned = nullptr;
+    if (cudaHostAlloc(&pinned, STAGING_BYTES, cudaHostAllocDefault) == cudaSuccess) staging_ = static_cast<char *>(pinned);
+    else (void)cudaGetLastError();
+}
+
+// Switches, read once per backend (docs/gpu.md lists them).
+void GpuBackend::read_switches(const cudaDeviceProp &prop) {
     exact_kernels_ = env_is("LUCE_GPU_KERNELS", "exact");
+    choose_matmul_kernels(prop);
+    attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
+    fused_attn_ = env_is("LUCE_GPU_FUSED_ATTN", "1");
+    gpu::long_row_unroll = env_is("LUCE_GPU_LONG_ROW_UNROLL", "9") ? 9 : 8;
+    // Programmatic dependent launch (gpu_compat.h): Hopper and later, unless LUCE_GPU_PDL=0.
+#if !defined(LUCE_HIP)
+    gpu::dependent_launch = prop.major >= 9 && !env_is("LUCE_GPU_PDL", "0");
+    gpu::frag_bulk_copies = gpu::bulk::bulk_copies_supported(prop.major) && !env_is("LUCE_GPU_BULK", "0");
+    gpu::frag_bulk_tensor = !env_is("LUCE_GPU_BULK", "rows");
+#endif
+    delta_kernel_ = env_is("LUCE_GPU_DELTANET_REG", "0")     ? gpu::DeltaKernel::memory
+                    : env_is("LUCE_GPU_DELTANET_EARLY", "1") ? gpu::DeltaKernel::registers_early
+                                                             : gpu::DeltaKernel::registers;
+    if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
+        profile_ = std::make_unique<gpu::OpProfile>(prof);
+    // Step graphs unless LUCE_GPU_GRAPHS=0, and never under the profiler, whose per-op events
+    // need the ops launched one by one.
+    graphs_ = !env_is("LUCE_GPU_GRAPHS", "0") && !profile_;
+}
+
+void GpuBackend::choose_matmul_kernels(const cudaDeviceProp &prop) {
     // The dp4a and tensor-core int8 kernels give the same bits, so the width (and the weights)
     // pick one: tensor cores from MMA_MIN_TOKENS up where the device has them, fragments staged
     // per warp where gpu::mma_frag_serves says that measured faster, column groups staged per
@@ -120,28 +150,6 @@ GpuBackend::GpuBackend(int device_index) : device_(device_index) {
     }
     mma_kernel_ = forced == "frag" ? MmaKernel::frag : forced == "staged" ? MmaKernel::staged
                 : forced == "gemm" ? MmaKernel::gemm : MmaKernel::by_shape;
-    attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
-    fused_attn_ = env_is("LUCE_GPU_FUSED_ATTN", "1");
-    gpu::long_row_unroll = env_is("LUCE_GPU_LONG_ROW_UNROLL", "9") ? 9 : 8;
-    // Programmatic dependent launch (gpu_compat.h): Hopper and later, unless LUCE_GPU_PDL=0.
-#if !defined(LUCE_HIP)
-    gpu::dependent_launch = prop.major >= 9 && !env_is("LUCE_GPU_PDL", "0");
-    gpu::frag_bulk_copies = gpu::bulk::bulk_copies_supported(prop.major) && !env_is("LUCE_GPU_BULK", "0");
-    gpu::frag_bulk_tensor = !env_is("LUCE_GPU_BULK", "rows");
-#endif
-    delta_kernel_ = env_is("LUCE_GPU_DELTANET_REG", "0")     ? gpu::DeltaKernel::memory
-                    : env_is("LUCE_GPU_DELTANET_EARLY", "1") ? gpu::DeltaKernel::registers_early
-                                                             : gpu::DeltaKernel::registers;
-    if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
-        profile_ = std::make_unique<gpu::OpProfile>(prof);
-    // Step graphs unless LUCE_GPU_GRAPHS=0, and never under the profiler, whose per-op events
-    // need the ops launched one by one.
-    graphs_ = !env_is("LUCE_GPU_GRAPHS", "0") && !profile_;
-    argmax_result_ = static_cast<int32_t *>(alloc(sizeof(int32_t)));
-    // No pinned memory (locked-memory limits): uploads stay pageable, which is only slower.
-    void *pinned = nullptr;
-    if (cudaHostAlloc(&pinned, STAGING_BYTES, cudaHostAllocDefault) == cudaSuccess) staging_ = static_cast<char *>(pinned);
-    else (void)cudaGetLastError();
 }
 
 GpuBackend::~GpuBackend() {

@@ -94,6 +94,8 @@ public:
     int warp_size() const { return warp_; }
 
 private:
+    void read_switches(const cudaDeviceProp &prop);          // the LUCE_GPU_* environment (docs/gpu.md)
+    void choose_matmul_kernels(const cudaDeviceProp &prop);  // which int8 kernel serves which width
     bool owns(const void *p) const;  // p lies inside one of our allocations
     void matmul_launch(const float *x, int T, const MatmulOut *out, int n);  // one type and width
     void grow(void *&buf, size_t &bytes, size_t need);  // scratch of at least `need` bytes
