@@ -59,6 +59,18 @@ constexpr int HEAP_RANK_MAX = 4096;
 // short: a trained model's top-p set is mostly a few dozen tokens.
 constexpr int NUCLEUS_FIRST = 64, NUCLEUS_GROWTH = 8;
 
+// The top-p cut over ranked candidates: adds weight(i) / sum to mass for i = from .. to-1 and
+// returns i + 1 at the first i where the mass reaches top_p; 0 if it does not (or top_p is 1).
+template <class Weight>
+int reach_top_p(const Weight &weight, int from, int to, double sum, float top_p, double &mass) {
+    if (top_p >= 1.f) return 0;
+    for (int i = from; i < to; ++i) {
+        mass += weight(i) / sum;
+        if (mass >= double(top_p)) return i + 1;
+    }
+    return 0;
+}
+
 }  // namespace
 
 void Ranking::reset(const float *scores, int n) {
@@ -107,6 +119,22 @@ const int32_t *Ranking::best(int m) {
     return ids_.data();
 }
 
+namespace {
+
+// The nucleus over a whole row whose weights w (by id) sum to sum: candidates are ranked a batch at
+// a time until the prefix's mass reaches top_p. Returns its size (n when rounding keeps the mass
+// short); ranking.best(size) then gives its ids without ranking again.
+int nucleus(Ranking &ranking, int n, const float *w, double sum, float top_p) {
+    double mass = 0.0;
+    for (int ranked = 0, m = std::min(n, NUCLEUS_FIRST);; ranked = m, m = std::min(n, m * NUCLEUS_GROWTH)) {
+        const int32_t *ids = ranking.best(m);
+        if (const int keep = reach_top_p([&](int i) { return w[ids[i]]; }, ranked, m, sum, top_p, mass)) return keep;
+        if (m == n) return n;
+    }
+}
+
+}  // namespace
+
 // ---- Sampler -------------------------------------------------------------------------------------
 
 Sampler::Sampler(const SamplerParams &p, uint64_t seed, int n_vocab)
@@ -140,18 +168,9 @@ int32_t Sampler::sample_ranked(const int32_t *ids, const float *values, int k) {
         sum += probs_[size_t(i)];
     }
     // Nucleus: the smallest prefix whose probability mass reaches top_p.
-    int keep = k;
-    if (p_.top_p < 1.f) {
-        double mass = 0.0;
-        for (int i = 0; i < k; ++i) {
-            mass += probs_[size_t(i)] / sum;
-            if (mass >= double(p_.top_p)) {
-                keep = i + 1;
-                break;
-            }
-        }
-    }
-    return draw(ids, probs_.data(), keep);
+    double mass = 0.0;
+    const int keep = reach_top_p([&](int i) { return probs_[size_t(i)]; }, 0, k, sum, p_.top_p, mass);
+    return draw(ids, probs_.data(), keep ? keep : k);
 }
 
 // top-p over the whole vocabulary: the weights of every id (their sum, in id order, normalises the
@@ -162,18 +181,9 @@ int32_t Sampler::sample_nucleus(const float *logits, float inv_t) {
     double sum = 0.0;
     for (int i = 0; i < n; ++i) sum += (probs_[size_t(i)] = std::exp((logits[i] - top) * inv_t));
     ranking_.reset(logits, n);
-    const int32_t *ids = nullptr;
-    double mass = 0.0;
-    int keep = 0;
-    for (int ranked = 0, m = std::min(n, NUCLEUS_FIRST); keep == 0; m = std::min(n, m * NUCLEUS_GROWTH)) {
-        ids = ranking_.best(m);
-        for (; ranked < m && keep == 0; ++ranked) {
-            weights_[size_t(ranked)] = probs_[size_t(ids[ranked])];
-            mass += weights_[size_t(ranked)] / sum;
-            if (mass >= double(p_.top_p)) keep = ranked + 1;
-        }
-        if (keep == 0 && m == n) keep = n;  // the mass fell short of top_p by rounding: everything
-    }
+    const int keep = nucleus(ranking_, n, probs_.data(), sum, p_.top_p);
+    const int32_t *ids = ranking_.best(keep);
+    for (int i = 0; i < keep; ++i) weights_[size_t(i)] = probs_[size_t(ids[i])];
     return draw(ids, weights_.data(), keep);
 }
 
@@ -192,6 +202,13 @@ int32_t Sampler::draw(const int32_t *ids, const float *w, int keep) {
 
 namespace {
 
+// probs[ids[i]] /= their sum, i < keep (summed in rank order).
+void renormalise(const int32_t *ids, int keep, float *probs) {
+    double kept = 0.0;
+    for (int i = 0; i < keep; ++i) kept += probs[ids[i]];
+    for (int i = 0; i < keep; ++i) probs[ids[i]] = float(probs[ids[i]] / kept);
+}
+
 // target_probs over k candidates already ranked (best first), value(i) the logit of ids[i]:
 // everything else is zero.
 template <class Value>
@@ -200,18 +217,11 @@ void ranked_probs(const int32_t *ids, const Value &value, int k, int V, const Sa
     const float top = value(0);
     double sum = 0.0;
     for (int i = 0; i < k; ++i) sum += (probs[ids[i]] = std::exp((value(i) - top) / p.temperature));
-    int keep = k;
-    double mass = 0.0, kept = 0.0;
-    for (int i = 0; i < k; ++i) {
-        mass += probs[ids[i]] / sum;
-        kept += probs[ids[i]];
-        if (p.top_p < 1.f && mass >= double(p.top_p)) {
-            keep = i + 1;
-            break;
-        }
-    }
+    double mass = 0.0;
+    int keep = reach_top_p([&](int i) { return probs[ids[i]]; }, 0, k, sum, p.top_p, mass);
+    keep = keep ? keep : k;
     for (int i = keep; i < k; ++i) probs[ids[i]] = 0.f;
-    for (int i = 0; i < keep; ++i) probs[ids[i]] = float(probs[ids[i]] / kept);
+    renormalise(ids, keep, probs);
 }
 
 }  // namespace
@@ -229,27 +239,16 @@ void target_probs(const float *logits, int V, const SamplerParams &p, Ranking &r
         for (int i = 0; i < V; ++i) probs[i] = float(probs[i] / sum);
         return;
     }
-    // The nucleus, its candidates ranked a batch at a time.
     ranking.reset(logits, V);
-    const int32_t *ids = nullptr;
-    int keep = 0;
-    double mass = 0.0, kept = 0.0;
-    for (int ranked = 0, m = std::min(V, NUCLEUS_FIRST); keep == 0; m = std::min(V, m * NUCLEUS_GROWTH)) {
-        ids = ranking.best(m);
-        for (; ranked < m && keep == 0; ++ranked) {
-            mass += probs[ids[ranked]] / sum;
-            kept += probs[ids[ranked]];
-            if (mass >= double(p.top_p)) keep = ranked + 1;
-        }
-        if (keep == 0 && m == V) keep = V;
-    }
+    const int keep = nucleus(ranking, V, probs, sum, p.top_p);
+    const int32_t *ids = ranking.best(keep);
     // Every id ranked below the nucleus' last one drops out (ties: the higher ids); the kept
     // ones are renormalised.
     const int32_t last = ids[keep - 1];
     const float at = logits[last];
     for (int i = 0; i < V; ++i)
         if (logits[i] < at || (logits[i] == at && i > last)) probs[i] = 0.f;
-    for (int i = 0; i < keep; ++i) probs[ids[i]] = float(probs[ids[i]] / kept);
+    renormalise(ids, keep, probs);
 }
 
 void target_probs_ranked(const int32_t *ids, const float *values, int k, int V, const SamplerParams &p,
