@@ -237,7 +237,7 @@ int64_t topk_scratch_bytes(int n_rows, int64_t n, int k) {
 void topk_rows(cudaStream_t stream, const float *x, int n_rows, int64_t n, int k, int32_t *ids, float *vals,
                void *scratch) {
     if (n_rows < 1) return;
-    if (k < 1 || k > 256 || k > n) fail(LUCE_ERR_INTERNAL, "topk_rows: k = %d of %lld values", k, (long long)n);
+    if (k < 1 || k > Backend::MAX_TOP_K || k > n) fail(LUCE_ERR_INTERNAL, "topk_rows: k = %d of %lld values", k, (long long)n);
     const int64_t n_chunk = (n + TOPK_CHUNK - 1) / TOPK_CHUNK, n_cand = n_chunk * k;
     auto *cand_ids = static_cast<int32_t *>(scratch);
     auto *cand_vals = reinterpret_cast<float *>(cand_ids + int64_t(n_rows) * n_cand);

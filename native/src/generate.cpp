@@ -92,6 +92,24 @@ void check_generate_request(const Session &s, const int32_t *prompt, int n_promp
              n_prompt, p.max_tokens, s.n_ctx, s.n_past);
 }
 
+TopKRows::TopKRows(Backend &be, int max_rows, int k) : be_(be), buffers_(be), k_(k) {
+    if (k == 0) return;
+    dev_ = buffers_.array<uint32_t>(2 * size_t(max_rows) * k);
+    host_.resize(2 * size_t(max_rows) * k);
+}
+
+void TopKRows::fetch(const float *rows, int n_rows, int64_t n_vocab) {
+    n_rows_ = n_rows;
+    const size_t n = size_t(n_rows) * k_;
+    be_.topk_rows(rows, n_rows, n_vocab, k_, reinterpret_cast<int32_t *>(dev_), reinterpret_cast<float *>(dev_ + n));
+    be_.download(host_.data(), dev_, 2 * n * sizeof(uint32_t));
+}
+
+int backend_top_k(const luce_generate_params &p, int64_t n_vocab) {
+    const bool ranked = p.temperature > 0.f && p.top_k > 0 && p.top_k < n_vocab && p.top_k <= Backend::MAX_TOP_K;
+    return ranked ? p.top_k : 0;
+}
+
 luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce_generate_params &p,
                      luce_token_callback callback, void *user_data, int32_t *out_tokens,
                      int out_capacity, luce_generate_stats *stats) {
@@ -103,22 +121,14 @@ luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce
     auto choose = [&]() -> int32_t {
         return p.temperature == 0.f ? be.argmax(logits.data(), V) : sampler.sample(logits.data());
     };
-    // Sampled decoding with a top-k of at most Backend::MAX_TOP_K ranks each step's row where its
-    // logits are, and only the k candidates come back: 8 bytes each instead of the whole row (1 MB
-    // for a 248k vocabulary, a host copy per token on a GPU); the sampler draws from them exactly
-    // as from the row.
-    const int k = p.temperature > 0.f && p.top_k > 0 && p.top_k < V && p.top_k <= Backend::MAX_TOP_K ? p.top_k : 0;
-    BackendBuffers dev(be);
-    int32_t *dev_ids = k ? dev.array<int32_t>(size_t(k)) : nullptr;
-    float *dev_vals = k ? dev.array<float>(size_t(k)) : nullptr;
-    std::vector<int32_t> cand_ids(static_cast<size_t>(k));
-    std::vector<float> cand_vals(static_cast<size_t>(k));
+    // With a backend top-k only the k candidates come back each step: 8 bytes each instead of
+    // the whole row (1 MB for a 248k vocabulary, a host copy per token on a GPU); the sampler
+    // draws from them exactly as from the row.
+    TopKRows top_k(be, 1, backend_top_k(p, V));
     // One decode step of a sampled run whose top-k the backend ranks.
     auto step_top_k = [&](int32_t token) -> int32_t {
-        be.topk_rows(forward_step_rows(s, &token, 1, 0, nullptr), 1, V, k, dev_ids, dev_vals);
-        be.download(cand_ids.data(), dev_ids, sizeof(int32_t) * size_t(k));
-        be.download(cand_vals.data(), dev_vals, sizeof(float) * size_t(k));
-        return sampler.sample_ranked(cand_ids.data(), cand_vals.data(), k);
+        top_k.fetch(forward_step_rows(s, &token, 1, 0, nullptr), 1, V);
+        return sampler.sample_ranked(top_k.ids(0), top_k.values(0), top_k.k());
     };
     auto is_stop = [&](int32_t id) {
         return !p.ignore_eos && std::find(p.stop_ids, p.stop_ids + p.n_stop_ids, id) != p.stop_ids + p.n_stop_ids;
@@ -153,7 +163,7 @@ luce_status generate(Session &s, const int32_t *prompt, int n_prompt, const luce
             next = forward_step_greedy(s, next);
             continue;
         }
-        if (k) {
+        if (top_k.k()) {
             next = step_top_k(next);
             continue;
         }

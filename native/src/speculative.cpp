@@ -293,13 +293,7 @@ struct SpecLoop {
     HiddenCapture capture;
     SamplerParams sampler;  // the target's distribution (sampled runs)
     Ranking ranking;
-    // Sampled runs with a top-k of at most Backend::MAX_TOP_K: k. The backend ranks each verify
-    // row where the logits are and only the k candidates come back (else the whole rows).
-    int top_k_rows;
-    int32_t *dev_cand_ids = nullptr;
-    float *dev_cand_vals = nullptr;
-    std::vector<int32_t> cand_ids;
-    std::vector<float> cand_vals;
+    TopKRows top_k;  // backend_top_k: each verify row's k candidates come back, not the row
     Rng rng;
     ChainSampling chain_sampling;
     AdaptivePolicy policy;
@@ -315,20 +309,14 @@ struct SpecLoop {
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
           ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
           sampler{p_.temperature, p_.top_k, p_.top_p},
-          top_k_rows(sampled && p_.top_k > 0 && p_.top_k < V && p_.top_k <= Backend::MAX_TOP_K ? p_.top_k : 0),
+          top_k(be, W, backend_top_k(p_, V)),
           rng(p_.seed), chain_sampling{p_.temperature, &rng, nullptr}, policy(!p_.no_adaptive && !sampled) {
         taps = dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
         dev_ids = dev.array<int32_t>(size_t(MAX_STEP));
         row_ids.resize(size_t(MAX_STEP));
-        logits.resize(sampled && !top_k_rows ? size_t(W) * V : 0);
-        if (top_k_rows) {
-            dev_cand_ids = dev.array<int32_t>(size_t(W) * top_k_rows);
-            dev_cand_vals = dev.array<float>(size_t(W) * top_k_rows);
-            cand_ids.resize(size_t(W) * top_k_rows);
-            cand_vals.resize(size_t(W) * top_k_rows);
-        }
+        logits.resize(sampled && !top_k.k() ? size_t(W) * V : 0);
         q_probs.resize(sampled ? size_t(q_max) * V : 0);
         p_row.resize(size_t(V));
         conf.resize(size_t(B));
@@ -352,19 +340,17 @@ struct SpecLoop {
 
     // The target over toks (T rows, taps captured); what each row r >= row0 says next is then
     // row_ids[r - row0] (greedy: argmax on the backend, so a GPU step downloads indices, not
-    // (T - row0) vocabulary rows), or (sampled) the rows' top-k candidates in cand_ids /
-    // cand_vals, or without a top-k the logits in `logits`.
+    // (T - row0) vocabulary rows), or (sampled) the rows' top-k candidates in top_k, or
+    // without a top-k the logits in `logits`.
     void run_target(const int32_t *toks, int T, int row0) {
         const int n = T - row0;
-        if (sampled && !top_k_rows) {
+        if (sampled && !top_k.k()) {
             forward_step(s, toks, T, logits.data(), row0, &capture);
             return;
         }
         const float *rows = forward_step_rows(s, toks, T, row0, &capture);
         if (sampled) {
-            be.topk_rows(rows, n, V, top_k_rows, dev_cand_ids, dev_cand_vals);
-            be.download(cand_ids.data(), dev_cand_ids, sizeof(int32_t) * size_t(n) * top_k_rows);
-            be.download(cand_vals.data(), dev_cand_vals, sizeof(float) * size_t(n) * top_k_rows);
+            top_k.fetch(rows, n, V);
             return;
         }
         be.argmax_rows(rows, n, V, dev_ids);
@@ -372,9 +358,8 @@ struct SpecLoop {
     }
     // The target's distribution after row r of the last run_target (sampled), into p_row.
     void target_row_probs(int r) {
-        if (!top_k_rows) return target_probs(logits.data() + size_t(r) * V, V, sampler, ranking, p_row.data());
-        const size_t at = size_t(r) * top_k_rows;
-        target_probs_ranked(cand_ids.data() + at, cand_vals.data() + at, top_k_rows, V, sampler, p_row.data());
+        if (!top_k.k()) return target_probs(logits.data() + size_t(r) * V, V, sampler, ranking, p_row.data());
+        target_probs_ranked(top_k.ids(r), top_k.values(r), top_k.k(), V, sampler, p_row.data());
     }
     // The next token after row r of the last run_target.
     int32_t choose(int r) {
