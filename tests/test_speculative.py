@@ -209,10 +209,30 @@ def test_sampled_tokens_follow_the_target_distribution(pair, name, tmp_path):
     assert pvalue > 1e-3, (chi2, pvalue, len(exp))
     if name == "informed":  # both branches of the rejection sampler ran many times
         assert accepted > draws // 4 and rejected > draws // 20, (accepted, rejected)
-    elif name.startswith("dflash2"):  # the logit transform is monotonic: the same 8 candidates
-        assert accepted == 0 and rejected > 0
-    else:
-        assert accepted > 0
+    else:  # random drafters: the residual branch runs (their top-3 proposals rarely meet p's)
+        assert rejected > 0
+
+
+# Proposals are drawn from the target sampler's own distribution over the drafter's scores: with a
+# top-k of 1 (or a nucleus too small to hold two tokens) q is one-hot on the drafter's best token
+# and p on the target's, so a sampled run must be the greedy run: the same tokens AND the same
+# accepted drafts, step for step. Had q ignored the truncation, drafts would be random draws, and
+# the informed drafter (whose first proposal is the target's argmax with q ~ 0.9) would lose some.
+@pytest.mark.parametrize("truncation", [{"top_k": 1}, {"top_p": 1e-6}], ids=["top_k=1", "top_p=1e-6"])
+def test_one_token_truncation_makes_sampled_drafting_greedy(pair, tmp_path, truncation):
+    prompt = PROMPTS["short"]
+    drafters = dict(pair.drafters, informed=informed_dspark(tmp_path, pair.target, prompt, 1, 1.0))
+    for name in ("informed", "dflash", "dflash2", "dspark"):
+        with Engine(pair.target, threads=1, draft=drafters[name]) as eng:
+            greedy = eng.generate(prompt_ids=prompt, max_tokens=12, ignore_eos=True, adaptive=False)
+            for seed in range(40 if name == "informed" else 3):
+                g = eng.generate(prompt_ids=prompt, max_tokens=12, ignore_eos=True, adaptive=False,
+                                 temperature=1.0, seed=seed, **truncation)
+                assert g.tokens == greedy.tokens, (name, seed)
+                assert (g.stats["n_drafted"], g.stats["n_accepted"]) == \
+                    (greedy.stats["n_drafted"], greedy.stats["n_accepted"]), (name, seed)
+        if name == "informed":
+            assert greedy.stats["n_accepted"] > 0  # the first proposal is taken
 
 
 # ---- refusals ----------------------------------------------------------------------------------

@@ -8,8 +8,9 @@
 //   DSpark:   logits_t = U_t + W2 W1[prev];  token_t = argmax;  prev = token_t;
 //             confidence c_t = sigmoid(w . [h_t ; W1[prev_t]] + b)  (or w . h_t + b when C = E),
 //             computed with prev_t (before token_t is known).
-// Sampled chains (temperature T > 0) draw token_t ~ q_t = softmax(scores_t / T) over the same
-// candidate set (DFlash 2: the k candidates, zero elsewhere) and report q_t for verification.
+// Sampled chains (temperature T > 0) draw token_t ~ q_t = the target sampler's distribution over
+// the same candidate scores (softmax(scores_t / T) within its top-k and nucleus; DFlash 2: among
+// the selector's k candidates, zero elsewhere) and report q_t for verification.
 //
 // Where the host takes part (everything else is Backend ops on backend memory, DraftHeads):
 //   DFlash greedy: argmax_rows on the device, n ids come back. DSpark greedy: each row's argmax
@@ -18,51 +19,69 @@
 //   computes every row's top-k candidates and the pair terms <pred[a] * hproj_t, succ[b]> for all
 //   a in C_{t-1} (the possible predecessors; the anchor for t = 0) and b in C_t; the walk itself,
 //   a choice among k values per row, runs on the host over those n x k x k floats.
-//   Sampled chains (T > 0) download each row's scores, since the proposal distribution q_t must be
-//   on the host for rejection sampling anyway.
+//   Sampled chains (T > 0) bring each row's candidates to the host, where q_t is needed for
+//   rejection sampling anyway: with the sampler's top-k on the backend (backend_top_k) only its k
+//   ranked candidates come back, else the whole row of scores.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
 #include "drafter.h"
 #include "errors.h"
+#include "generate.h"
 #include "sampling.h"
 
 namespace luce {
 
 namespace {
 
-// q = softmax(scores / T) over ids (n of them), scattered into a zeroed q_row [V]; draws one id.
-int32_t sample_softmax(const float *scores, const int32_t *ids, int n, float T, Rng &rng, float *q_row, int V) {
-    float top = *std::max_element(scores, scores + n);
-    thread_local std::vector<double> p;  // scratch that only grows: no allocation per step
-    p.resize(size_t(n));
-    double sum = 0.0;
-    for (int i = 0; i < n; ++i) sum += (p[size_t(i)] = std::exp(double(scores[i] - top) / T));
-    if (q_row) {
-        std::fill(q_row, q_row + V, 0.f);
-        for (int i = 0; i < n; ++i) q_row[ids ? ids[i] : i] = float(p[size_t(i)] / sum);
+// A sampled proposal: q = the target sampler's distribution over candidate scores, into q_row [V];
+// one id drawn from it. From a whole host row of scores:
+int32_t propose(const float *scores, int V, const ChainSampling &smp, float *q_row) {
+    thread_local Ranking ranking;
+    target_probs(scores, V, smp.params, ranking, q_row);
+    return draw_weighted(q_row, V, *smp.rng);
+}
+
+// From k candidates already ranked (best first, ties to the lower id) with their scores.
+int32_t propose_ranked(const int32_t *ids, const float *scores, int k, int V, const ChainSampling &smp,
+                       float *q_row) {
+    if (smp.params.top_k > 0) k = std::min(k, smp.params.top_k);
+    target_probs_ranked(ids, scores, k, V, smp.params, q_row);
+    return draw_weighted(ids, k, q_row, *smp.rng);
+}
+
+// Sampled proposals for n rows of backend scores U [n][V] into tokens[n], their q into
+// smp.q_out + q_row0 * V on: all n ranked on the backend in one call where the sampler's top-k
+// allows it, else each row downloaded.
+void propose_rows(DraftHeads &hd, const float *U, int n, int q_row0, const ChainSampling &smp, int32_t *tokens) {
+    const int V = hd.V;
+    TopKRows *top = smp.top_k && smp.top_k->k() ? smp.top_k : nullptr;
+    if (top) top->fetch(U, n, V);
+    for (int t = 0; t < n; ++t) {
+        float *q = smp.q_out + int64_t(q_row0 + t) * V;
+        if (top) {
+            tokens[t] = propose_ranked(top->ids(t), top->values(t), top->k(), V, smp, q);
+            continue;
+        }
+        hd.be.download(hd.h_row.data(), U + int64_t(t) * V, sizeof(float) * size_t(V));
+        tokens[t] = propose(hd.h_row.data(), V, smp, q);
     }
-    double u = rng.uniform() * sum;
-    for (int i = 0; i < n; ++i) {
-        u -= p[size_t(i)];
-        if (u < 0.0) return ids ? ids[i] : i;
-    }
-    return ids ? ids[n - 1] : n - 1;
 }
 
 void dflash_chain(DraftHeads &hd, int n_rows, int32_t *tokens, const ChainSampling *smp) {
-    const int V = hd.V;
-    if (!(smp && smp->temperature > 0.f)) {
-        hd.be.argmax_rows(hd.U, n_rows, V, hd.tok);
-        hd.be.download(tokens, hd.tok, sizeof(int32_t) * size_t(n_rows));
-        return;
-    }
-    for (int t = 0; t < n_rows; ++t) {
-        hd.be.download(hd.h_row.data(), hd.U + int64_t(t) * V, sizeof(float) * size_t(V));
-        float *q = smp->q_out ? smp->q_out + int64_t(t) * V : nullptr;
-        tokens[t] = sample_softmax(hd.h_row.data(), nullptr, V, smp->temperature, *smp->rng, q, V);
-    }
+    if (smp) return propose_rows(hd, hd.U, n_rows, 0, *smp, tokens);
+    hd.be.argmax_rows(hd.U, n_rows, hd.V, hd.tok);
+    hd.be.download(tokens, hd.tok, sizeof(int32_t) * size_t(n_rows));
+}
+
+// Indices 0..k-1 of candidates (ids, scores) in rank order: score descending, ties to the lower id.
+void rank_candidates(const int32_t *ids, const float *scores, int k, std::vector<int32_t> &order) {
+    order.resize(size_t(k));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return scores[a] > scores[b] || (scores[a] == scores[b] && ids[a] < ids[b]);
+    });
 }
 
 void selector_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_rows, int32_t anchor,
@@ -85,15 +104,24 @@ void selector_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n
     be.download(hd.h_vals.data(), hd.vals, sizeof(float) * size_t(nk));
     be.download(hd.h_pairs.data(), hd.pairs, sizeof(float) * size_t(nk) * size_t(k));
     std::vector<float> &scores = hd.h_row;  // [k]
+    thread_local std::vector<int32_t> order, ranked_ids;
+    thread_local std::vector<float> ranked_scores;
+    ranked_ids.resize(size_t(k));
+    ranked_scores.resize(size_t(k));
     int a = 0;  // index of the predecessor in its candidate row
     for (int t = 0; t < n_rows; ++t) {
         const int32_t *ids = hd.h_ids.data() + int64_t(t) * k;
         const float *U = hd.h_vals.data() + int64_t(t) * k, *pair = hd.h_pairs.data() + (int64_t(t) * k + a) * k;
         for (int b = 0; b < k; ++b) scores[size_t(b)] = U[b] + pair[b];
         int best = 0;
-        if (smp && smp->temperature > 0.f) {
-            float *q = smp->q_out ? smp->q_out + int64_t(t) * V : nullptr;
-            const int32_t id = sample_softmax(scores.data(), ids, k, smp->temperature, *smp->rng, q, V);
+        if (smp) {
+            rank_candidates(ids, scores.data(), k, order);
+            for (int i = 0; i < k; ++i) {
+                ranked_ids[size_t(i)] = ids[order[size_t(i)]];
+                ranked_scores[size_t(i)] = scores[size_t(order[size_t(i)])];
+            }
+            const int32_t id = propose_ranked(ranked_ids.data(), ranked_scores.data(), k, V, *smp,
+                                              smp->q_out + int64_t(t) * V);
             while (ids[best] != id) ++best;
         } else {
             for (int b = 1; b < k; ++b)  // ties -> smaller id
@@ -110,7 +138,6 @@ void markov_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_r
                   float *confidence, const ChainSampling *smp) {
     Backend &be = hd.be;
     const int V = hd.V, R = hd.R, E = d.hp.n_embd;
-    const bool sampled = smp && smp->temperature > 0.f;
     const bool gate = confidence && d.hp.confidence_dim > 0;
     be.upload(hd.tok, &anchor, sizeof anchor);
     for (int t = 0; t < n_rows; ++t) {
@@ -121,13 +148,12 @@ void markov_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_r
                           d.hp.confidence_dim > E ? R : 0, hd.conf + t);
         be.matmul(d.markov_w2, hd.e, 1, hd.bias, V);
         be.add(U, hd.bias, V);
-        if (!sampled) {
+        if (!smp) {
             be.argmax_rows(U, 1, V, hd.tok + t + 1);
             continue;
         }
-        be.download(hd.h_row.data(), U, sizeof(float) * size_t(V));
-        float *q = smp->q_out ? smp->q_out + int64_t(t) * V : nullptr;
-        const int32_t id = sample_softmax(hd.h_row.data(), nullptr, V, smp->temperature, *smp->rng, q, V);
+        int32_t id;
+        propose_rows(hd, U, 1, t, *smp, &id);
         be.upload(hd.tok + t + 1, &id, sizeof id);
     }
     be.download(tokens, hd.tok + 1, sizeof(int32_t) * size_t(n_rows));
@@ -188,6 +214,8 @@ void draft_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n_ro
         fail(LUCE_ERR_INVALID_ARGUMENT, "n_rows = %d must be in 0..%d", n_rows, hd.rows);
     if (anchor < 0 || anchor >= V)
         fail(LUCE_ERR_INVALID_ARGUMENT, "anchor token %d is out of range (vocabulary has %d tokens)", anchor, V);
+    if (smp && !(smp->params.temperature > 0.f)) smp = nullptr;  // greedy: the heads take argmaxes
+    if (smp && !(smp->rng && smp->q_out)) fail(LUCE_ERR_INVALID_ARGUMENT, "a sampled chain needs an RNG and q_out");
     if (n_rows == 0) return;
     draft_unary_logits(d, hidden, n_rows, hd.U);
     if (d.hp.kind == DRAFT_DSPARK) {

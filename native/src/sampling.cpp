@@ -270,4 +270,18 @@ int32_t draw_weighted(const float *w, int V, Rng &rng) {
     return last;
 }
 
+int32_t draw_weighted(const int32_t *ids, int k, const float *w, Rng &rng) {
+    double sum = 0.0;
+    for (int i = 0; i < k; ++i) sum += w[ids[i]];
+    double u = rng.uniform() * sum;
+    int32_t last = ids[0];
+    for (int i = 0; i < k; ++i) {
+        if (w[ids[i]] <= 0.f) continue;
+        last = ids[i];
+        u -= w[ids[i]];
+        if (u < 0.0) return ids[i];
+    }
+    return last;
+}
+
 }  // namespace luce

@@ -86,5 +86,9 @@ void target_probs_ranked(const int32_t *ids, const float *values, int k, int n_v
 
 // One draw from unnormalised weights w[0..n) in id order (u = uniform * sum, then the walk).
 int32_t draw_weighted(const float *w, int n, Rng &rng);
+// The same over the candidates ids[0..k) only, walked in that order (best first after a ranking),
+// w indexed by id: what target_probs_ranked's probabilities are drawn from without a pass over
+// the vocabulary.
+int32_t draw_weighted(const int32_t *ids, int k, const float *w, Rng &rng);
 
 }  // namespace luce

@@ -10,7 +10,8 @@
 //   3. accept (greedy): n = longest prefix with d_{i+1} == argmax(row i); bonus = argmax(row n)
 //      (the rows' argmax ids are formed by the backend, where the logits are: run_target).
 //      accept (sampled, T > 0): standard rejection sampling. Row i's target distribution p_i
-//              (the sampler's temperature/top-k/top-p) and the drafter's proposal q_i: accept
+//              (the sampler's temperature/top-k/top-p) and the drafter's proposal q_i (the same
+//              sampler over the drafter's scores, drafter.h ChainSampling): accept
 //              d_{i+1} with probability min(1, p_i(d)/q_i(d)); at the first rejection the bonus is
 //              drawn from normalize(max(p_i - q_i, 0)) (p_i if that has no mass); if all q are
 //              accepted the bonus is drawn from p_q. Each committed token then has exactly the
@@ -293,7 +294,8 @@ struct SpecLoop {
     HiddenCapture capture;
     SamplerParams sampler;  // the target's distribution (sampled runs)
     Ranking ranking;
-    TopKRows top_k;  // backend_top_k: each verify row's k candidates come back, not the row
+    TopKRows top_k;        // backend_top_k: each verify row's k candidates come back, not the row
+    TopKRows draft_top_k;  // the same for the drafter's proposal rows (sampled DFlash, DSpark)
     Rng rng;
     ChainSampling chain_sampling;
     AdaptivePolicy policy;
@@ -309,8 +311,8 @@ struct SpecLoop {
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
           ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
           sampler{p_.temperature, p_.top_k, p_.top_p},
-          top_k(be, W, backend_top_k(p_, V)),
-          rng(p_.seed), chain_sampling{p_.temperature, &rng, nullptr}, policy(!p_.no_adaptive && !sampled) {
+          top_k(be, W, backend_top_k(p_, V)), draft_top_k(be, q_max, backend_top_k(p_, V)), rng(p_.seed),
+          chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(!p_.no_adaptive && !sampled) {
         taps = dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
