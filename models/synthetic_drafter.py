@@ -10,6 +10,7 @@ usual drafter quantisation), norms and conv bases F32.
 
     python models/synthetic_drafter.py --shape 27b -o /tmp/dflash2-27b.gguf
     python models/synthetic_drafter.py --shape tiny -o /tmp/dflash2-tiny.gguf   # for the tiny target
+    python models/synthetic_drafter.py --shape 0.8b -o /tmp/dflash2-0.8b.gguf   # for the 0.8b target
 """
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ class DraftShape:
 SHAPES = {
     "27b": DraftShape("27b", 5, 32, 8, 128, 17408, (5, 19, 33, 47, 61)),
     "tiny": DraftShape("tiny", 2, 4, 2, 64, 512, (1, 3, 5), rank=32, top_k=8, window=64),
+    # Bound to the 0.8b target: Qwen's 248320-token vocabulary at a size a CPU steps through, for
+    # the host's share of a speculative step (sampling, acceptance) at the real vocabulary.
+    "0.8b": DraftShape("0.8b", 2, 8, 2, 128, 3584, (1, 11, 21)),
 }
 
 

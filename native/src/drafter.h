@@ -166,7 +166,7 @@ void draft_unary_logits(const Drafter &d, const float *hidden, int n_rows, float
 // tokens[n_rows] and confidence[n_rows] (DSpark sigmoid; may be null) are host memory.
 // Sampled chains (params.temperature > 0) draw each row's token from q = the target sampler's own
 // distribution (sampling.h: temperature, then top-k, then top-p) over the row's candidate scores,
-// and q_out[i] (host, [n_rows][V], required) receives row i's q for the rejection test. Truncating
+// and q_out[i] (host, n_rows of them, required) receives row i's q for the rejection test. Truncating
 // q as the target's p is truncated keeps proposals where p has mass: a draft outside p's top-k /
 // nucleus is always rejected. top_k (may be null): where its k() > 0 (backend_top_k) each row's
 // k candidates are ranked on the backend and only they come back, not the vocabulary row.
@@ -174,7 +174,7 @@ class TopKRows;
 struct ChainSampling {
     SamplerParams params;
     Rng *rng = nullptr;
-    float *q_out = nullptr;
+    Distribution *q_out = nullptr;
     TopKRows *top_k = nullptr;
 };
 void draft_chain(const Drafter &d, DraftHeads &heads, const float *hidden, int n_rows, int32_t anchor,

@@ -35,33 +35,31 @@ namespace luce {
 
 namespace {
 
-// A sampled proposal: q = the target sampler's distribution over candidate scores, into q_row [V];
-// one id drawn from it. From a whole host row of scores:
-int32_t propose(const float *scores, int V, const ChainSampling &smp, float *q_row) {
+// A sampled proposal: q = the target sampler's distribution over candidate scores; one id drawn
+// from it. From a whole host row of scores:
+int32_t propose(const float *scores, int V, const ChainSampling &smp, Distribution &q) {
     thread_local Ranking ranking;
-    target_probs(scores, V, smp.params, ranking, q_row);
-    return draw_weighted(q_row, V, *smp.rng);
+    target_probs(scores, V, smp.params, ranking, q);
+    return draw(q, *smp.rng);
 }
 
 // From k candidates already ranked (best first, ties to the lower id) with their scores.
-int32_t propose_ranked(const int32_t *ids, const float *scores, int k, int V, const ChainSampling &smp,
-                       float *q_row) {
-    if (smp.params.top_k > 0) k = std::min(k, smp.params.top_k);
-    target_probs_ranked(ids, scores, k, V, smp.params, q_row);
-    return draw_weighted(ids, k, q_row, *smp.rng);
+int32_t propose_ranked(const int32_t *ids, const float *scores, int k, const ChainSampling &smp, Distribution &q) {
+    target_probs_ranked(ids, scores, k, smp.params, q);
+    return draw(q, *smp.rng);
 }
 
 // Sampled proposals for n rows of backend scores U [n][V] into tokens[n], their q into
-// smp.q_out + q_row0 * V on: all n ranked on the backend in one call where the sampler's top-k
-// allows it, else each row downloaded.
+// smp.q_out[q_row0 ..]: all n ranked on the backend in one call where the sampler's top-k allows
+// it, else each row downloaded.
 void propose_rows(DraftHeads &hd, const float *U, int n, int q_row0, const ChainSampling &smp, int32_t *tokens) {
     const int V = hd.V;
     TopKRows *top = smp.top_k && smp.top_k->k() ? smp.top_k : nullptr;
     if (top) top->fetch(U, n, V);
     for (int t = 0; t < n; ++t) {
-        float *q = smp.q_out + int64_t(q_row0 + t) * V;
+        Distribution &q = smp.q_out[q_row0 + t];
         if (top) {
-            tokens[t] = propose_ranked(top->ids(t), top->values(t), top->k(), V, smp, q);
+            tokens[t] = propose_ranked(top->ids(t), top->values(t), top->k(), smp, q);
             continue;
         }
         hd.be.download(hd.h_row.data(), U + int64_t(t) * V, sizeof(float) * size_t(V));
@@ -120,8 +118,7 @@ void selector_chain(const Drafter &d, DraftHeads &hd, const float *hidden, int n
                 ranked_ids[size_t(i)] = ids[order[size_t(i)]];
                 ranked_scores[size_t(i)] = scores[size_t(order[size_t(i)])];
             }
-            const int32_t id = propose_ranked(ranked_ids.data(), ranked_scores.data(), k, V, *smp,
-                                              smp->q_out + int64_t(t) * V);
+            const int32_t id = propose_ranked(ranked_ids.data(), ranked_scores.data(), k, *smp, smp->q_out[t]);
             while (ids[best] != id) ++best;
         } else {
             for (int b = 1; b < k; ++b)  // ties -> smaller id

@@ -151,7 +151,7 @@ int32_t Sampler::sample(const float *logits) {
     if (k == n) {  // nothing truncated: every id in id order (the order does not change the distribution)
         const float top = *std::max_element(logits, logits + n);
         for (int i = 0; i < n; ++i) probs_[size_t(i)] = std::exp((logits[i] - top) * inv_t);
-        return draw(all_ids_.data(), probs_.data(), n);
+        return draw_weighted(all_ids_.data(), probs_.data(), n, rng_);
     }
     ranking_.reset(logits, n);
     const int32_t *ids = ranking_.best(k);
@@ -170,7 +170,7 @@ int32_t Sampler::sample_ranked(const int32_t *ids, const float *values, int k) {
     // Nucleus: the smallest prefix whose probability mass reaches top_p.
     double mass = 0.0;
     const int keep = reach_top_p([&](int i) { return probs_[size_t(i)]; }, 0, k, sum, p_.top_p, mass);
-    return draw(ids, probs_.data(), keep ? keep : k);
+    return draw_weighted(ids, probs_.data(), keep ? keep : k, rng_);
 }
 
 // top-p over the whole vocabulary: the weights of every id (their sum, in id order, normalises the
@@ -184,18 +184,7 @@ int32_t Sampler::sample_nucleus(const float *logits, float inv_t) {
     const int keep = nucleus(ranking_, n, probs_.data(), sum, p_.top_p);
     const int32_t *ids = ranking_.best(keep);
     for (int i = 0; i < keep; ++i) weights_[size_t(i)] = probs_[size_t(ids[i])];
-    return draw(ids, weights_.data(), keep);
-}
-
-int32_t Sampler::draw(const int32_t *ids, const float *w, int keep) {
-    double kept = 0.0;
-    for (int i = 0; i < keep; ++i) kept += w[i];
-    double u = rng_.uniform() * kept;
-    for (int i = 0; i < keep; ++i) {
-        u -= w[i];
-        if (u < 0.0) return ids[i];
-    }
-    return ids[keep - 1];  // u landed on the rounding edge
+    return draw_weighted(ids, weights_.data(), keep, rng_);
 }
 
 // ---- explicit probabilities ------------------------------------------------------------------------
@@ -209,19 +198,20 @@ void renormalise(const int32_t *ids, int keep, float *probs) {
     for (int i = 0; i < keep; ++i) probs[ids[i]] = float(probs[ids[i]] / kept);
 }
 
-// target_probs over k candidates already ranked (best first), value(i) the logit of ids[i]:
-// everything else is zero.
+// The sampler's distribution over k candidates already ranked (best first), value(i) the logit of
+// the i-th: w[i] its probability (by rank), zero past the nucleus. Returns how many are kept.
 template <class Value>
-void ranked_probs(const int32_t *ids, const Value &value, int k, int V, const SamplerParams &p, float *probs) {
-    std::fill(probs, probs + V, 0.f);
+int candidate_probs(const Value &value, int k, const SamplerParams &p, float *w) {
     const float top = value(0);
     double sum = 0.0;
-    for (int i = 0; i < k; ++i) sum += (probs[ids[i]] = std::exp((value(i) - top) / p.temperature));
+    for (int i = 0; i < k; ++i) sum += (w[i] = std::exp((value(i) - top) / p.temperature));
     double mass = 0.0;
-    int keep = reach_top_p([&](int i) { return probs[ids[i]]; }, 0, k, sum, p.top_p, mass);
+    int keep = reach_top_p([&](int i) { return w[i]; }, 0, k, sum, p.top_p, mass);
     keep = keep ? keep : k;
-    for (int i = keep; i < k; ++i) probs[ids[i]] = 0.f;
-    renormalise(ids, keep, probs);
+    double kept = 0.0;
+    for (int i = 0; i < keep; ++i) kept += w[i];
+    for (int i = 0; i < keep; ++i) w[i] = float(w[i] / kept);
+    return keep;
 }
 
 }  // namespace
@@ -230,7 +220,12 @@ void target_probs(const float *logits, int V, const SamplerParams &p, Ranking &r
     if (p.top_k > 0 && p.top_k < V) {
         ranking.reset(logits, V);
         const int32_t *ids = ranking.best(p.top_k);
-        return ranked_probs(ids, [&](int i) { return logits[ids[i]]; }, p.top_k, V, p, probs);
+        std::fill(probs, probs + V, 0.f);
+        thread_local std::vector<float> w;
+        w.resize(size_t(p.top_k));
+        const int keep = candidate_probs([&](int i) { return logits[ids[i]]; }, p.top_k, p, w.data());
+        for (int i = 0; i < keep; ++i) probs[ids[i]] = w[size_t(i)];
+        return;
     }
     const float top = *std::max_element(logits, logits + V);
     double sum = 0.0;
@@ -251,10 +246,53 @@ void target_probs(const float *logits, int V, const SamplerParams &p, Ranking &r
     renormalise(ids, keep, probs);
 }
 
-void target_probs_ranked(const int32_t *ids, const float *values, int k, int V, const SamplerParams &p,
-                         float *probs) {
-    ranked_probs(ids, [&](int i) { return values[i]; }, k, V, p, probs);
+// ---- Distribution ----------------------------------------------------------------------------------
+
+float Distribution::at(int32_t id) const {
+    if (whole_row()) return probs[size_t(id)];
+    for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] == id) return probs[i];
+    return 0.f;
 }
+
+void target_probs(const float *logits, int V, const SamplerParams &p, Ranking &ranking, Distribution &out) {
+    out.ids.clear();
+    out.probs.resize(size_t(V));
+    target_probs(logits, V, p, ranking, out.probs.data());
+}
+
+void target_probs_ranked(const int32_t *ids, const float *values, int k, const SamplerParams &p, Distribution &out) {
+    if (p.top_k > 0) k = std::min(k, p.top_k);
+    out.probs.resize(size_t(k));
+    const int keep = candidate_probs([&](int i) { return values[i]; }, k, p, out.probs.data());
+    out.probs.resize(size_t(keep));
+    out.ids.assign(ids, ids + keep);
+}
+
+int32_t draw(const Distribution &d, Rng &rng) {
+    if (d.whole_row()) return draw_weighted(d.probs.data(), int(d.probs.size()), rng);
+    return draw_weighted(d.ids.data(), d.probs.data(), int(d.ids.size()), rng);
+}
+
+double subtract(Distribution &p, const Distribution &q) {
+    double mass = 0.0;
+    if (!p.whole_row()) {  // the residual's support is p's: its candidates alone
+        for (size_t i = 0; i < p.ids.size(); ++i) mass += (p.probs[i] = std::max(p.probs[i] - q.at(p.ids[i]), 0.f));
+        return mass;
+    }
+    if (q.whole_row()) {
+        for (size_t v = 0; v < p.probs.size(); ++v) p.probs[v] = std::max(p.probs[v] - q.probs[v], 0.f);
+    } else {
+        for (size_t i = 0; i < q.ids.size(); ++i) {
+            float &pv = p.probs[size_t(q.ids[i])];
+            pv = std::max(pv - q.probs[i], 0.f);
+        }
+    }
+    for (float v : p.probs) mass += v;
+    return mass;
+}
+
+// ---- draws -------------------------------------------------------------------------------------------
 
 int32_t draw_weighted(const float *w, int V, Rng &rng) {
     double sum = 0.0;
@@ -270,18 +308,18 @@ int32_t draw_weighted(const float *w, int V, Rng &rng) {
     return last;
 }
 
-int32_t draw_weighted(const int32_t *ids, int k, const float *w, Rng &rng) {
+int32_t draw_weighted(const int32_t *ids, const float *w, int k, Rng &rng) {
     double sum = 0.0;
-    for (int i = 0; i < k; ++i) sum += w[ids[i]];
+    for (int i = 0; i < k; ++i) sum += w[i];
     double u = rng.uniform() * sum;
     int32_t last = ids[0];
     for (int i = 0; i < k; ++i) {
-        if (w[ids[i]] <= 0.f) continue;
+        if (w[i] <= 0.f) continue;
         last = ids[i];
-        u -= w[ids[i]];
+        u -= w[i];
         if (u < 0.0) return ids[i];
     }
-    return last;
+    return last;  // u landed on the rounding edge: the last candidate with weight
 }
 
 }  // namespace luce

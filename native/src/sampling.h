@@ -65,8 +65,6 @@ public:
 
 private:
     int32_t sample_nucleus(const float *logits, float inv_t);
-    // One draw from the candidates (ids[i], weight w[i]), i < keep, in that order.
-    int32_t draw(const int32_t *ids, const float *w, int keep);
 
     SamplerParams p_;
     Rng rng_;
@@ -80,15 +78,30 @@ private:
 // the top-k / nucleus set), for rejection sampling against a drafter's q. The same candidates and
 // ranking as Sampler; the weights are formed as exp((logit - top) / temperature).
 void target_probs(const float *logits, int n_vocab, const SamplerParams &p, Ranking &ranking, float *probs);
-// The same from a row's top_k best, already ranked with their logits (Backend::topk_rows).
-void target_probs_ranked(const int32_t *ids, const float *values, int k, int n_vocab, const SamplerParams &p,
-                         float *probs);
+
+// The same distribution held where it has mass. Formed from a row's best candidates, already
+// ranked with their logits (Backend::topk_rows; target_probs_ranked): probs[i] is ids[i]'s
+// probability, best first, and nothing costs a pass over the vocabulary. Formed from a whole row
+// (target_probs): ids is empty and probs[id] covers every id.
+struct Distribution {
+    std::vector<int32_t> ids;
+    std::vector<float> probs;
+    bool whole_row() const { return ids.empty(); }
+    float at(int32_t id) const;  // over candidates: a scan of the (at most a few hundred) ids
+};
+void target_probs(const float *logits, int n_vocab, const SamplerParams &p, Ranking &ranking, Distribution &out);
+// From the k best of a row, ranked (best first, ties to the lower id) with their logits; the
+// sampler's own top-k, if smaller than k, applies.
+void target_probs_ranked(const int32_t *ids, const float *values, int k, const SamplerParams &p, Distribution &out);
+// One draw: candidates walked best first, a whole row in id order (u = uniform * sum, then the walk).
+int32_t draw(const Distribution &d, Rng &rng);
+// p <- max(p - q, 0), unnormalised: the residual rejection sampling draws from after a rejection
+// (zero wherever p is). Returns its mass.
+double subtract(Distribution &p, const Distribution &q);
 
 // One draw from unnormalised weights w[0..n) in id order (u = uniform * sum, then the walk).
 int32_t draw_weighted(const float *w, int n, Rng &rng);
-// The same over the candidates ids[0..k) only, walked in that order (best first after a ranking),
-// w indexed by id: what target_probs_ranked's probabilities are drawn from without a pass over
-// the vocabulary.
-int32_t draw_weighted(const int32_t *ids, int k, const float *w, Rng &rng);
+// One draw among the candidates ids[0..k), walked in that order, with weights w[0..k) (by rank).
+int32_t draw_weighted(const int32_t *ids, const float *w, int k, Rng &rng);
 
 }  // namespace luce

@@ -288,7 +288,9 @@ struct SpecLoop {
     BackendBuffers dev;
     float *taps, *hidden, *row_logits;
     int32_t *dev_ids;  // greedy: the argmax of each target row, in backend memory
-    std::vector<float> logits, q_probs, p_row, conf, tree_U;
+    std::vector<float> logits, conf, tree_U;
+    std::vector<Distribution> q_dists;  // sampled: each proposal row's q
+    Distribution p_dist;                // sampled: the target's p at the row accept is at
     std::vector<int32_t> block, tokens, row_ids, tree_pos, tree_slot, tree_parent, path, chain_rows;
     std::vector<uint8_t> tree_mask;
     HiddenCapture capture;
@@ -319,8 +321,7 @@ struct SpecLoop {
         dev_ids = dev.array<int32_t>(size_t(MAX_STEP));
         row_ids.resize(size_t(MAX_STEP));
         logits.resize(sampled && !top_k.k() ? size_t(W) * V : 0);
-        q_probs.resize(sampled ? size_t(q_max) * V : 0);
-        p_row.resize(size_t(V));
+        q_dists.resize(sampled ? size_t(q_max) : 0);
         conf.resize(size_t(B));
         block.assign(size_t(B), d.hp.mask_token_id);
         tokens.resize(size_t(W));
@@ -330,7 +331,7 @@ struct SpecLoop {
         chain_rows.resize(size_t(W));
         std::iota(chain_rows.begin(), chain_rows.end(), 0);
         capture = HiddenCapture{d.hp.target_layer_ids.data(), N, taps, true};
-        chain_sampling.q_out = sampled ? q_probs.data() : nullptr;
+        chain_sampling.q_out = sampled ? q_dists.data() : nullptr;
         st.n_prompt = n_prompt;
         st.block_size = B;
     }
@@ -358,16 +359,17 @@ struct SpecLoop {
         be.argmax_rows(rows, n, V, dev_ids);
         be.download(row_ids.data(), dev_ids, sizeof(int32_t) * size_t(n));
     }
-    // The target's distribution after row r of the last run_target (sampled), into p_row.
+    // The target's distribution after row r of the last run_target (sampled), into p_dist: over
+    // the row's backend top-k candidates where there are some, else over the whole row.
     void target_row_probs(int r) {
-        if (!top_k.k()) return target_probs(logits.data() + size_t(r) * V, V, sampler, ranking, p_row.data());
-        target_probs_ranked(top_k.ids(r), top_k.values(r), top_k.k(), V, sampler, p_row.data());
+        if (!top_k.k()) return target_probs(logits.data() + size_t(r) * V, V, sampler, ranking, p_dist);
+        target_probs_ranked(top_k.ids(r), top_k.values(r), top_k.k(), sampler, p_dist);
     }
     // The next token after row r of the last run_target.
     int32_t choose(int r) {
         if (!sampled) return row_ids[size_t(r)];
         target_row_probs(r);
-        return draw_weighted(p_row.data(), V, rng);
+        return draw(p_dist, rng);
     }
     bool is_stop(int32_t id) const {
         return !p.ignore_eos && std::find(p.stop_ids, p.stop_ids + p.n_stop_ids, id) != p.stop_ids + p.n_stop_ids;
@@ -418,13 +420,11 @@ struct SpecLoop {
         }
         for (; n < q; ++n) {
             const int32_t dt = tokens[size_t(n + 1)];
-            const float *qi = q_probs.data() + size_t(n) * V;
+            const Distribution &qi = q_dists[size_t(n)];
             target_row_probs(n);
-            if (rng.uniform() * qi[dt] < p_row[size_t(dt)]) continue;  // u < p/q
-            double mass = 0.0;
-            for (int v = 0; v < V; ++v) mass += (p_row[size_t(v)] = std::max(p_row[size_t(v)] - qi[v], 0.f));
-            if (mass <= 0.0) target_row_probs(n);
-            bonus = draw_weighted(p_row.data(), V, rng);
+            if (rng.uniform() * qi.at(dt) < p_dist.at(dt)) continue;  // u < p/q
+            if (subtract(p_dist, qi) <= 0.0) target_row_probs(n);  // no residual mass: p itself
+            bonus = draw(p_dist, rng);
             return n;
         }
         bonus = choose(q);
