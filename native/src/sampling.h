@@ -1,8 +1,9 @@
 // sampling.h — choosing the next token from a row of logits.
 //
-// Greedy (temperature 0): argmax, ties to the lowest id. Otherwise: logits / temperature, keep the
-// top_k largest (0 = all), softmax, keep the smallest prefix (by probability, descending) whose
-// mass reaches top_p (1 = all), renormalise, draw one id with the session's RNG: u = uniform x
+// Greedy (temperature 0): argmax, ties to the lowest id. Otherwise: keep the top_k largest logits
+// (0 = all), weigh each exp((logit - top) * (1 / temperature)) (0 where that exponent is below
+// -87: a weight under 1.6e-38 of the top's), keep the smallest prefix (by weight, descending)
+// whose share of the weight reaches top_p (1 = all), draw one id with the session's RNG: u = uniform x
 // the kept weights' sum, then the candidates are walked best first (in id order when nothing is
 // truncated) until the running weight passes u. Ranks break ties by the lower id.
 //
@@ -76,7 +77,7 @@ private:
 
 // The distribution Sampler draws from, as explicit probabilities over the vocabulary (zero outside
 // the top-k / nucleus set), for rejection sampling against a drafter's q. The same candidates and
-// ranking as Sampler; the weights are formed as exp((logit - top) / temperature).
+// ranking as Sampler; the weights are formed as exp((logit - top) * (1 / temperature)).
 void target_probs(const float *logits, int n_vocab, const SamplerParams &p, Ranking &ranking, float *probs);
 
 // The same distribution held where it has mass. Formed from a row's best candidates, already
