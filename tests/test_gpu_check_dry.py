@@ -42,16 +42,18 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--dut", "cpu", "--skip-build", "--bench-shape", "tiny",
-         "--ref-spec-budget", "1", "--ab", "LUCE_GPU_BULK=0", "--out", str(out)],
+         "--ref-spec-budget", "1", "--rejection-draws", "300", "--ab", "LUCE_GPU_BULK=0", "--out", str(out)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "LUCE_CHECK_WORK": str(tmp_path / "work")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = json.loads((out / "gpu_report.json").read_text())
-    for stage in ("matmul", "attention", "select", "deltanet", "checks", "drafters", "sampling"):
+    for stage in ("matmul", "attention", "select", "deltanet", "checks", "drafters", "sampling", "rejection"):
         assert report[stage] and all(row["ok"] for row in report[stage]), stage
     assert report["graphs"]["ok"] and report["graphs"]["identical_tokens"]
     under = report["matmul_ab"]["LUCE_GPU_BULK=0"]  # --ab's settings pass the matmul checks too
     assert len(under) == len(report["matmul"]) and all(row["ok"] for row in under)
     assert {row["kind"] for row in report["drafters"]} == {"dflash", "dflash2", "dspark"}
+    # The trained reference drafters exercise both branches of the rejection sampler.
+    assert all(row["accepted"] > 0 and row["rejected"] > 0 for row in report["rejection"])
     # Both engines on the CPU here: the same drafts, so the same tau on every prompt.
     assert all(g["tau"] == g["tau_cpu"] for row in report["drafters"] for g in row["generate"])
 

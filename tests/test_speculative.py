@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from fixtures.sampler_oracle import oracle_probs
+from fixtures.rejection_check import chi_square_pvalue, draw_pairs, expected_pairs
 from fixtures.spec_pair import build_pair, informed_dspark
 from luce import Engine, LuceError
 
@@ -175,41 +174,17 @@ NUCLEUS = (0.35, 0, 0.5)
                          ids=lambda v: v if isinstance(v, str) else "top_k=3" if v == TOP_K3 else "top_p=0.5")
 def test_sampled_tokens_follow_the_target_distribution(pair, name, setting, tmp_path):
     """Rejection sampling: (t0, t1) drawn with the drafter must be distributed as the target's own
-    p(t0) p(t1|t0) at the run's sampler setting, computed from the target's logits by the numpy
-    oracle. t0 comes from the prefill, t1 out of the verify step (the accepted draft or a residual
-    draw; the run goes to 3 tokens so that there is room for one draft)."""
+    p(t0) p(t1|t0) at the run's sampler setting (fixtures/rejection_check.py)."""
     prompt, draws = PROMPTS["short"], 2000
-    temp, k, top_p = setting
-    draft = (informed_dspark(tmp_path, pair.target, prompt, k, temp, top_p) if name == "informed"
+    temperature, top_k, top_p = setting
+    draft = (informed_dspark(tmp_path, pair.target, prompt, top_k, temperature, top_p) if name == "informed"
              else pair.drafters[name])
     with Engine(pair.target, threads=1, draft=draft) as eng:
-        counts, accepted, rejected = {}, 0, 0
-        for seed in range(draws):
-            g = eng.generate(prompt_ids=prompt, max_tokens=3, ignore_eos=True, temperature=temp, top_k=k,
-                             top_p=top_p, seed=seed)
-            counts[tuple(g.tokens[:2])] = counts.get(tuple(g.tokens[:2]), 0) + 1
-            accepted += g.stats["n_accepted"]
-            rejected += g.stats["n_drafted"] - g.stats["n_accepted"]
-        expected = {}
-        p0 = oracle_probs(np.asarray(eng.logits(prompt)[-1], np.float32), temp, k, top_p)
-        for t0 in np.flatnonzero(p0):
-            p1 = oracle_probs(np.asarray(eng.logits(prompt + [int(t0)])[-1], np.float32), temp, k, top_p)
-            for t1 in np.flatnonzero(p1):
-                expected[(int(t0), int(t1))] = float(p0[t0]) * float(p1[t1]) * draws
+        counts, accepted, rejected = draw_pairs(eng, prompt, setting, draws)
+        expected = expected_pairs(eng, prompt, setting, draws)
     assert set(counts) <= set(expected), set(counts) - set(expected)
-    cells = sorted(expected)
-    obs = np.array([counts.get(c, 0) for c in cells], float)
-    exp = np.array([expected[c] for c in cells])
-    # Pool cells expected below 5 into one, as the chi-square approximation needs.
-    small = exp < 5
-    if small.any():
-        obs = np.append(obs[~small], obs[small].sum())
-        exp = np.append(exp[~small], exp[small].sum())
-    chi2 = float(((obs - exp) ** 2 / exp).sum())
-    # Upper tail of chi-square with len-1 degrees of freedom: Q(df/2, chi2/2) (regularised gamma).
-    pvalue = float(torch.special.gammaincc(torch.tensor((len(exp) - 1) / 2, dtype=torch.float64),
-                                           torch.tensor(chi2 / 2, dtype=torch.float64)))
-    assert pvalue > 1e-3, (chi2, pvalue, len(exp))
+    pvalue, cells = chi_square_pvalue(counts, expected)
+    assert pvalue > 1e-3, (pvalue, cells)
     if name == "informed":  # both branches of the rejection sampler ran many times
         assert accepted > draws // 5 and rejected > draws // 20, (accepted, rejected)
     else:  # random drafters: the residual branch runs (their top-3 proposals rarely meet p's)

@@ -763,6 +763,40 @@ def check_sampling(path: Path, dut: str, threads: int) -> list[dict]:
     return rows_out
 
 
+# Rejection sampling on the device (tests/fixtures/rejection_check.py): the reference pair's
+# trained drafters propose close to the target, so drafts are both accepted and rejected, and the
+# (t0, t1) pairs must follow the target's own distribution. Top-k 3: p and q are the device's top-k
+# candidates (topk_rows on the verify and the proposal rows); a nucleus without top-k: whole rows
+# come back to the host. The prompt, the first REJECTION_PROMPT_TOKENS tokens of the first held-out
+# code prompt, was picked where the target hesitates (9 and ~40 likely pairs) and all three
+# drafters get a third or more of their first drafts accepted (2026-12-05, CPU backend).
+REJECTION_SETTINGS = {"top-k 3": (1.0, 3, 1.0), "top-p 0.9": (0.6, 0, 0.9)}
+REJECTION_PROMPT_TOKENS = 16
+REJECTION_PVALUE = 1e-3
+
+
+def check_rejection_sampling(dut: str, threads: int, draws: int) -> list[dict]:
+    from fixtures.rejection_check import chi_square_pvalue, draw_pairs, expected_pairs
+    from luce import Engine
+
+    reference = REPO / "models" / "reference"
+    text = json.loads((reference / "prompts" / "code.jsonl").read_text().splitlines()[0])["prompt"]
+    rows = []
+    for kind in DRAFT_KINDS:
+        with Engine(reference / "target-q8_0.gguf", device=dut, threads=threads, ctx_size=256,
+                    draft=reference / f"{kind}-q8_0.gguf") as eng:
+            prompt = eng.encode_prompt(text)[:REJECTION_PROMPT_TOKENS]
+            for label, setting in REJECTION_SETTINGS.items():
+                counts, accepted, rejected = draw_pairs(eng, prompt, setting, draws)
+                expected = expected_pairs(eng, prompt, setting, draws)
+                pvalue, cells = chi_square_pvalue(counts, expected)
+                outside = len(set(counts) - set(expected))  # pairs the target could never draw
+                rows.append({"case": f"{kind}, {label}", "draws": draws, "cells": cells, "pvalue": pvalue,
+                             "accepted": accepted, "rejected": rejected, "outside": outside,
+                             "ok": outside == 0 and pvalue > REJECTION_PVALUE})
+    return rows
+
+
 @contextlib.contextmanager
 def bench_engine(path: Path, dut: str, threads: int, setting: dict[str, str | None] | None = None):
     """The bench model on an engine started under `setting` (the backend reads its switches when it
@@ -1604,6 +1638,13 @@ def _check_lines(report: dict) -> list[str]:
         lines.append(f"- seeded sampling vs the numpy sampler, {r['case']}: " + (
             f"error: {r['error']}" if "error" in r else
             f"{r['tokens']} tokens, first difference {r['first_diff']} -> {'ok' if r['ok'] else 'FAIL'}"))
+    lines += [""] if report.get("rejection") else []
+    for r in report.get("rejection", []):
+        lines.append(f"- rejection sampling, reference pair, {r['case']}: " + (
+            f"error: {r['error']}" if "error" in r else
+            f"{r['draws']} draws of (t0, t1) over {r['cells']} cells, chi-square p = {r['pvalue']:.3g}, "
+            f"{r['accepted']} drafts accepted / {r['rejected']} rejected, {r['outside']} pairs outside p's "
+            f"support -> {'ok' if r['ok'] else 'FAIL'}"))
     if "memcheck" in report:
         lines.append(f"\n- compute-sanitizer memcheck (synthetic tiny iq4_xs + matmul hook): {report['memcheck']['status']}")
     for n in report.get("notes", []):
@@ -1785,6 +1826,9 @@ def run(args, out: Path, build_info: dict | None) -> int:
            lambda message: {"error": message, "ok": False})
     _stage(report, "sampling", "seeded sampling vs the numpy sampler",
            lambda: check_sampling(models[0][1], args.dut, threads), _failed_cases("case"))
+    if args.rejection_draws > 0:
+        _stage(report, "rejection", "rejection sampling's distribution (chi-square)",
+               lambda: check_rejection_sampling(args.dut, threads, args.rejection_draws), _failed_cases("case"))
     if args.dut == "gpu" and not args.no_memcheck:
         log("memcheck")
         report["memcheck"] = memcheck(models[0][1])
@@ -1805,6 +1849,7 @@ def run(args, out: Path, build_info: dict | None) -> int:
                    lambda message: [{"error": message}])
     report["ok"] = (all(c["ok"] for c in report["checks"] + matmul_rows + report.get("attention", [])
                         + report.get("select", []) + report.get("deltanet", []) + report.get("sampling", [])
+                        + report.get("rejection", [])
                         + [report.get("graphs", {"ok": True})]
                         + report.get("drafters", []))
                     and not notes
@@ -1829,6 +1874,8 @@ def main(argv=None) -> int:
                     help="seconds for the drafter checks and bench, after the target bench")
     ap.add_argument("--ref-spec-budget", type=float, default=90.0,
                     help="seconds for the reference pair's speculative bench, GPU against CPU (0: skip it)")
+    ap.add_argument("--rejection-draws", type=int, default=1000,
+                    help="seeded 3-token runs per drafter kind and setting in the rejection sampling check (0: skip)")
     ap.add_argument("--ab", type=parse_ab, action="append", default=[], metavar="LUCE_X=V[,...]",
                     help="also time the kernel bench's default choice, decode and the verify widths under these "
                          "backend settings (repeatable)")
@@ -1844,7 +1891,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--skip-build", "--out", str(args.out.resolve()),
                "--dut", args.dut, "--bench-shape", args.bench_shape, "--budget", str(args.budget),
                "--build-info", json.dumps(info), "--drafter-budget", str(args.drafter_budget), "--only", args.only,
-               "--ref-spec-budget", str(args.ref_spec_budget)] \
+               "--ref-spec-budget", str(args.ref_spec_budget), "--rejection-draws", str(args.rejection_draws)] \
             + [a for setting in args.ab for a in ("--ab", ab_label(setting))] \
             + (["--no-memcheck"] if args.no_memcheck else []) + (["--no-drafters"] if args.no_drafters else [])
         return subprocess.run(cmd, cwd="/", env=env).returncode
