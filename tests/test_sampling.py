@@ -85,6 +85,24 @@ def test_explicit_distribution_is_the_renormalised_candidate_set(row, temperatur
     np.testing.assert_allclose(got, want, rtol=5e-7, atol=1e-44)
 
 
+@pytest.mark.parametrize("top_k", [3000, 4000, 10000])
+def test_large_top_k_ranks_exactly_when_a_sample_misleads_the_estimate(top_k):
+    """Past a few hundred candidates the ranking keeps the ids scoring at or above an estimate of
+    the k-th best score, taken from a strided sample of the row (every 60th id of 248320), and
+    falls back to every id when fewer than k qualify. Here the sample holds exactly the high ids
+    (with many equal scores), so the estimate lands among the very best and too few qualify; the
+    candidates must still be the numpy oracle's. (The broad rows above take the estimate's own
+    path.)"""
+    rng = np.random.default_rng(9)
+    logits = rng.normal(0, 1, 248320).astype(np.float32)
+    logits[::60] = np.float32(6.0) + rng.integers(0, 4, logits[::60].size).astype(np.float32)
+    got, want = luce_probs(logits, 1.0, top_k, 1.0), oracle_probs(logits, 1.0, top_k, 1.0)
+    assert np.array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, rtol=5e-7, atol=1e-44)
+    assert [luce_sample(logits, 1.0, top_k, 1.0, s) for s in range(3)] == \
+        [oracle_sample(logits, 1.0, top_k, 1.0, s) for s in range(3)]
+
+
 def test_a_flat_row_keeps_the_lowest_ids():
     """Every logit equal: the tie rule alone picks the candidates (top-k 5: ids 0-4; top-p 0.25 of
     256 equal weights, each 1/256 exactly: the first 64 ids), so a draw never leaves them."""
