@@ -15,7 +15,7 @@ import numpy as np
 
 from luce.binding import check, ffi, lib
 
-SETTINGS = [(0.7, 0, 1.0), (0.7, 40, 1.0), (0.7, 0, 0.9), (0.7, 40, 0.9)]
+SETTINGS = [(0.7, 0, 1.0), (0.7, 40, 1.0), (0.7, 0, 0.9), (0.7, 40, 0.9), (1.0, 0, 0.8), (1.0, 0, 0.95)]
 
 
 def rows(vocab: int) -> dict[str, np.ndarray]:
