@@ -168,8 +168,10 @@ void draft_unary_logits(const Drafter &d, const float *hidden, int n_rows, float
 // distribution (sampling.h: temperature, then top-k, then top-p) over the row's candidate scores,
 // and q_out[i] (host, n_rows of them, required) receives row i's q for the rejection test. Truncating
 // q as the target's p is truncated keeps proposals where p has mass: a draft outside p's top-k /
-// nucleus is always rejected. top_k (may be null): where its k() > 0 (backend_top_k) each row's
-// k candidates are ranked on the backend and only they come back, not the vocabulary row.
+// nucleus is always rejected. top_k (may be null): where its k() > 0 each row's k best are ranked
+// on the backend and only they come back, not the vocabulary row; the speculative loop asks for
+// the sampler's top-k or, lacking one, the backend's most (proposal_top_k), so q is then the
+// sampler's distribution over the drafter's k best.
 class TopKRows;
 struct ChainSampling {
     SamplerParams params;

@@ -265,6 +265,17 @@ void record_spec_step(luce_generate_stats &st, int drafted, int accepted, int q,
     st.rollback_seconds += t_rolled - t_verified;
 }
 
+// How many candidates each sampled proposal row keeps, ranked on the backend (0: whole rows come
+// to the host): the sampler's top-k, or, where it has none or a larger one, the backend's most
+// (Backend::MAX_TOP_K). Rejection sampling is exact whatever q the drafts are drawn from, and a
+// trained drafter's mass past its 256 best is negligible, while each whole row is a vocabulary of
+// scores (1 MiB at 248k) to bring back and a softmax over it on the host.
+int proposal_top_k(const luce_generate_params &p, int n_vocab) {
+    if (!(p.temperature > 0.f)) return 0;
+    const int k = (p.top_k > 0 && p.top_k < n_vocab) ? std::min(p.top_k, Backend::MAX_TOP_K) : Backend::MAX_TOP_K;
+    return k < n_vocab ? k : 0;
+}
+
 // One generate_speculative call: every buffer sized once up front, then prefill, and a loop of
 // plain, chain or tree steps. Where each piece of data lives:
 //   backend memory: the drafter context and heads scratch, taps [prefill_step][N][E] (captured device
@@ -297,7 +308,7 @@ struct SpecLoop {
     SamplerParams sampler;  // the target's distribution (sampled runs)
     Ranking ranking;
     TopKRows top_k;        // backend_top_k: each verify row's k candidates come back, not the row
-    TopKRows draft_top_k;  // the same for the drafter's proposal rows (sampled DFlash, DSpark)
+    TopKRows draft_top_k;  // the drafter's proposal rows' candidates (sampled DFlash, DSpark)
     Rng rng;
     ChainSampling chain_sampling;
     AdaptivePolicy policy;
@@ -313,7 +324,7 @@ struct SpecLoop {
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
           ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
           sampler{p_.temperature, p_.top_k, p_.top_p},
-          top_k(be, W, backend_top_k(p_, V)), draft_top_k(be, q_max, backend_top_k(p_, V)), rng(p_.seed),
+          top_k(be, W, backend_top_k(p_, V)), draft_top_k(be, q_max, proposal_top_k(p_, V)), rng(p_.seed),
           chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(!p_.no_adaptive && !sampled) {
         taps = dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
