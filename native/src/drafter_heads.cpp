@@ -20,8 +20,9 @@
 //   a in C_{t-1} (the possible predecessors; the anchor for t = 0) and b in C_t; the walk itself,
 //   a choice among k values per row, runs on the host over those n x k x k floats.
 //   Sampled chains (T > 0) bring each row's candidates to the host, where q_t is needed for
-//   rejection sampling anyway: with the sampler's top-k on the backend (backend_top_k) only its k
-//   ranked candidates come back, else the whole row of scores.
+//   rejection sampling anyway: DFlash and DSpark rows are ranked on the backend and only their k
+//   best come back (ChainSampling::top_k; the speculative loop's proposal_top_k), DFlash 2's are
+//   the selector's candidates already.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -50,8 +51,8 @@ int32_t propose_ranked(const int32_t *ids, const float *scores, int k, const Cha
 }
 
 // Sampled proposals for n rows of backend scores U [n][V] into tokens[n], their q into
-// smp.q_out[q_row0 ..]: all n ranked on the backend in one call where the sampler's top-k allows
-// it, else each row downloaded.
+// smp.q_out[q_row0 ..]: all n ranked on the backend in one call where smp.top_k asks for it, else
+// each row downloaded whole.
 void propose_rows(DraftHeads &hd, const float *U, int n, int q_row0, const ChainSampling &smp, int32_t *tokens) {
     const int V = hd.V;
     TopKRows *top = smp.top_k && smp.top_k->k() ? smp.top_k : nullptr;

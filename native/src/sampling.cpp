@@ -217,12 +217,11 @@ int nucleus(Ranking &ranking, int n, const float *w, double sum, float top_p) {
 // ---- Sampler -------------------------------------------------------------------------------------
 
 Sampler::Sampler(const SamplerParams &p, uint64_t seed, int n_vocab)
-    : p_(p), rng_(seed), all_ids_(size_t(n_vocab)), probs_(size_t(n_vocab)), weights_(size_t(n_vocab)) {
-    std::iota(all_ids_.begin(), all_ids_.end(), 0);
+    : p_(p), rng_(seed), n_vocab_(n_vocab), probs_(size_t(n_vocab)), weights_(size_t(n_vocab)) {
 }
 
 int32_t Sampler::sample(const float *logits) {
-    const int n = int(all_ids_.size());
+    const int n = n_vocab_;
     const int k = (p_.top_k > 0 && p_.top_k < n) ? p_.top_k : n;
     // Softmax at temperature T over the candidates, max subtracted for range.
     const float inv_t = 1.0f / p_.temperature;
@@ -230,7 +229,7 @@ int32_t Sampler::sample(const float *logits) {
     if (k == n) {  // nothing truncated: every id in id order (the order does not change the distribution)
         const float top = *std::max_element(logits, logits + n);
         exp_weights(logits, n, top, inv_t, probs_.data());
-        return draw_weighted(all_ids_.data(), probs_.data(), n, rng_);
+        return draw_weighted(probs_.data(), n, rng_);
     }
     ranking_.reset(logits, n);
     const int32_t *ids = ranking_.best(k);
@@ -250,7 +249,7 @@ int32_t Sampler::sample_ranked(const int32_t *ids, const float *values, int k) {
 // top-p over the whole vocabulary: the weights of every id (their sum, in id order, normalises the
 // mass), then candidates ranked a batch at a time until the prefix reaches top_p.
 int32_t Sampler::sample_nucleus(const float *logits, float inv_t) {
-    const int n = int(all_ids_.size());
+    const int n = n_vocab_;
     const float top = *std::max_element(logits, logits + n);
     const double sum = exp_weights(logits, n, top, inv_t, probs_.data());
     ranking_.reset(logits, n);

@@ -74,7 +74,7 @@ private:
     SamplerParams p_;
     Rng rng_;
     Ranking ranking_;
-    std::vector<int32_t> all_ids_;  // 0 .. n_vocab-1: the candidates when nothing is truncated
+    int n_vocab_;
     std::vector<float> probs_;      // scratch, sized once
     std::vector<float> weights_;
 };
