@@ -52,7 +52,14 @@ class IntList(click.ParamType):
 @click.option("-o", "--output", "fmt", type=click.Choice(["md", "json", "jsonl", "csv"]), default="md",
               show_default=True, help="Output format (stdout).")
 @click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up run of each test.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the random prompt ids, and of the sampler under --temp.")
+@click.option("--temp", "--temperature", "temperature", type=click.FloatRange(min=0.0), default=0.0,
+              show_default=True, help="tg tests sample at this temperature (0: greedy), as luce generate does.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --temp: sample from the k most likely tokens (0: all).")
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True,
+              help="With --temp: nucleus sampling.")
 @click.option("--draft", type=click.Path(path_type=Path, dir_okay=False, exists=True), metavar="DRAFTER.gguf",
               help="Speculative decoding: tgN with and without this drafter (tau, acceptance, speedup).")
 @click.option("--draft-block-size", "block_sizes", type=IntList(), default="0", show_default=True,
@@ -64,8 +71,8 @@ class IntList(click.ParamType):
               help="With --draft: decode after every prompt of this set (one JSON string or "
                    "{\"prompt\": ...} per line) instead of one random prompt; e.g. "
                    "models/reference/prompts/code.jsonl.")
-def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_warmup, seed, draft, block_sizes,
-            verify_modes, no_adaptive, prompts_file):
+def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_warmup, seed, temperature, top_k,
+            top_p, draft, block_sizes, verify_modes, no_adaptive, prompts_file):
     """Measure prefill (ppN) and decode (tgN) tok/s of a qwen35 GGUF, or with --draft the
     speculative decode speed per block size and verify mode against plain decoding.
 
@@ -73,9 +80,15 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
     Examples:
       luce bench -m model.gguf -p 512 -n 128 -t 2 --peer llama.cpp
       luce bench -m model.gguf --draft drafter.gguf -p 64 -n 128 --draft-block-size 8,16 --verify chain,tree
+      luce bench -m model.gguf --draft drafter.gguf --temp 0.7 --top-k 20 --top-p 0.95
     """
     from luce import bench
     from luce.cli.generate import read_prompts_jsonl
+
+    sampling = bench.Sampling(temperature, top_k, top_p, seed)
+    if sampling.label and peer != "none":
+        raise click.BadParameter("the llama.cpp peer decodes without a sampler; compare greedy runs",
+                                 param_hint="--peer")
 
     if prompts_file and draft is None:
         raise click.BadParameter("a prompt set only applies to speculative runs (--draft)",
@@ -86,6 +99,9 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
         if bad or not modes:
             raise click.BadParameter(f"{verify_modes!r}: choose from {', '.join(bench.VERIFY_MODES)}",
                                      param_hint="--verify")
+        if sampling.label and "tree" in modes:
+            raise click.BadParameter("tree verification (DDTree) is greedy-only: drop --temp or verify chain",
+                                     param_hint="--verify")
         if not model.is_file():
             raise LuceError(f"model not found: {model}")
         tests = bench.tests_from([], n_gen)
@@ -93,7 +109,8 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
             raise click.BadParameter("nothing to measure: -n is 0", param_hint="-n")
         prompt_set = read_prompts_jsonl(prompts_file) if prompts_file else None
         rows = bench.bench_speculative(model, draft, tests, n_prompt[0], threads, block_sizes, modes,
-                                       not no_adaptive, device, repetitions, not no_warmup, seed, prompt_set)
+                                       not no_adaptive, device, repetitions, not no_warmup, seed, prompt_set,
+                                       sampling)
         click.echo(bench.PRINTERS[fmt](rows))
         if fmt == "md":
             click.echo("\n" + bench.footer())
@@ -104,7 +121,7 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
     tests = bench.tests_from(n_prompt, n_gen)
     if not tests:
         raise click.BadParameter("nothing to measure: both -p and -n are 0", param_hint="-p/-n")
-    rows = bench.bench_luce(model, tests, threads, device, repetitions, not no_warmup, seed)
+    rows = bench.bench_luce(model, tests, threads, device, repetitions, not no_warmup, seed, sampling)
     if peer == "llama.cpp":
         peer_rows = bench.bench_llama_cpp(model, tests, threads, repetitions, not no_warmup, seed)
         bench.attach_peer_ratios(rows, peer_rows)

@@ -96,6 +96,29 @@ def test_speculative_options_need_a_drafter(pair):
     assert result.exit_code == 2 and "needs a drafter" in result.output
 
 
+def test_bench_samples_with_the_settings_it_reports(pair):
+    """`luce bench --temp`: every tg row decodes with the sampler and says so. A top-k of 1 makes
+    that sampler greedy on both sides of the rejection test (drafting follows the sampler), so
+    the tokens, hence tau and acceptance, must be those of the greedy bench; a broad one (seeded)
+    must not, or the settings never reached the runs."""
+    common = ["bench", "-m", pair.target, "--draft", pair.drafters["dspark"], "-p", 8, "-n", 24, "-r", 1,
+              "--no-warmup", "-t", 1, "--no-adaptive", "-o", "json"]
+    results = [run(*common), run(*common, "--temp", 0.9, "--top-k", 1), run(*common, "--temp", 3)]
+    assert all(r.exit_code == 0 for r in results), [r.output for r in results]
+    greedy, one_token, broad = (json.loads(r.stdout) for r in results)
+    assert [r["sampling"] for r in greedy] == [None, None]
+    assert [r["sampling"] for r in one_token] == ["temp 0.9, top-k 1"] * 2
+    assert [(r["tau"], r["acceptance"]) for r in one_token] == [(r["tau"], r["acceptance"]) for r in greedy]
+    assert broad[1]["sampling"] == "temp 3" and broad[1]["acceptance"] != greedy[1]["acceptance"]
+
+
+@pytest.mark.parametrize("extra, message", [(["--verify", "tree"], "greedy-only"),
+                                            (["--peer", "llama.cpp"], "without a sampler")])
+def test_bench_refuses_a_sampler_where_it_cannot_apply(pair, extra, message):
+    result = run("bench", "-m", pair.target, "--draft", pair.drafters["dspark"], "--temp", 0.7, *extra)
+    assert result.exit_code == 2 and message in result.output
+
+
 def test_bench_draft_sweeps_block_sizes(pair):
     result = run("bench", "-m", pair.target, "--draft", pair.drafters["dflash2"], "-p", 8, "-n", 16,
                  "--draft-block-size", "4,8", "--verify", "chain,tree", "-r", 1, "--no-warmup", "-t", 1, "-o", "json")

@@ -53,6 +53,7 @@ class Row:
     gb_s: float | None  # weight bytes streamed per second (decode rows only)
     reps: int
     vs_peer: float | None = None  # this row's tok/s divided by the peer's, same test and threads
+    sampling: str | None = None  # tg rows decoded with a sampler (luce bench --temp): its settings
     # Speculative rows (luce bench --draft): drafter, block rows, chain|tree, mean tokens per
     # draft step (bonus included), accepted / drafted, tok/s over the plain row of the same test.
     draft: str | None = None
@@ -78,6 +79,30 @@ def random_prompt(n: int, n_vocab: int, seed: int) -> list[int]:
     return rng.integers(0, max(2, min(n_vocab, 32000)), size=n).tolist()
 
 
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """The sampler settings tg rows decode with (luce bench --temp/--top-k/--top-p); the default
+    is greedy. The seed makes every measured run draw the same tokens."""
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def label(self) -> str | None:
+        if self.temperature <= 0.0:
+            return None
+        parts = [f"temp {self.temperature:g}"] + ([f"top-k {self.top_k}"] if self.top_k else []) \
+            + ([f"top-p {self.top_p:g}"] if self.top_p < 1.0 else [])
+        return ", ".join(parts)
+
+    def generate_kwargs(self) -> dict:
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+
+
+GREEDY = Sampling()
+
+
 def measure(run_once: Callable[[], float], n_tokens: int, reps: int, warmup: bool) -> tuple[float, float]:
     """(mean, std) tok/s of run_once, which returns the seconds spent on n_tokens tokens."""
     if warmup:
@@ -88,7 +113,7 @@ def measure(run_once: Callable[[], float], n_tokens: int, reps: int, warmup: boo
 
 # ---- luce ------------------------------------------------------------------------------------
 
-def luce_timer(engine, test: Test, seed: int) -> Callable[[], float]:
+def luce_timer(engine, test: Test, seed: int, sampling: Sampling = GREEDY) -> Callable[[], float]:
     n_vocab = engine.info.n_vocab
     if test.kind == "pp":
         prompt = random_prompt(test.n, n_vocab, seed)
@@ -97,7 +122,8 @@ def luce_timer(engine, test: Test, seed: int) -> Callable[[], float]:
 
     def decode_seconds() -> float:
         # tg counts decoded tokens only: the first token comes from the prefill logits.
-        stats = engine.generate(prompt_ids=prompt, max_tokens=test.n + 1, ignore_eos=True).stats
+        stats = engine.generate(prompt_ids=prompt, max_tokens=test.n + 1, ignore_eos=True,
+                                **sampling.generate_kwargs()).stats
         return stats["decode_seconds"] * test.n / max(1, stats["generated_tokens"] - 1)
 
     return decode_seconds
@@ -117,7 +143,7 @@ def decode_weight_bytes(model: Path, info) -> int:
 
 
 def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, reps: int,
-               warmup: bool, seed: int = 0) -> list[Row]:
+               warmup: bool, seed: int = 0, sampling: Sampling = GREEDY) -> list[Row]:
     from luce.engine import Engine
 
     rows = []
@@ -128,9 +154,10 @@ def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, 
         with Engine(model, device=device, threads=t, ctx_size=ctx) as engine:
             weight_gb = decode_weight_bytes(model, engine.info) / 1e9
             for test in tests:
-                mean, std = measure(luce_timer(engine, test, seed), test.n, reps, warmup)
+                mean, std = measure(luce_timer(engine, test, seed, sampling), test.n, reps, warmup)
                 rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, mean, std,
-                                weight_gb * mean if test.kind == "tg" else None, reps))
+                                weight_gb * mean if test.kind == "tg" else None, reps,
+                                sampling=sampling.label if test.kind == "tg" else None))
     return rows
 
 
@@ -141,9 +168,11 @@ VERIFY_MODES = ("chain", "tree")
 
 def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens: int, threads: list[int],
                       block_sizes: list[int], verify_modes: list[str], adaptive: bool, device: str, reps: int,
-                      warmup: bool, seed: int = 0, prompt_set: list[str] | None = None) -> list[Row]:
-    """tgN of greedy decoding without the drafter (the baseline row), then with it for every block
-    size and verify mode; each speculative row carries tau, acceptance and its speedup.
+                      warmup: bool, seed: int = 0, prompt_set: list[str] | None = None,
+                      sampling: Sampling = GREEDY) -> list[Row]:
+    """tgN of decoding without the drafter (the baseline row), then with it for every block size
+    and verify mode, all with the same sampler (greedy by default); each speculative row carries
+    tau, acceptance and its speedup.
 
     Acceptance depends on the text, so with `prompt_set` (real prompts, e.g. the held-out sets of
     models/reference/prompts) every measured run decodes tgN after each prompt of the set and the
@@ -160,17 +189,19 @@ def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens
         with Engine(model, device=device, threads=t, ctx_size=ctx, draft=draft) as engine:
             prompt = prompts
             for test in (x for x in tests if x.kind == "tg"):
-                base = _spec_measure(engine, prompt, test, reps, warmup, speculative=False)
+                base = _spec_measure(engine, prompt, test, reps, warmup, speculative=False,
+                                     **sampling.generate_kwargs())
                 rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, base[0], base[1], None,
-                                reps, draft="none"))
+                                reps, draft="none", sampling=sampling.label))
                 for block in block_sizes:
                     for mode in verify_modes:
                         mean, std, tau, acc = _spec_measure(engine, prompt, test, reps, warmup, speculative=True,
                                                             draft_block_size=block, ddtree=mode == "tree",
-                                                            adaptive=adaptive)
+                                                            adaptive=adaptive, **sampling.generate_kwargs())
                         rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, mean, std, None,
-                                        reps, draft=draft.name, block=block or engine.draft_info.block_size,
-                                        verify=mode, tau=tau, acceptance=acc, speedup=mean / base[0]))
+                                        reps, sampling=sampling.label, draft=draft.name,
+                                        block=block or engine.draft_info.block_size, verify=mode, tau=tau,
+                                        acceptance=acc, speedup=mean / base[0]))
     return rows
 
 
@@ -256,6 +287,7 @@ COLUMNS = [  # (field, header, format)
     ("backend", "backend", "{}"),
     ("threads", "threads", "{}"),
     ("test", "test", "{}"),
+    ("sampling", "sampling", "{}"),
     ("tok_s", "t/s", None),
     ("gb_s", "GB/s", "{:.1f}"),
     ("vs_peer", "vs llama.cpp", "{:.2f}x"),
@@ -281,7 +313,7 @@ def to_markdown(rows: list[Row]) -> str:
     cols = [c for c in COLUMNS
             if c[0] in always or len({getattr(r, c[0]) for r in rows}) > 1
             or (c[0] in ("size_gib", "threads") and rows)
-            or (c[0] in ("gb_s", "vs_peer", "draft", "tau", "acceptance", "speedup")
+            or (c[0] in ("sampling", "gb_s", "vs_peer", "draft", "tau", "acceptance", "speedup")
                 and any(getattr(r, c[0]) is not None for r in rows))]
     lines = ["| " + " | ".join(h for _, h, _ in cols) + " |",
              "| " + " | ".join("---:" if f in ("tok_s", "gb_s", "vs_peer", "threads", "size_gib", "block", "tau", "acceptance",
