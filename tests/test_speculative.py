@@ -111,6 +111,14 @@ def test_adaptive_policy_falls_back_to_plain_bursts_losslessly(pair, plain):
     assert g.stats["spec_steps"] >= 2    # ... and a probe step followed it
 
 
+def test_adaptive_policy_also_bursts_sampled_runs(pair, plain):
+    """Plain steps draw from p like everything else, so sampled runs fall back too. Top-k 1 makes
+    the sampler greedy: the tokens must be the plain greedy ones, bursts and probes included."""
+    g = _spec(pair, "dflash", "short", 120, temperature=0.8, top_k=1, seed=4)
+    assert g.tokens == plain["short"][:120]
+    assert g.stats["plain_steps"] >= 40 and g.stats["spec_steps"] >= 2
+
+
 def test_long_context_cap_narrows_the_verify_width(pair, plain):
     ref = plain["short"][:80]
     g = _spec(pair, "dflash", "short", 80, adaptive=False, oracle_tokens=ref, draft_block_size=16,

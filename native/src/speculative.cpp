@@ -23,8 +23,9 @@
 //
 // Adaptive policy (spec engine.md §4.8): an EMA of accepted drafts per step (alpha 0.1, 0.5 on
 // the probe after a burst, start 2 x threshold) against threshold = 0.8 x (ratio - 1), ratio = the
-// measured spec-step / plain-step time (1.9 until both are measured). Below it, greedy decoding
-// runs bursts of 40 plain steps (features still captured), then probes with one spec step.
+// measured spec-step / plain-step time (1.9 until both are measured). Below it, decoding runs
+// bursts of 40 plain steps (features still captured), then probes with one spec step. Sampled
+// runs too, where upstream turns the policy off: a plain step draws from p like any other.
 #include "speculative.h"
 
 #include <algorithm>
@@ -325,7 +326,7 @@ struct SpecLoop {
           ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
           sampler{p_.temperature, p_.top_k, p_.top_p},
           top_k(be, W, backend_top_k(p_, V)), draft_top_k(be, q_max, proposal_top_k(p_, V)), rng(p_.seed),
-          chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(!p_.no_adaptive && !sampled) {
+          chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(!p_.no_adaptive) {
         taps = dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
