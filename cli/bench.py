@@ -99,9 +99,6 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
         if bad or not modes:
             raise click.BadParameter(f"{verify_modes!r}: choose from {', '.join(bench.VERIFY_MODES)}",
                                      param_hint="--verify")
-        if sampling.label and "tree" in modes:
-            raise click.BadParameter("tree verification (DDTree) is greedy-only: drop --temp or verify chain",
-                                     param_hint="--verify")
         if not model.is_file():
             raise LuceError(f"model not found: {model}")
         tests = bench.tests_from([], n_gen)

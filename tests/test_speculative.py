@@ -176,19 +176,21 @@ TOP_K3 = (1.0, 3, 1.0)   # temperature, top-k, top-p
 NUCLEUS = (0.35, 0, 0.5)
 
 
+@pytest.mark.parametrize("ddtree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("name,setting", [(n, TOP_K3) for n in ("informed", "dspark", "dflash2",
                                                                  "dflash2_logit_scalars", "dflash")]
                          + [(n, NUCLEUS) for n in ("informed", "dspark", "dflash2", "dflash")],
                          ids=lambda v: v if isinstance(v, str) else "top_k=3" if v == TOP_K3 else "top_p=0.5")
-def test_sampled_tokens_follow_the_target_distribution(pair, name, setting, tmp_path):
-    """Rejection sampling: (t0, t1) drawn with the drafter must be distributed as the target's own
-    p(t0) p(t1|t0) at the run's sampler setting (fixtures/rejection_check.py)."""
+def test_sampled_tokens_follow_the_target_distribution(pair, name, setting, ddtree, tmp_path):
+    """(t0, t1) drawn with the drafter must be distributed as the target's own p(t0) p(t1|t0) at
+    the run's sampler setting (fixtures/rejection_check.py): chain rejection sampling, or a tree
+    walked by the target's own draws."""
     prompt, draws = PROMPTS["short"], 2000
     temperature, top_k, top_p = setting
     draft = (informed_dspark(tmp_path, pair.target, prompt, top_k, temperature, top_p) if name == "informed"
              else pair.drafters[name])
     with Engine(pair.target, threads=1, draft=draft) as eng:
-        counts, accepted, rejected = draw_pairs(eng, prompt, setting, draws)
+        counts, accepted, rejected = draw_pairs(eng, prompt, setting, draws, ddtree=ddtree)
         expected = expected_pairs(eng, prompt, setting, draws)
     assert set(counts) <= set(expected), set(counts) - set(expected)
     pvalue, cells = chi_square_pvalue(counts, expected)
@@ -204,15 +206,16 @@ def test_sampled_tokens_follow_the_target_distribution(pair, name, setting, tmp_
 # and p on the target's, so a sampled run must be the greedy run: the same tokens AND the same
 # accepted drafts, step for step. Had q ignored the truncation, drafts would be random draws, and
 # the informed drafter (whose first proposal is the target's argmax with q ~ 0.9) would lose some.
+@pytest.mark.parametrize("ddtree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("truncation", [{"top_k": 1}, {"top_p": 1e-6}], ids=["top_k=1", "top_p=1e-6"])
-def test_one_token_truncation_makes_sampled_drafting_greedy(pair, tmp_path, truncation):
+def test_one_token_truncation_makes_sampled_drafting_greedy(pair, tmp_path, truncation, ddtree):
     prompt = PROMPTS["short"]
     drafters = dict(pair.drafters, informed=informed_dspark(tmp_path, pair.target, prompt, 1, 1.0))
     for name in ("informed", "dflash", "dflash2", "dspark"):
         with Engine(pair.target, threads=1, draft=drafters[name]) as eng:
-            greedy = eng.generate(prompt_ids=prompt, max_tokens=12, ignore_eos=True, adaptive=False)
+            greedy = eng.generate(prompt_ids=prompt, max_tokens=12, ignore_eos=True, adaptive=False, ddtree=ddtree)
             for seed in range(40 if name == "informed" else 3):
-                g = eng.generate(prompt_ids=prompt, max_tokens=12, ignore_eos=True, adaptive=False,
+                g = eng.generate(prompt_ids=prompt, max_tokens=12, ignore_eos=True, adaptive=False, ddtree=ddtree,
                                  temperature=1.0, seed=seed, **truncation)
                 assert g.tokens == greedy.tokens, (name, seed)
                 assert (g.stats["n_drafted"], g.stats["n_accepted"]) == \
@@ -230,10 +233,8 @@ def test_bad_block_size_is_refused_with_the_rule(pair):
                 eng.generate(prompt_ids=[1, 2], max_tokens=4, draft_block_size=bad)
 
 
-def test_ddtree_is_greedy_only(pair):
+def test_ddtree_budget_is_checked(pair):
     with Engine(pair.target, threads=1, draft=pair.drafters["dflash"]) as eng:
-        with pytest.raises(LuceError, match="DDTree tree verification is greedy only"):
-            eng.generate(prompt_ids=[1, 2], max_tokens=4, ddtree=True, temperature=0.5)
         with pytest.raises(LuceError, match="--ddtree-budget must be in 1..63"):
             eng.generate(prompt_ids=[1, 2], max_tokens=4, ddtree=True, ddtree_budget=64)
 

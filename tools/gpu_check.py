@@ -771,6 +771,8 @@ def check_sampling(path: Path, dut: str, threads: int) -> list[dict]:
 # code prompt, was picked where the target hesitates (9 and ~40 likely pairs) and all three
 # drafters get a third or more of their first drafts accepted (2026-12-05, CPU backend).
 REJECTION_SETTINGS = {"top-k 3": (1.0, 3, 1.0), "top-p 0.9": (0.6, 0, 0.9)}
+# Chain verification at both settings; DDTree (the target's draws walked down a tree) at top-k 3.
+REJECTION_CASES = [(item, False) for item in REJECTION_SETTINGS.items()] + [(("top-k 3", (1.0, 3, 1.0)), True)]
 REJECTION_PROMPT_TOKENS = 16
 REJECTION_PVALUE = 1e-3
 
@@ -786,13 +788,13 @@ def check_rejection_sampling(dut: str, threads: int, draws: int) -> list[dict]:
         with Engine(reference / "target-q8_0.gguf", device=dut, threads=threads, ctx_size=256,
                     draft=reference / f"{kind}-q8_0.gguf") as eng:
             prompt = eng.encode_prompt(text)[:REJECTION_PROMPT_TOKENS]
-            for label, setting in REJECTION_SETTINGS.items():
-                counts, accepted, rejected = draw_pairs(eng, prompt, setting, draws)
+            for (label, setting), tree in REJECTION_CASES:
+                counts, accepted, rejected = draw_pairs(eng, prompt, setting, draws, ddtree=tree)
                 expected = expected_pairs(eng, prompt, setting, draws)
                 pvalue, cells = chi_square_pvalue(counts, expected)
                 outside = len(set(counts) - set(expected))  # pairs the target could never draw
-                rows.append({"case": f"{kind}, {label}", "draws": draws, "cells": cells, "pvalue": pvalue,
-                             "accepted": accepted, "rejected": rejected, "outside": outside,
+                rows.append({"case": f"{kind}, {label}{', tree' if tree else ''}", "draws": draws, "cells": cells,
+                             "pvalue": pvalue, "accepted": accepted, "rejected": rejected, "outside": outside,
                              "ok": outside == 0 and pvalue > REJECTION_PVALUE})
     return rows
 

@@ -513,14 +513,18 @@ struct SpecLoop {
         const TreeStep tree{tree_pos.data(), tree_slot.data(), tree_parent.data(), tree_mask.data()};
         ckpt.attach();
         s.tree = &tree;
-        run_target(tokens.data(), T, 0);  // greedy only: row_ids
+        run_target(tokens.data(), T, 0);
         s.tree = nullptr;
         ckpt.detach();
         const double t_verified = now_seconds();
+        // From the root down: the target's next token after each node (its argmax, or sampled
+        // from its distribution) is followed while a child holds it; the first that none does
+        // is the bonus. Every committed token is thus what plain decoding would have drawn at
+        // its position, one draw per token, the tree only deciding how many come from one verify.
         path.assign(1, 0);
         int32_t bonus = -1;
         for (int cur = 0; bonus < 0;) {
-            const int32_t want = row_ids[size_t(cur)];
+            const int32_t want = choose(cur);
             int child = -1;
             for (int c = cur + 1; c < T && child < 0; ++c)
                 if (nodes[size_t(c)].parent == cur && nodes[size_t(c)].token == want) child = c;
@@ -564,13 +568,11 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
                                  const luce_generate_params &p, luce_token_callback callback, void *user_data,
                                  int32_t *out_tokens, int out_capacity, luce_generate_stats *stats) {
     check_generate_request(s, prompt, n_prompt, p, out_tokens, out_capacity);
-    const bool sampled = p.temperature > 0.f;
     if (d.target != s.model) fail(LUCE_ERR_INVALID_ARGUMENT, "the drafter is bound to another target model");
     // The drafter's context must hold the features of every committed position, so the whole
     // sequence has to go through this loop.
     if (s.n_past != 0)
         fail(LUCE_ERR_INVALID_ARGUMENT, "speculative decoding needs an empty session (%d positions are used)", s.n_past);
-    if (p.ddtree && sampled) fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification is greedy only (temperature 0)");
     if (p.ddtree && !s.model->backend->tree_mode())
         fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification needs tree-mode DeltaNet, which the %s backend does not "
              "have yet; use chain drafting (no --ddtree) or --device cpu", s.model->backend->name());
@@ -578,7 +580,7 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
         fail(LUCE_ERR_INVALID_ARGUMENT, "--ddtree-budget must be in 1..%d; got %d", MAX_STEP - 1, p.ddtree_budget);
     if (!(p.dspark_confidence_threshold >= 0.f && p.dspark_confidence_threshold < 1.f))
         fail(LUCE_ERR_INVALID_ARGUMENT, "the DSpark confidence threshold must be in [0, 1)");
-    if (p.n_oracle_tokens < 0 || (p.n_oracle_tokens > 0 && (!p.oracle_tokens || sampled)))
+    if (p.n_oracle_tokens < 0 || (p.n_oracle_tokens > 0 && (!p.oracle_tokens || p.temperature > 0.f)))
         fail(LUCE_ERR_INVALID_ARGUMENT, "oracle tokens need a token list and greedy decoding");
     for (int i = 0; i < p.n_oracle_tokens; ++i)
         if (p.oracle_tokens[i] < 0 || p.oracle_tokens[i] >= s.model->hp.n_vocab)
