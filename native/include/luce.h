@@ -183,7 +183,7 @@ typedef struct {
     float dspark_confidence_threshold; /* DSpark: cut the chain at the first confidence below it; 0 = off */
     int32_t verify_cap_from;   /* committed tokens from which the verify width is capped to max(8, B/2);
                                   0 = default (8192), < 0 = never */
-    int32_t ddtree;            /* 1 = DDTree tree verification (greedy only) */
+    int32_t ddtree;            /* 1 = DDTree tree verification (greedy or sampled) */
     int32_t ddtree_budget;     /* tree nodes, 1..63; 0 = default (22) */
     /* Test hook (greedy only): the proposal for generated token g is oracle_tokens[g] when
        g < n_oracle_tokens, instead of the drafter heads' (the drafter still runs). Tests use it to
