@@ -282,7 +282,8 @@ int proposal_top_k(const luce_generate_params &p, int n_vocab) {
 //   backend memory: the drafter context and heads scratch, taps [prefill_step][N][E] (captured device
 //   to device by forward_step), the drafter's hidden rows [B][E], DDTree's unary logits [q][V];
 //   host: greedy, the verify rows' argmax ids (reduced on the device, only the ids come back);
-//   sampled, the verify logits (acceptance needs the distributions); the proposals, and the copy
+//   sampled, the verify rows' top-k candidates, or each row acceptance reaches (acceptance needs
+//   the distributions); the proposals, and the copy
 //   of DDTree's unary logits the host tree builder reads.
 struct SpecLoop {
     Session &s;
@@ -300,7 +301,9 @@ struct SpecLoop {
     BackendBuffers dev;
     float *taps, *hidden, *row_logits;
     int32_t *dev_ids;  // greedy: the argmax of each target row, in backend memory
-    std::vector<float> logits, conf, tree_U;
+    std::vector<float> logit_row, conf, tree_U;
+    const float *verify_rows = nullptr;  // sampled without a top-k: the last run_target's logit rows
+                                         // (backend memory), each brought to the host when reached
     std::vector<Distribution> q_dists;  // sampled: each proposal row's q
     Distribution p_dist;                // sampled: the target's p at the row accept is at
     std::vector<int32_t> block, tokens, row_ids, tree_pos, tree_slot, tree_parent, path, chain_rows;
@@ -332,7 +335,7 @@ struct SpecLoop {
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
         dev_ids = dev.array<int32_t>(size_t(MAX_STEP));
         row_ids.resize(size_t(MAX_STEP));
-        logits.resize(sampled && !top_k.k() ? size_t(W) * V : 0);
+        logit_row.resize(sampled && !top_k.k() ? size_t(V) : 0);
         q_dists.resize(sampled ? size_t(q_max) : 0);
         conf.resize(size_t(B));
         block.assign(size_t(B), d.hp.mask_token_id);
@@ -356,14 +359,15 @@ struct SpecLoop {
     // The target over toks (T rows, taps captured); what each row r >= row0 says next is then
     // row_ids[r - row0] (greedy: argmax on the backend, so a GPU step downloads indices, not
     // (T - row0) vocabulary rows), or (sampled) the rows' top-k candidates in top_k, or
-    // without a top-k the logits in `logits`.
+    // without a top-k the rows in verify_rows, left where they are until acceptance reaches
+    // one (most of a step's rows past the first rejection are never read).
     void run_target(const int32_t *toks, int T, int row0) {
         const int n = T - row0;
+        const float *rows = forward_step_rows(s, toks, T, row0, &capture);
         if (sampled && !top_k.k()) {
-            forward_step(s, toks, T, logits.data(), row0, &capture);
+            verify_rows = rows;
             return;
         }
-        const float *rows = forward_step_rows(s, toks, T, row0, &capture);
         if (sampled) {
             top_k.fetch(rows, n, V);
             return;
@@ -374,7 +378,10 @@ struct SpecLoop {
     // The target's distribution after row r of the last run_target (sampled), into p_dist: over
     // the row's backend top-k candidates where there are some, else over the whole row.
     void target_row_probs(int r) {
-        if (!top_k.k()) return target_probs(logits.data() + size_t(r) * V, V, sampler, ranking, p_dist);
+        if (!top_k.k()) {
+            be.download(logit_row.data(), verify_rows + size_t(r) * V, sizeof(float) * size_t(V));
+            return target_probs(logit_row.data(), V, sampler, ranking, p_dist);
+        }
         target_probs_ranked(top_k.ids(r), top_k.values(r), top_k.k(), sampler, p_dist);
     }
     // The next token after row r of the last run_target.
