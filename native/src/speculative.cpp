@@ -267,13 +267,17 @@ void record_spec_step(luce_generate_stats &st, int drafted, int accepted, int q,
 }
 
 // How many candidates each sampled proposal row keeps, ranked on the backend (0: whole rows come
-// to the host): the sampler's top-k, or, where it has none or a larger one, the backend's most
-// (Backend::MAX_TOP_K). Rejection sampling is exact whatever q the drafts are drawn from, and a
-// trained drafter's mass past its 256 best is negligible, while each whole row is a vocabulary of
-// scores (1 MiB at 248k) to bring back and a softmax over it on the host.
+// to the host): the sampler's top-k, at most PROPOSAL_TOP_K. Rejection sampling is exact whatever
+// q the drafts are drawn from, so q may be the sampler's distribution over fewer candidates than p
+// has. 32 because the backend's top-k costs a selection round per candidate (the GPU kernel, gpu
+// drafter.cu select_k: a 256-candidate call is ~8x a 32-candidate one, and DSpark ranks its rows
+// one at a time) while tau did not move between 32, 256 and whole rows (reference pair,
+// docs/benchmarks.md); a whole row instead is a vocabulary of scores (1 MiB at 248k) to bring back
+// and a softmax over it on the host.
+constexpr int PROPOSAL_TOP_K = 32;
 int proposal_top_k(const luce_generate_params &p, int n_vocab) {
     if (!(p.temperature > 0.f)) return 0;
-    const int k = (p.top_k > 0 && p.top_k < n_vocab) ? std::min(p.top_k, Backend::MAX_TOP_K) : Backend::MAX_TOP_K;
+    const int k = (p.top_k > 0 && p.top_k < PROPOSAL_TOP_K) ? p.top_k : PROPOSAL_TOP_K;
     return k < n_vocab ? k : 0;
 }
 
