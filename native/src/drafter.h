@@ -170,8 +170,8 @@ void draft_unary_logits(const Drafter &d, const float *hidden, int n_rows, float
 // q as the target's p is truncated keeps proposals where p has mass: a draft outside p's top-k /
 // nucleus is always rejected. top_k (may be null): where its k() > 0 each row's k best are ranked
 // on the backend and only they come back, not the vocabulary row; the speculative loop asks for
-// the sampler's top-k or, lacking one, the backend's most (proposal_top_k), so q is then the
-// sampler's distribution over the drafter's k best.
+// the sampler's top-k, at most 32 (proposal_top_k), so q is then the sampler's distribution over
+// the drafter's k best.
 class TopKRows;
 struct ChainSampling {
     SamplerParams params;
