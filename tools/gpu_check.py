@@ -364,7 +364,14 @@ def check_attention(dut: str) -> list[dict]:
 
 # (rows, n, k): k 0 is argmax_rows. A vocabulary row of the 27B (248320: 61 chunks of 4096 with a
 # ragged last one), one row as a DSpark chain step asks, a short row, and DDTree's widths.
-SELECT_CASES = ((8, 248320, 0), (1, 248320, 0), (3, 5000, 0), (8, 248320, 1), (7, 248320, 8), (2, 9000, 40))
+# The last five also time the call (the hook's wall clock, the rows' copies included, the same for
+# every k of one shape): the top-k costs a selection round per candidate, and sampled speculative
+# decoding ranks proposal rows with k up to 32 (speculative.cpp PROPOSAL_TOP_K), verify rows with
+# the user's top-k up to 256.
+SELECT_CASES = ((8, 248320, 0), (1, 248320, 0), (3, 5000, 0), (8, 248320, 1), (7, 248320, 8), (2, 9000, 40),
+                (1, 248320, 32), (1, 248320, 256), (15, 248320, 20), (15, 248320, 32), (15, 248320, 256))
+SELECT_TIMED = 5  # the last cases of SELECT_CASES
+SELECT_TIMING_REPS = 5
 
 
 def _select_rows(rng, n_rows: int, n: int):
@@ -393,23 +400,32 @@ def check_select(dut: str) -> list[dict]:
     fn, ptr = _hook("libluce_gpu.so", "luce_gpu_select"), _ptr
     rng = np.random.default_rng(17)
     rows = []
-    for n_rows, n, k in SELECT_CASES:
+    for i, (n_rows, n, k) in enumerate(SELECT_CASES):
         x = _select_rows(rng, n_rows, n)
         want = np.argsort(-x, axis=1, kind="stable")[:, :max(k, 1)].astype(np.int32)
         ids = np.full((n_rows, max(k, 1)), -7, dtype=np.int32)
         vals = np.zeros((n_rows, max(k, 1)), dtype=np.float32)
         err = ctypes.create_string_buffer(512)
-        st = fn(ctypes.c_int32(0), ptr(x), ctypes.c_int32(n_rows), ctypes.c_int64(n), ctypes.c_int32(k), ptr(ids),
-                ptr(vals), err, ctypes.c_size_t(len(err)))
+        call = lambda: fn(ctypes.c_int32(0), ptr(x), ctypes.c_int32(n_rows), ctypes.c_int64(n),  # noqa: E731
+                          ctypes.c_int32(k), ptr(ids), ptr(vals), err, ctypes.c_size_t(len(err)))
+        st = call()
         case = f"{'argmax' if k == 0 else f'top {k}'} of {n_rows} x {n}"
         if st != 0:
             rows.append({"case": case, "error": err.value.decode(), "ok": False})
             continue
         bad = [r for r in range(n_rows) if not np.array_equal(ids[r], want[r])
                or (k > 0 and not np.array_equal(vals[r], x[r, want[r]]))]
-        rows.append({"case": case, "rows_wrong": len(bad),
-                     "first_wrong": [bad[0], ids[bad[0]][:4].tolist(), want[bad[0]][:4].tolist()] if bad else None,
-                     "ok": not bad})
+        row = {"case": case, "rows_wrong": len(bad),
+               "first_wrong": [bad[0], ids[bad[0]][:4].tolist(), want[bad[0]][:4].tolist()] if bad else None,
+               "ok": not bad}
+        if i >= len(SELECT_CASES) - SELECT_TIMED:
+            times = []
+            for _ in range(SELECT_TIMING_REPS):
+                t0 = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - t0)
+            row["ms"] = 1e3 * sorted(times)[len(times) // 2]
+        rows.append(row)
     return rows
 
 
@@ -1517,11 +1533,12 @@ def _select_table(cases: list[dict]) -> list[str]:
     """The argmax / top-k table, or nothing when that stage did not run."""
     if not cases:
         return []
-    rows = [(f"| {a['case']} | {a.get('error') or a.get('skipped')} | | {'FAIL' if 'error' in a else '-'} |")
+    rows = [(f"| {a['case']} | {a.get('error') or a.get('skipped')} | | {'FAIL' if 'error' in a else '-'} | |")
             if ("error" in a or "skipped" in a) else
-            f"| {a['case']} | {a['rows_wrong']} | {a['first_wrong']} | {'ok' if a['ok'] else 'FAIL'} |" for a in cases]
-    return ["| selection case (ties across chunks, an all -inf row) | rows wrong | first wrong [row, got, want] | ok |",
-            "| --- | --- | --- | --- |", *rows, ""]
+            f"| {a['case']} | {a['rows_wrong']} | {a['first_wrong']} | {'ok' if a['ok'] else 'FAIL'} |"
+            + (f" {a['ms']:.3f} |" if "ms" in a else " |") for a in cases]
+    return ["| selection case (ties across chunks, an all -inf row) | rows wrong | first wrong [row, got, want] | ok "
+            "| hook ms (median of 5, copies included) |", "| --- | --- | --- | --- | ---: |", *rows, ""]
 
 
 def _step_ab_table(b: dict) -> list[str]:
