@@ -127,6 +127,27 @@ double exp_weights(const float *x, int n, float top, float inv_t, float *w) {
     return weight_sum(w, n);
 }
 
+// exp_weights of a whole row, its max as the top.
+double row_weights(const float *logits, int n, float inv_t, float *w) {
+    return exp_weights(logits, n, *std::max_element(logits, logits + n), inv_t, w);
+}
+
+// The sampler's weights of k candidates already ranked (best first) with their logits into w,
+// zero past the nucleus (the smallest prefix whose share of the weight reaches top_p). Returns
+// how many are kept; kept_sum is their weight.
+int candidate_weights(const float *values, int k, const SamplerParams &p, float *w, double &kept_sum) {
+    const double sum = exp_weights(values, k, values[0], 1.0f / p.temperature, w);
+    double mass = 0.0;
+    const int keep = reach_top_p([&](int i) { return w[i]; }, 0, k, sum, p.top_p, mass);
+    if (!keep) {
+        kept_sum = sum;
+        return k;
+    }
+    std::fill(w + keep, w + k, 0.f);
+    kept_sum = weight_sum(w, keep);
+    return keep;
+}
+
 }  // namespace
 
 void Ranking::reset(const float *scores, int n) {
@@ -227,8 +248,7 @@ int32_t Sampler::sample(const float *logits) {
     const float inv_t = 1.0f / p_.temperature;
     if (k == n && p_.top_p < 1.f) return sample_nucleus(logits, inv_t);
     if (k == n) {  // nothing truncated: every id in id order (the order does not change the distribution)
-        const float top = *std::max_element(logits, logits + n);
-        exp_weights(logits, n, top, inv_t, probs_.data());
+        row_weights(logits, n, inv_t, probs_.data());
         return draw_weighted(probs_.data(), n, rng_);
     }
     ranking_.reset(logits, n);
@@ -238,20 +258,16 @@ int32_t Sampler::sample(const float *logits) {
 }
 
 int32_t Sampler::sample_ranked(const int32_t *ids, const float *values, int k) {
-    const float inv_t = 1.0f / p_.temperature;
-    const double sum = exp_weights(values, k, values[0], inv_t, probs_.data());
-    // Nucleus: the smallest prefix whose probability mass reaches top_p.
-    double mass = 0.0;
-    const int keep = reach_top_p([&](int i) { return probs_[size_t(i)]; }, 0, k, sum, p_.top_p, mass);
-    return draw_weighted(ids, probs_.data(), keep ? keep : k, rng_);
+    double kept_sum;
+    const int keep = candidate_weights(values, k, p_, probs_.data(), kept_sum);
+    return draw_weighted(ids, probs_.data(), keep, rng_);
 }
 
 // top-p over the whole vocabulary: the weights of every id (their sum, in id order, normalises the
 // mass), then candidates ranked a batch at a time until the prefix reaches top_p.
 int32_t Sampler::sample_nucleus(const float *logits, float inv_t) {
     const int n = n_vocab_;
-    const float top = *std::max_element(logits, logits + n);
-    const double sum = exp_weights(logits, n, top, inv_t, probs_.data());
+    const double sum = row_weights(logits, n, inv_t, probs_.data());
     ranking_.reset(logits, n);
     const int keep = nucleus(ranking_, n, probs_.data(), sum, p_.top_p);
     const int32_t *ids = ranking_.best(keep);
@@ -270,16 +286,11 @@ void renormalise(const int32_t *ids, int keep, float *probs) {
     for (int i = 0; i < keep; ++i) probs[ids[i]] = float(probs[ids[i]] / kept);
 }
 
-// The sampler's distribution over k candidates already ranked (best first) with their logits:
-// w[i] the i-th's probability, zero past the nucleus. Returns how many are kept.
+// candidate_weights normalised: w[i] the i-th candidate's probability. Returns how many are kept.
 int candidate_probs(const float *values, int k, const SamplerParams &p, float *w) {
-    const double sum = exp_weights(values, k, values[0], 1.0f / p.temperature, w);
-    double mass = 0.0;
-    int keep = reach_top_p([&](int i) { return w[i]; }, 0, k, sum, p.top_p, mass);
-    keep = keep ? keep : k;
-    const double kept = keep == k ? sum : weight_sum(w, keep);
-    for (int i = 0; i < keep; ++i) w[i] = float(w[i] / kept);
-    std::fill(w + keep, w + k, 0.f);
+    double kept_sum;
+    const int keep = candidate_weights(values, k, p, w, kept_sum);
+    for (int i = 0; i < keep; ++i) w[i] = float(w[i] / kept_sum);
     return keep;
 }
 
@@ -298,8 +309,7 @@ void target_probs(const float *logits, int V, const SamplerParams &p, Ranking &r
         for (int i = 0; i < keep; ++i) probs[ids[i]] = w[size_t(i)];
         return;
     }
-    const float top = *std::max_element(logits, logits + V);
-    const double sum = exp_weights(logits, V, top, 1.0f / p.temperature, probs);
+    const double sum = row_weights(logits, V, 1.0f / p.temperature, probs);
     if (p.top_p >= 1.f) {  // every id kept: no ranking needed
         const double inv_sum = 1.0 / sum;  // a multiply per id, not a division (the same float but ~2^-29 of the time)
         for (int i = 0; i < V; ++i) probs[i] = float(probs[i] * inv_sum);
