@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(1024) qk_norm_rope_store_kernel(const float *q
                                                                   const int32_t *slot, int T, int n_head,
                                                                   int n_head_kv, int D, int n_rot, float theta,
                                                                   float eps) {
-    extern __shared__ float head[];  // the normalised row, D floats
+    LUCE_DYNAMIC_SHARED(float, head);  // the normalised row, D floats
     wait_for_inputs();
     const int q_rows = T * n_head;
     const bool is_q = int(blockIdx.x) < q_rows;
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     attention_kernel(const float *q, const float *kc, const float *vc, int n_ctx, const int32_t *pos,
                      const uint8_t *mask, int n_head, int group, int head_dim, float scale, float *out) {
     wait_for_inputs();
-    extern __shared__ float smem[];
+    LUCE_DYNAMIC_SHARED(float, smem);
     const int h = blockIdx.x, t = blockIdx.y, D = head_dim, W = blockDim.x / LUCE_WARP;
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     attention_split_kernel(const float *q, const float *kc, const float *vc, int n_ctx, const int32_t *pos,
                            const uint8_t *mask, int n_head, int group, int head_dim, float scale, float *part) {
     wait_for_inputs();
-    extern __shared__ float smem[];
+    LUCE_DYNAMIC_SHARED(float, smem);
     const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z, n_split = gridDim.z, D = head_dim;
     const int W = blockDim.x / LUCE_WARP;
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(ATTENTION_THREADS)
     using L = PrefillSmem<D>;
     constexpr int NC = D / 4, ROW_GROUPS = ATTENTION_THREADS / NC, ROWS = PREFILL_ROWS / ROW_GROUPS;
     constexpr int WARP_ROWS = PREFILL_ROWS / PREFILL_WARPS;
-    extern __shared__ __align__(16) float smem[];
+    LUCE_DYNAMIC_SHARED(float, smem);
     const int h = blockIdx.x, t0 = blockIdx.y * PREFILL_ROWS, n_rows = min(PREFILL_ROWS, T - t0);
     const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP;
     const int rg = threadIdx.x / NC, c = threadIdx.x % NC;  // the value phase's rows and chunk

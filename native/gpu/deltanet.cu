@@ -81,7 +81,7 @@ __global__ void gated_delta_net_kernel(const float *conv, const float *b, const 
                                        int DV, float eps, int T, float *state, float *out,
                                        float *state_history, const int32_t *parent) {
     wait_for_inputs();
-    extern __shared__ float smem[];
+    LUCE_DYNAMIC_SHARED(float, smem);
     float *sq = smem, *sk = smem + DK;
     const int j = blockIdx.x, kh = j % HK;  // tiled GGUF order (spec §3.4 item 5)
     const int c = blockIdx.y * blockDim.x + threadIdx.x;

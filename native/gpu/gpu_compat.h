@@ -20,9 +20,13 @@
 #define LUCE_WARP 32
 #endif
 
-#if defined(LUCE_HIP)
+#if defined(LUCE_GPU_EMU)
+#include "emu/hip_emu.h"  // the HIP path run by the host CPU (tests; docs/gpu.md)
+#elif defined(LUCE_HIP)
 #include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
+#endif
+#if defined(LUCE_HIP)
 #define cudaError_t hipError_t
 #define cudaSuccess hipSuccess
 #define cudaErrorNoDevice hipErrorNoDevice
@@ -87,7 +91,7 @@
 // surface at the next synchronisation, which is checked too).
 #define LUCE_GPU_LAUNCHED() LUCE_GPU_CHECK(cudaGetLastError())
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(LUCE_GPU_EMU)
 
 namespace luce::gpu {
 
@@ -123,6 +127,13 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = LUCE_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
     return v;
 }
+
+// A launch's dynamic shared memory as an array `type name[]` (16-aligned).
+#if defined(LUCE_GPU_EMU)
+#define LUCE_DYNAMIC_SHARED(type, name) type *name = static_cast<type *>(::luce_emu::dynamic_shared())
+#else
+#define LUCE_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#endif
 
 // Sum over the whole block (blockDim.x a multiple of LUCE_WARP, at most 1024 threads); every
 // thread gets the result. Partials are added in warp order, so the result is deterministic.

@@ -199,7 +199,7 @@ __device__ __forceinline__ void multiply_group(const uint32_t *smem, int wm, int
 // partial == null: y itself; else slice z of the split partials, [splits][T][n_out].
 template <int TYPE>
 __global__ void __launch_bounds__(GEMM_THREADS) matmul_gemm_kernel(MmaArgs p, float *partial) {
-    extern __shared__ __align__(16) uint32_t smem[];
+    LUCE_DYNAMIC_SHARED(uint32_t, smem);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp % 4, wn = warp / 4;
     const int g = lane / 4, tq = lane % 4;  // fragment coordinates: groupID, thread in group
     const int64_t r0 = int64_t(blockIdx.x) * GEMM_ROWS;
