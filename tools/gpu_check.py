@@ -159,7 +159,6 @@ class _TmpFactory:
 def fixture_models(root: Path) -> tuple[list[tuple[str, Path, bool]], list[str]]:
     """(label, path, has quantized weights) of every fixture model, and notes on the ones that
     could not be made."""
-    sys.path[:0] = [str(REPO / "tests"), str(REPO / "models")]
     from gguf.constants import GGMLQuantizationType as Q
 
     import synthetic_qwen35 as synth
@@ -187,6 +186,20 @@ def fixture_models(root: Path) -> tuple[list[tuple[str, Path, bool]], list[str]]
     except Exception as e:  # reported, and the check fails: the brief wants these models
         notes.append(f"transformers tiny models could not be built: {type(e).__name__}: {e}")
     return models, notes
+
+
+def model_checks(models, chosen: list[str] | None) -> list[tuple[str, Path, str, float]]:
+    """(label, path, kernel mode, tolerance) of each model check: quantized models run both kernel
+    families, float weights their one; `chosen` (--models) keeps the checks named by label or by
+    "label [mode]"."""
+    checks = [(label, path, mode, tol) for label, path, quantized in models
+              for mode, tol in ((("exact", QUANT_TOL), ("fast", FAST_TOL)) if quantized else (("fast", FLOAT_TOL),))]
+    if chosen is None:
+        return checks
+    names = {label for label, *_ in checks} | {f"{label} [{mode}]" for label, _, mode, _ in checks}
+    if unknown := [c for c in chosen if c not in names]:
+        raise SystemExit(f"gpu_check: unknown model check {unknown[0]!r} (have: {', '.join(sorted(names))})")
+    return [c for c in checks if c[0] in chosen or f"{c[0]} [{c[2]}]" in chosen]
 
 
 MATMUL_TOL = 1e-5  # max |y - ref| / max (|x| @ |W|^T): fp32 sums of exactly dequantized weights
@@ -227,12 +240,14 @@ def _matmul_fn(dut: str):
 
 
 def _hook(library: str, name: str):
-    """A C test hook of luce's library `library` (ctypes; returns its luce_status)."""
+    """A C test hook of luce's library `library` (ctypes; returns its luce_status). The GPU
+    library is the one libluce itself loads: LUCE_GPU_LIBRARY's when set (the emulator)."""
     import ctypes
 
     from luce.binding import _HERE
 
-    fn = getattr(ctypes.CDLL(str(_HERE / library)), name)
+    path = os.environ.get("LUCE_GPU_LIBRARY") if library == "libluce_gpu.so" else None
+    fn = getattr(ctypes.CDLL(path or str(_HERE / library)), name)
     fn.restype = ctypes.c_int
     return fn
 
@@ -1152,6 +1167,16 @@ KERNEL_REPS = 20
 KERNEL_WIDTHS = VERIFY_WIDTHS + (64, PREFILL_WIDTH)
 
 
+STAGES = ("matmul", "attention", "select", "deltanet", "models", "graphs", "sampling", "rejection", "drafters")
+
+
+def parse_stages(text: str) -> set[str]:
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    if not names or names - set(STAGES):
+        raise argparse.ArgumentTypeError(f"stages are {', '.join(STAGES)} (got {text!r})")
+    return names
+
+
 def parse_ab(text: str) -> dict[str, str]:
     """--ab's 'NAME=VALUE[,NAME=VALUE...]': environment settings of the GPU backend."""
     settings = {}
@@ -1312,7 +1337,7 @@ def _compare_tokens(ref_eng, prompt, want, got) -> str:
     return f"near tie at {i}" if top2[1] - top2[0] <= NEAR_TIE * np.abs(row).max() else f"DIFFER at {i}"
 
 
-def check_drafter_kind(kind: str, dut: str, threads: int, root: Path) -> dict:
+def check_drafter_kind(kind: str, dut: str, threads: int, root: Path, n_prompts: int = DRAFT_PROMPTS) -> dict:
     """One reference drafter: its forward and chain hooks GPU vs CPU, then greedy generation on
     real prompts: speculative on the GPU == plain on the GPU (lossless) in chain mode and with
     DDTree tree verification, and speculative GPU == CPU (chain)."""
@@ -1324,7 +1349,7 @@ def check_drafter_kind(kind: str, dut: str, threads: int, root: Path) -> dict:
     target = REPO / "models" / "reference" / "target-q8_0.gguf"
     path = _reference_drafter(kind, root)
     texts = [json.loads(line)["prompt"] for line in
-             (REPO / "models" / "reference" / "prompts" / "mixed.jsonl").read_text().splitlines()[:DRAFT_PROMPTS]]
+             (REPO / "models" / "reference" / "prompts" / "mixed.jsonl").read_text().splitlines()[:n_prompts]]
     res: dict = {"kind": kind}
     with Engine(target, device="cpu", threads=threads, ctx_size=1024, draft=path) as cpu, \
             Engine(target, device=dut, threads=max(1, threads // 2), ctx_size=1024, draft=path) as dev:
@@ -1362,7 +1387,7 @@ def check_drafter_kind(kind: str, dut: str, threads: int, root: Path) -> dict:
     return res
 
 
-def check_drafters(dut: str, threads: int, root: Path, deadline: float) -> list[dict]:
+def check_drafters(dut: str, threads: int, root: Path, deadline: float, n_prompts: int = DRAFT_PROMPTS) -> list[dict]:
     rows = []
     for kind in DRAFT_KINDS:
         if time.perf_counter() > deadline:
@@ -1370,7 +1395,7 @@ def check_drafters(dut: str, threads: int, root: Path, deadline: float) -> list[
             continue
         log(f"drafter {kind}")
         try:
-            rows.append(check_drafter_kind(kind, dut, threads, root))
+            rows.append(check_drafter_kind(kind, dut, threads, root, n_prompts))
         except Exception as e:
             rows.append({"kind": kind, "error": f"{type(e).__name__}: {e}", "ok": False})
     return rows
@@ -1812,11 +1837,18 @@ def run(args, out: Path, build_info: dict | None) -> int:
                            capture_output=True, text=True)
         report["device"] = q.stdout.strip()
     WORK.mkdir(parents=True, exist_ok=True)
-    models, notes = fixture_models(Path(tempfile.mkdtemp(prefix="fixtures-", dir=WORK)))
+    sys.path[:0] = [str(REPO / "tests"), str(REPO / "models")]  # the fixtures and generators every stage uses
+    wanted = args.stages
+    report["stages"] = sorted(wanted)
+    models, notes = [], []
+    if wanted & {"models", "graphs", "sampling"} or (args.dut == "gpu" and not args.no_memcheck):
+        models, notes = fixture_models(Path(tempfile.mkdtemp(prefix="fixtures-", dir=WORK)))
     report["notes"] += notes
-    _stage(report, "matmul", "matmul per weight type", lambda: check_matmul_ops(args.dut), _failed_cases("type"))
+    report["matmul"] = []
+    if "matmul" in wanted:
+        _stage(report, "matmul", "matmul per weight type", lambda: check_matmul_ops(args.dut), _failed_cases("type"))
     report["matmul_ab"] = {}  # an A/B's settings must keep every bit too
-    for setting in args.ab:
+    for setting in args.ab if "matmul" in wanted else ():
         _stage(report["matmul_ab"], ab_label(setting), f"matmul per weight type under {ab_label(setting)}",
                lambda: _under(setting, lambda: check_matmul_ops(args.dut)), _failed_cases("type"))
     if args.bench_shape != "none" and args.dut == "gpu":
@@ -1828,24 +1860,29 @@ def run(args, out: Path, build_info: dict | None) -> int:
         report["seconds"] = time.perf_counter() - t_start
         write_report(out, report)
         return 0 if report["ok"] else 1
-    _stage(report, "attention", "attention kernels vs float64", lambda: check_attention(args.dut),
-           _failed_cases("case"))
-    _stage(report, "select", "argmax / top-k selection vs numpy", lambda: check_select(args.dut), _failed_cases("case"))
-    _stage(report, "deltanet", "DeltaNet kernels vs float64", lambda: check_deltanet(args.dut), _failed_cases("case"))
-    for label, path, quantized in models:
-        # Quantized models run both kernel families; float weights have only one.
-        for mode, mode_tol in ((("exact", QUANT_TOL), ("fast", FAST_TOL)) if quantized else (("fast", FLOAT_TOL),)):
-            log(f"check {label} [{mode}]")
-            try:
-                report["checks"].append(check_model(label, path, mode_tol, args.dut, threads, mode))
-            except Exception as e:
-                report["checks"].append({"model": f"{label} [{mode}]", "error": f"{type(e).__name__}: {e}",
-                                         "ok": False})
-    _stage(report, "graphs", "step graphs vs eager", lambda: check_graphs(models[0][1], args.dut, threads),
-           lambda message: {"error": message, "ok": False})
-    _stage(report, "sampling", "seeded sampling vs the numpy sampler",
-           lambda: check_sampling(models[0][1], args.dut, threads), _failed_cases("case"))
-    if args.rejection_draws > 0:
+    if "attention" in wanted:
+        _stage(report, "attention", "attention kernels vs float64", lambda: check_attention(args.dut),
+               _failed_cases("case"))
+    if "select" in wanted:
+        _stage(report, "select", "argmax / top-k selection vs numpy", lambda: check_select(args.dut),
+               _failed_cases("case"))
+    if "deltanet" in wanted:
+        _stage(report, "deltanet", "DeltaNet kernels vs float64", lambda: check_deltanet(args.dut),
+               _failed_cases("case"))
+    for label, path, mode, mode_tol in model_checks(models, args.models) if "models" in wanted else ():
+        log(f"check {label} [{mode}]")
+        try:
+            report["checks"].append(check_model(label, path, mode_tol, args.dut, threads, mode))
+        except Exception as e:
+            report["checks"].append({"model": f"{label} [{mode}]", "error": f"{type(e).__name__}: {e}",
+                                     "ok": False})
+    if "graphs" in wanted:
+        _stage(report, "graphs", "step graphs vs eager", lambda: check_graphs(models[0][1], args.dut, threads),
+               lambda message: {"error": message, "ok": False})
+    if "sampling" in wanted:
+        _stage(report, "sampling", "seeded sampling vs the numpy sampler",
+               lambda: check_sampling(models[0][1], args.dut, threads), _failed_cases("case"))
+    if args.rejection_draws > 0 and "rejection" in wanted:
         _stage(report, "rejection", "rejection sampling's distribution (chi-square)",
                lambda: check_rejection_sampling(args.dut, threads, args.rejection_draws), _failed_cases("case"))
     if args.dut == "gpu" and not args.no_memcheck:
@@ -1855,9 +1892,9 @@ def run(args, out: Path, build_info: dict | None) -> int:
         _stage(report, "bench", f"bench: synthetic {args.bench_shape}",
                lambda: bench(args.bench_shape, args.dut, threads, deadline, out / "gpu_profile.txt", args.ab),
                lambda message: {"shape": args.bench_shape, "mix": "iq4_xs", "bytes_per_token": 0, "error": message})
-    if not args.no_drafters:  # after the target bench, with budgets of their own
+    if not args.no_drafters and "drafters" in wanted:  # after the target bench, with budgets of their own
         drafter_deadline = time.perf_counter() + args.drafter_budget
-        report["drafters"] = check_drafters(args.dut, threads, WORK, drafter_deadline)
+        report["drafters"] = check_drafters(args.dut, threads, WORK, drafter_deadline, args.drafter_prompts)
         if args.bench_shape != "none":
             _stage(report, "drafter_bench", "drafter bench",
                    lambda: bench_drafter(args.bench_shape, args.dut, threads, drafter_deadline, out / "gpu_profile.txt"),
@@ -1891,6 +1928,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-drafters", action="store_true", help="skip the drafter checks and the drafter benches")
     ap.add_argument("--drafter-budget", type=float, default=90.0,
                     help="seconds for the drafter checks and bench, after the target bench")
+    ap.add_argument("--drafter-prompts", type=int, default=DRAFT_PROMPTS,
+                    help=f"prompts each drafter kind generates from in the drafter checks (default {DRAFT_PROMPTS})")
     ap.add_argument("--ref-spec-budget", type=float, default=90.0,
                     help="seconds for the reference pair's speculative bench, GPU against CPU (0: skip it)")
     ap.add_argument("--rejection-draws", type=int, default=1000,
@@ -1900,6 +1939,12 @@ def main(argv=None) -> int:
                          "backend settings (repeatable)")
     ap.add_argument("--only", choices=("all", "kernels"), default="all",
                     help="kernels: build, the per-type matmul checks and the matmul kernel bench only")
+    ap.add_argument("--models", type=lambda text: [m.strip() for m in text.split(",") if m.strip()], default=None,
+                    metavar="LABEL[,...]",
+                    help="the fixture model checks to run, by label or 'label [fast|exact]' (default: all)")
+    ap.add_argument("--stages", type=parse_stages, default=set(STAGES), metavar="NAME[,...]",
+                    help=f"the check stages to run, of {', '.join(STAGES)} (default: all; the benches follow "
+                         "--bench-shape)")
     ap.add_argument("--build-info", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -1910,7 +1955,9 @@ def main(argv=None) -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--skip-build", "--out", str(args.out.resolve()),
                "--dut", args.dut, "--bench-shape", args.bench_shape, "--budget", str(args.budget),
                "--build-info", json.dumps(info), "--drafter-budget", str(args.drafter_budget), "--only", args.only,
-               "--ref-spec-budget", str(args.ref_spec_budget), "--rejection-draws", str(args.rejection_draws)] \
+               "--ref-spec-budget", str(args.ref_spec_budget), "--rejection-draws", str(args.rejection_draws),
+               "--stages", ",".join(sorted(args.stages)), "--drafter-prompts", str(args.drafter_prompts)] \
+            + (["--models", ",".join(args.models)] if args.models is not None else []) \
             + [a for setting in args.ab for a in ("--ab", ab_label(setting))] \
             + (["--no-memcheck"] if args.no_memcheck else []) + (["--no-drafters"] if args.no_drafters else [])
         return subprocess.run(cmd, cwd="/", env=env).returncode
