@@ -101,8 +101,10 @@ struct Fiber {
     bool started = false;
 };
 
+static_assert(warpSize == 32 || warpSize == 64, "the emulated wave width is 32 or 64");
+
 struct Warp {
-    uint64_t slots[2][64];  // posted bits, by generation parity and lane
+    uint64_t slots[2][warpSize];  // posted bits, by generation parity and lane
     int size = 0, arrived = 0, finished = 0;
     uint64_t gen = 0;
 };
@@ -299,7 +301,6 @@ std::mutex launches;  // one launch at a time: the globals above describe it
 
 hipError_t failed(hipError_t e, const std::string &why) {
     fail_text = why;
-    std::fprintf(stderr, "luce GPU emulator: %s\n", why.c_str());
     last_error = e;
     return e;
 }
