@@ -91,6 +91,14 @@ def test_emulated_faults_stop_the_launch_with_one_error(emu_faults, case, messag
     assert rc == 1 and out.startswith("error: ") and message in out and "a kernel (float*)" in out, out
 
 
+def test_emulated_access_past_a_buffer_stops_the_process_naming_the_thread(emu_faults):
+    """Device buffers end where an unreadable page begins: thread 64 of a 65-thread block writes
+    the float after a 64-float buffer."""
+    proc = subprocess.run([str(emu_faults), "overrun"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 70, (proc.returncode, proc.stderr)
+    assert "invalid access" in proc.stderr and "block (0,0,0), thread (64,0,0)" in proc.stderr, proc.stderr
+
+
 def _gpu_check(tmp_path: Path, library: Path, *args: str) -> dict:
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -9,6 +9,7 @@
 //   stuck      even lanes at a shuffle, odd lanes at __syncthreads (must fail: stuck)
 //   returned   a shuffle after lane 0 returned (must fail)
 //   shared     a launch asking for 65 KiB of shared memory (must fail)
+//   overrun    thread 64 of a block writes one float past a 64-float buffer (must stop the process)
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -52,6 +53,8 @@ __global__ void shared_kernel(float *out) {
     s[threadIdx.x] = 1.f;
     out[threadIdx.x] = s[threadIdx.x];
 }
+
+__global__ void overrun_kernel(float *out) { out[threadIdx.x] = 1.f; }
 
 template <class T>
 T *device(size_t n) {
@@ -99,6 +102,7 @@ int run(const std::string &c) {
         if (c == "stuck") launch_kernel(stuck_kernel, 1, LUCE_WARP, 0, nullptr, f);
         else if (c == "returned") launch_kernel(returned_kernel, 1, LUCE_WARP, 0, nullptr, f);
         else if (c == "shared") launch_kernel(shared_kernel, 1, 32, 65 * 1024, nullptr, f);
+        else if (c == "overrun") launch_kernel(overrun_kernel, 1, 65, 0, nullptr, device<float>(64));
         else return 2;
     }
     std::printf("\n");

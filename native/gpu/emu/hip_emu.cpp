@@ -9,9 +9,12 @@
 // with a DEVICE error, as do the other misuses hip_emu.h lists.
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/sysinfo.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -526,16 +529,76 @@ hipError_t hipRuntimeGetVersion(int *version) {
     return hipSuccess;
 }
 
-// Device memory is host memory, NaN bytes until written (hip_emu.h).
+// Device memory is host memory, NaN bytes until written (hip_emu.h), each allocation ending where
+// an unreadable page begins (its start 256-aligned, as the runtime's): a kernel that reads or
+// writes past the end of a buffer, by more than the alignment's slack, faults there, and the
+// fault handler names the kernel, block and thread.
+namespace {
+
+constexpr size_t PAGE = 4096;
+
+struct Mapping {
+    void *base;
+    size_t bytes;
+};
+std::mutex allocations_lock;
+std::unordered_map<void *, Mapping> allocations;
+
+void on_fault(int sig, siginfo_t *info, void *) {
+    char text[512];
+    const Block *b = running;
+    int n = b && b->current ? std::snprintf(text, sizeof text,
+                                            "luce GPU emulator: %s at %p in %s, block (%u,%u,%u), thread (%u,%u,%u)\n",
+                                            sig == SIGSEGV ? "invalid access" : "bus error", info->si_addr,
+                                            b->grid->kernel, block_idx.x, block_idx.y, block_idx.z,
+                                            b->current->idx.x, b->current->idx.y, b->current->idx.z)
+                            : std::snprintf(text, sizeof text, "luce GPU emulator: invalid access at %p (host code)\n",
+                                            info->si_addr);
+    if (n > 0) (void)!write(2, text, size_t(std::min(n, int(sizeof text) - 1)));
+    _exit(70);
+}
+
+// Once: the fault report above, on an alternate stack (a fiber's overflow faults on its guard).
+void install_fault_handler() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        static std::vector<uint8_t> alt(64 * 1024);
+        stack_t ss{};
+        ss.ss_sp = alt.data();
+        ss.ss_size = alt.size();
+        sigaltstack(&ss, nullptr);
+        struct sigaction sa {};
+        sa.sa_sigaction = on_fault;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigaction(SIGSEGV, &sa, nullptr);
+        sigaction(SIGBUS, &sa, nullptr);
+    });
+}
+
+}  // namespace
+
 hipError_t hipMalloc(void **p, size_t bytes) {
-    *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-    if (!*p) return hipErrorOutOfMemory;
+    install_fault_handler();
+    const size_t used = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    const size_t mapped = (used + PAGE - 1) / PAGE * PAGE + PAGE;
+    void *base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) return hipErrorOutOfMemory;
+    uint8_t *guard = static_cast<uint8_t *>(base) + mapped - PAGE;
+    mprotect(guard, PAGE, PROT_NONE);
+    *p = guard - used;
     std::memset(*p, 0xFF, bytes);
+    std::lock_guard<std::mutex> hold(allocations_lock);
+    allocations[*p] = Mapping{base, mapped};
     return hipSuccess;
 }
 
 hipError_t hipFree(void *p) {
-    std::free(p);
+    if (!p) return hipSuccess;
+    std::lock_guard<std::mutex> hold(allocations_lock);
+    const auto it = allocations.find(p);
+    if (it == allocations.end()) return hipErrorInvalidValue;
+    munmap(it->second.base, it->second.bytes);
+    allocations.erase(it);
     return hipSuccess;
 }
 
