@@ -16,7 +16,8 @@
 // 64 KiB of shared memory (an AMD workgroup's LDS) stops the launch with a DEVICE error naming
 // the kernel's block. It says nothing about speed, nor about memory ordering between blocks
 // (blocks run one after another). Device memory is host memory filled with NaN bytes when
-// allocated, so a kernel that reads what nothing wrote shows it in its numbers.
+// allocated, so a kernel that reads what nothing wrote shows it in its numbers, and each buffer
+// ends at an unreadable page, so an access past its end stops the process naming the thread.
 #pragma once
 
 #include <cmath>
