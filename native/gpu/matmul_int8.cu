@@ -27,8 +27,19 @@ using namespace int8_units;
 
 // ---- int8 helpers ------------------------------------------------------------------------------
 
+// c + the dot of a's and b's four signed bytes: one instruction where the device has it. AMD's
+// compiler does not find it in the byte-by-byte form (gfx1030 ISA from hipcc 5.2: byte extracts
+// and 24-bit multiply-adds, no dot instruction), so RDNA's are asked for by name: v_dot4_i32_iu8
+// (signed x signed) on RDNA3/3.5/4, v_dot4c_i32_i8 on RDNA2 (both seen in hipcc's ISA for gfx1100
+// and gfx1030). The byte-by-byte form stays for other AMD parts and the emulator.
 __device__ __forceinline__ int dot4(int a, int b, int c) {
-#if defined(LUCE_HIP)
+#if defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1103__) || \
+    defined(__gfx1150__) || defined(__gfx1151__) || defined(__gfx1152__) || defined(__gfx1200__) || defined(__gfx1201__)
+    return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#elif defined(__gfx1030__) || defined(__gfx1031__) || defined(__gfx1032__) || defined(__gfx1034__) || \
+    defined(__gfx1035__) || defined(__gfx1036__)
+    return __builtin_amdgcn_sdot4(a, b, c, false);
+#elif defined(LUCE_HIP)
     const int8_t *pa = reinterpret_cast<const int8_t *>(&a), *pb = reinterpret_cast<const int8_t *>(&b);
     return c + pa[0] * pb[0] + pa[1] * pb[1] + pa[2] * pb[2] + pa[3] * pb[3];
 #else
