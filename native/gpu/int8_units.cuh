@@ -61,18 +61,40 @@ __device__ __forceinline__ uint32_t lookup4(const Codebook &cb, uint32_t codes, 
 }
 #endif
 
+#if defined(LUCE_HIP)
+// AMD's v_perm_b32: result byte i = byte (sel byte i) of the pair (a: bytes 4-7, b: bytes 0-3)
+// for selectors 0-7, 0x00 for 12, 0xFF for 13 and up (LLVM folds perm(0x77665544, 0x33221100,
+// 0x0C0D0400) to 0x00FF4400; the emulator runs luce_emu::perm_b32).
+__device__ __forceinline__ uint32_t perm_bytes(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(LUCE_GPU_EMU)
+    return luce_emu::perm_b32(a, b, sel);
+#else
+    return __builtin_amdgcn_perm(a, b, sel);
+#endif
+}
+
+// Four codes, one per byte (0-15) -> their four int8 values.
+__device__ __forceinline__ uint32_t lookup4_bytes(const Codebook &cb, uint32_t codes) {
+    const uint32_t low3 = codes & 0x07070707u;
+    const uint32_t first = perm_bytes(cb.w[1], cb.w[0], low3), second = perm_bytes(cb.w[3], cb.w[2], low3);
+    const uint32_t from_second = ((codes >> 3) & 0x01010101u) * 0xFFu;  // 0xFF where the code is >= 8
+    return (second & from_second) | (first & ~from_second);
+}
+#endif
+
 // The eight 4-bit codes of one qs word in the GPU's IQ4_XS layout (byte i: element 2i of the
 // word's eight in its low nibble, element 2i + 1 in its high nibble; repack_weights, matmul.cu)
 // -> the values of elements 0-3 (lo) and 4-7 (hi), packed as int8.
 __device__ __forceinline__ void lookup8(const Codebook &cb, uint32_t codes, uint32_t &lo, uint32_t &hi) {
 #if defined(LUCE_HIP)
-    lo = hi = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const uint32_t cl = (codes >> (4 * i)) & 0xF, ch = (codes >> (16 + 4 * i)) & 0xF;
-        lo |= ((cb.w[cl >> 2] >> (8 * (cl & 3))) & 0xFF) << (8 * i);
-        hi |= ((cb.w[ch >> 2] >> (8 * (ch & 3))) & 0xFF) << (8 * i);
-    }
+    // AMD's byte permute (v_perm_b32, every GCN3+ and RDNA part) takes a byte per selector, not a
+    // nibble: the codes are spread to bytes in element order (two permutes interleave the even and
+    // the odd elements' nibbles), then looked up in entries 0-7 and 8-15 at once and each byte
+    // taken from the half its code's bit 3 names. About 19 instructions per eight codes; the
+    // byte-by-byte loop this replaces indexed the codebook with run-time shifts.
+    const uint32_t even = codes & 0x0F0F0F0Fu, odd = (codes >> 4) & 0x0F0F0F0Fu;  // e0 e2 e4 e6; e1 e3 e5 e7
+    lo = lookup4_bytes(cb, perm_bytes(odd, even, 0x05010400u));                   // e0 e1 e2 e3
+    hi = lookup4_bytes(cb, perm_bytes(odd, even, 0x07030602u));                   // e4 e5 e6 e7
 #else
     // prmt reads the low 16 bits of its selector: nibbles 0-3, or 4-7 once shifted down. (The
     // __byte_perm intrinsic masks every selector, which cost a fifth of the decode kernel's

@@ -90,6 +90,21 @@ bool warp_any(bool p);           // __any over the warp
 // Posts `bits` for the calling lane, waits until every lane of its warp has posted, and returns
 // the bits lane `src` posted (src is a lane of the same warp).
 uint64_t warp_exchange(uint64_t bits, int src);
+
+// AMD's byte permute, v_perm_b32 (int8_units.cuh perm_bytes): result byte i is selected by byte i
+// of sel from the pair (a: bytes 4-7, b: bytes 0-3); 12 gives 0x00, 13 and up 0xFF. Selectors
+// 8-11 (sign replication) are not used by luce and stop the launch.
+inline uint32_t perm_b32(uint32_t a, uint32_t b, uint32_t sel) {
+    const uint64_t pair = (uint64_t(a) << 32) | b;
+    uint32_t out = 0;
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t s = (sel >> (8 * i)) & 0xFF;
+        if (s >= 8 && s < 12) trap("v_perm_b32 sign selector");
+        const uint32_t byte = s < 8 ? uint32_t(pair >> (8 * s)) & 0xFF : s == 12 ? 0x00 : 0xFF;
+        out |= byte << (8 * i);
+    }
+    return out;
+}
 inline int lane_id() { return lane; }
 
 template <class T>
