@@ -101,7 +101,6 @@ struct Fiber {
     int warp = 0, lane = 0;
     Wait wait = Wait::none;
     uint64_t gen = 0;  // the generation of the barrier it waits at
-    bool started = false;
 };
 
 static_assert(warpSize == 32 || warpSize == 64, "the emulated wave width is 32 or 64");
@@ -170,10 +169,6 @@ void resume(Block &b, Fiber &f, void **save) {
 #else
 void resume(Block &b, Fiber &f, ucontext_t *save) {
 #endif
-    if (!f.started) {
-        prepare(f);
-        f.started = true;
-    }
     f.wait = Wait::none;
     b.current = &f;
     thread_idx = f.idx;
@@ -278,7 +273,7 @@ std::string run_block(Block &b) {
         f.warp = i / warpSize;
         f.lane = i % warpSize;
         f.wait = Wait::none;
-        f.started = false;
+        prepare(f);  // every thread of the block starts at fiber_main
         ++b.warps[size_t(f.warp)].size;
     }
     b.live = b.n;
@@ -319,7 +314,7 @@ hipError_t run_grid(const Grid &g) {
     std::lock_guard<std::mutex> one_at_a_time(launches);
     Block &b = block;
     b.grid = &g;
-    b.shared.assign(g.shared + 16, 0xFF);
+    b.shared.assign(g.shared, 0xFF);  // operator new's storage: 16-aligned
     running = &b;
     block_dim = g.block;
     grid_dim = g.grid;
@@ -338,10 +333,7 @@ hipError_t run_grid(const Grid &g) {
 
 // ---- what kernels call -----------------------------------------------------------------------------
 
-void *dynamic_shared() {
-    auto *p = running->shared.data();
-    return p + ((16 - reinterpret_cast<uintptr_t>(p) % 16) % 16);
-}
+void *dynamic_shared() { return running->shared.data(); }
 
 void sync_block() {
     Block &b = *running;
@@ -481,7 +473,6 @@ const char *hipGetErrorString(hipError_t e) {
         case hipErrorInvalidValue: return "invalid value";
         case hipErrorOutOfMemory: return "out of memory";
         case hipErrorNoDevice: return "no device";
-        case hipErrorNotSupported: return "not supported";
         case hipErrorStreamCaptureUnsupported: return "operation not permitted while a stream is capturing";
         default: return fail_text.empty() ? "emulated launch failed" : fail_text.c_str();
     }

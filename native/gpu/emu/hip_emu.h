@@ -184,7 +184,6 @@ enum hipError_t {
     hipErrorInvalidConfiguration = 9,
     hipErrorNoDevice = 100,
     hipErrorIllegalState = 401,
-    hipErrorNotSupported = 801,
     hipErrorStreamCaptureUnsupported = 900,
 };
 enum hipMemcpyKind {
