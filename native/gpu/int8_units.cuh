@@ -45,9 +45,13 @@ __device__ __forceinline__ Codebook load_codebook_lanes() { return (&iq4nl_codeb
 // PTX prmt in its default mode: result byte i = byte (sel nibble i & 7) of the pair (a, b), or
 // that byte's sign bit repeated when the nibble's bit 3 is set.
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(LUCE_GPU_EMU)
+    return luce_emu::prmt(a, b, sel);
+#else
     uint32_t r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
+#endif
 }
 
 // Four codes (selector nibbles 0-3) -> their four int8 values. With the codes as selectors, a

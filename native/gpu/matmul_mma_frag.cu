@@ -75,6 +75,12 @@ __device__ __forceinline__ bool unit_in_row(int k, int slot, int n_units) {
 // lane i % 16 (rows 0-7: matrices 0 and 2, rows 8-15: 1 and 3; lanes 16-31 give the second 16
 // bytes of each row).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t row_addr, uint32_t &a0, uint32_t &a1, uint32_t &a2, uint32_t &a3) {
+#if defined(LUCE_GPU_EMU)
+    uint32_t r[4];
+    luce_emu::ldmatrix_x4(row_addr, r);
+    a0 = r[0], a1 = r[1], a2 = r[2], a3 = r[3];
+    return;
+#endif
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
                  : "r"(row_addr));
@@ -460,7 +466,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS, Plan::min_blocks)
     static_assert(!Plan::tensor || group_bytes(TYPE) % 8 == 0, "a box's groups start 8-byte aligned (fetch_group_unit)");
     static_assert(!Plan::tensor || 16 * bulk_row_bytes<TYPE, GROUPS>() % 128 == 0, "every buffer 128-byte aligned");
     using Shared = BulkShared<TYPE, PARTS, Plan::align>;
-    extern __shared__ __align__(128) uint8_t bulk_shared[];  // no static shared memory: the window's start
+    LUCE_DYNAMIC_SHARED_ALIGNED(uint8_t, bulk_shared, 128);  // no static shared memory: the window's start
     Shared &sh = *reinterpret_cast<Shared *>(bulk_shared);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp % PAIR_WARPS, part = warp / PAIR_WARPS;
     const int g = lane / 4, tq = lane % 4, r = lane % 16, h = lane / 16;

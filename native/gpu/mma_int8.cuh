@@ -35,7 +35,10 @@ struct MmaArgs {
 // D = A (16x32 s8, row) x B (32x8 s8, col), fresh accumulator.
 __device__ __forceinline__ void mma_k32(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
                                         int (&d)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(LUCE_GPU_EMU)
+    const uint32_t a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};
+    luce_emu::mma_s8(32, a, b, d);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
@@ -47,7 +50,10 @@ __device__ __forceinline__ void mma_k32(uint32_t a0, uint32_t a1, uint32_t a2, u
 
 // D = A (16x16 s8, row) x B (16x8 s8, col): Q6_K needs the dot of each 16-element half.
 __device__ __forceinline__ void mma_k16(uint32_t a0, uint32_t a1, uint32_t b0, int (&d)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(LUCE_GPU_EMU)
+    const uint32_t a[2] = {a0, a1}, b[1] = {b0};
+    luce_emu::mma_s8(16, a, b, d);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
                  : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
                  : "r"(a0), "r"(a1), "r"(b0), "r"(0));

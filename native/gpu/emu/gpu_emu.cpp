@@ -1,14 +1,17 @@
-// hip_emu.cpp — the emulated GPU's scheduler and runtime (hip_emu.h says what it is for).
+// gpu_emu.cpp — the emulated GPU's scheduler and runtime (gpu_emu.h says what it is for).
 //
 // A launch runs its blocks one after another on the calling thread, one launch at a time in the
 // process. A block's threads are fibers with stacks of their own. A fiber runs until it finishes
 // or waits at a barrier (the block's, or its warp's), then hands over to the next fiber in thread
 // order that can go on; past the last one, the scheduler starts a new round from the first. The
-// last thread to reach a barrier opens it. When a round finds no fiber that can go on and some
-// have not finished, the block is stuck (a barrier some threads never reach): the launch fails
-// with a DEVICE error, as do the other misuses hip_emu.h lists.
+// last thread to reach a barrier opens it; a thread waiting on an mbarrier phase goes on once
+// another has arrived at a barrier or landed a copy since it looked. When a round finds no fiber
+// that can go on and some have not finished, the block is stuck (a barrier some threads never
+// reach, a phase that never completes): the launch fails with a DEVICE error, as do the other
+// misuses gpu_emu.h lists.
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <link.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/sysinfo.h>
@@ -24,7 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "hip_emu.h"
+#include "gpu_emu.h"
 
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -39,7 +42,13 @@ int lane = 0;
 namespace {
 
 constexpr int MAX_THREADS = 1024;                  // per block, as on every HIP and CUDA device
+#if defined(LUCE_HIP)
 constexpr size_t MAX_SHARED = 64 * 1024;           // an AMD workgroup's LDS
+constexpr size_t DEFAULT_SHARED = MAX_SHARED;
+#else
+constexpr size_t MAX_SHARED = 227 * 1024;          // an sm_90 block's, where the kernel opted in
+constexpr size_t DEFAULT_SHARED = 48 * 1024;       // without the opt-in
+#endif
 constexpr size_t STACK_BYTES = 256 * 1024;         // per fiber: kernels keep their "registers" here
 constexpr size_t GUARD_BYTES = 4096;               // below each stack, never mapped readable
 
@@ -88,7 +97,7 @@ extern "C" void luce_emu_enter();
 struct Fiber;
 void fiber_main(Fiber *f);
 
-enum class Wait { none, block, warp, done };
+enum class Wait { none, block, warp, phase, done };
 
 struct Fiber {
     uint8_t *stack = nullptr;  // lowest usable byte (the guard page is below it)
@@ -111,14 +120,23 @@ struct Warp {
     uint64_t gen = 0;
 };
 
+// An mbarrier: a phase completes when every expected arrival has come and every byte the
+// arrivals announced has landed.
+struct Mbarrier {
+    int expected = 0, pending = 0;
+    int64_t bytes_due = 0;  // announced by expect_tx, less the bytes landed (a copy may land first)
+    uint32_t phase = 0;     // completed phases
+};
+
 struct Block {
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
     int n = 0, live = 0, arrived = 0;
     uint64_t gen = 0;
+    uint64_t events = 0;  // mbarrier arrivals and landed copies so far: what a waiting phase needs
+    std::unordered_map<uint32_t, Mbarrier> mbarriers;  // by shared address, from their init
     Fiber *current = nullptr;
     const Grid *grid = nullptr;
-    std::vector<uint8_t> shared;
     std::string error;  // set by a fiber that stopped the launch
 #if defined(__x86_64__)
     void *scheduler_sp = nullptr;
@@ -236,22 +254,28 @@ bool can_run(const Block &b, const Fiber &f) {
         case Wait::none: return true;
         case Wait::block: return b.gen > f.gen;
         case Wait::warp: return b.warps[f.warp].gen > f.gen;
+        case Wait::phase: return b.events > f.gen;
         default: return false;
     }
 }
 
 std::string stuck_message(const Block &b) {
-    int at_block = 0, at_warp = 0;
+    int at_block = 0, at_warp = 0, at_phase = 0;
     const Fiber *first = nullptr;
     for (const Fiber &f : b.fibers) {
         if (&f - b.fibers.data() >= b.n || f.wait == Wait::done) continue;
         at_block += f.wait == Wait::block;
         at_warp += f.wait == Wait::warp;
+        at_phase += f.wait == Wait::phase;
         if (!first) first = &f;
     }
-    char text[160];
-    std::snprintf(text, sizeof text, "%d threads wait at __syncthreads and %d at a warp operation that the "
-                  "others never reach", at_block, at_warp);
+    char text[200];
+    if (at_phase > 0)
+        std::snprintf(text, sizeof text, "%d threads wait at __syncthreads, %d at a warp operation and %d on an "
+                      "mbarrier phase that never completes", at_block, at_warp, at_phase);
+    else
+        std::snprintf(text, sizeof text, "%d threads wait at __syncthreads and %d at a warp operation that the "
+                      "others never reach", at_block, at_warp);
     return where(b, *first) + ": " + text;
 }
 
@@ -279,6 +303,8 @@ std::string run_block(Block &b) {
     b.live = b.n;
     b.arrived = 0;
     b.gen = 0;
+    b.events = 0;
+    b.mbarriers.clear();
     b.error.clear();
     while (b.live > 0 && b.error.empty()) {  // one round: the fibers hand over to each other
         int first = 0;
@@ -292,6 +318,11 @@ std::string run_block(Block &b) {
     }
     return b.error;
 }
+
+// Dynamic shared memory, in the library's own storage: shared_address() maps shared memory to
+// 32-bit offsets from one base, which this and every kernel's static __shared__ arrays are near.
+alignas(128) uint8_t dynamic_space[MAX_SHARED];
+std::unordered_map<const void *, size_t> shared_opt_in;  // cudaFuncSetAttribute, by kernel
 
 std::string fail_text;  // the last launch failure, for hipGetErrorString
 hipError_t last_error = hipSuccess;
@@ -307,14 +338,23 @@ hipError_t run_grid(const Grid &g) {
     if (g.block.x * g.block.y * g.block.z > unsigned(MAX_THREADS) || g.block.x * g.block.y * g.block.z == 0 ||
         g.grid.x * g.grid.y * g.grid.z == 0)
         return failed(hipErrorInvalidConfiguration, std::string(g.kernel) + ": launch of an empty or too large block");
-    if (g.shared > MAX_SHARED)
+    std::lock_guard<std::mutex> one_at_a_time(launches);
+    const auto opted = shared_opt_in.find(g.fn);
+    const size_t allowed = opted == shared_opt_in.end() ? DEFAULT_SHARED : std::max(DEFAULT_SHARED, opted->second);
+    if (g.shared > allowed)
+#if defined(LUCE_HIP)
         return failed(hipErrorInvalidConfiguration, std::string(g.kernel) + ": " + std::to_string(g.shared) +
                                                         " bytes of shared memory (an AMD workgroup has 65536)");
+#else
+        return failed(hipErrorInvalidConfiguration, std::string(g.kernel) + ": " + std::to_string(g.shared) +
+                                                        " bytes of dynamic shared memory, " + std::to_string(allowed) +
+                                                        " allowed (cudaFuncSetAttribute opts in to up to " +
+                                                        std::to_string(MAX_SHARED) + ")");
+#endif
     static Block block;  // fibers and stacks kept between launches
-    std::lock_guard<std::mutex> one_at_a_time(launches);
     Block &b = block;
     b.grid = &g;
-    b.shared.assign(g.shared, 0xFF);  // operator new's storage: 16-aligned
+    std::memset(dynamic_space, 0xFF, g.shared);
     running = &b;
     block_dim = g.block;
     grid_dim = g.grid;
@@ -333,7 +373,14 @@ hipError_t run_grid(const Grid &g) {
 
 // ---- what kernels call -----------------------------------------------------------------------------
 
-void *dynamic_shared() { return running->shared.data(); }
+void *dynamic_shared() { return dynamic_space; }
+
+hipError_t set_max_dynamic_shared(const void *kernel, int bytes) {
+    if (bytes < 0 || size_t(bytes) > MAX_SHARED) return failed(hipErrorInvalidValue, "more shared memory than a block has");
+    std::lock_guard<std::mutex> hold(launches);
+    shared_opt_in[kernel] = size_t(bytes);
+    return hipSuccess;
+}
 
 void sync_block() {
     Block &b = *running;
@@ -368,17 +415,25 @@ uint64_t warp_exchange(uint64_t bits, int src) {
     return w.slots[gen & 1][src];
 }
 
+const uint64_t *warp_gather(uint64_t bits) {
+    (void)warp_exchange(bits, lane_id());
+    // Every lane has posted this generation's bits, and none can post the next parity's yet.
+    const Block &b = *running;
+    const Warp &w = b.warps[size_t(b.current->warp)];
+    return w.slots[(w.gen - 1) & 1];
+}
+
+void full_warp(unsigned mask) {
+    if (mask != 0xFFFFFFFFu) trap("a warp operation on part of the warp (luce's kernels use full warps)");
+}
+
 void sync_warp() { (void)warp_exchange(0, lane_id()); }
 
 bool warp_any(bool p) {
-    Block &b = *running;
-    (void)warp_exchange(p, lane_id());
-    // Every lane has posted this generation's bits, and none can post the next parity's yet.
-    const Fiber &f = *b.current;
-    const Warp &w = b.warps[size_t(f.warp)];
-    const uint64_t gen = w.gen - 1;
+    const uint64_t *all = warp_gather(p);
+    const int size = running->warps[size_t(running->current->warp)].size;
     bool any = false;
-    for (int lane = 0; lane < w.size; ++lane) any = any || w.slots[gen & 1][lane] != 0;
+    for (int lane = 0; lane < size; ++lane) any = any || all[lane] != 0;
     return any;
 }
 
@@ -386,6 +441,200 @@ void trap(const char *why) {
     Block &b = *running;
     stop(b, where(b, *b.current) + ": " + why);
 }
+
+// ---- the PTX that luce's CUDA source writes by hand -------------------------------------------------
+
+namespace {
+
+// Shared memory is this library's own storage: dynamic_space and the kernels' static __shared__
+// arrays, all in its writable segments. Its 32-bit addresses are offsets from 2 GiB below
+// dynamic_space, which every byte of the library's image has.
+struct Image {
+    uintptr_t lo = 0, hi = 0;  // the loaded segments around dynamic_space
+};
+Image library_image() {
+    static const Image image = [] {
+        Image im;
+        dl_iterate_phdr([](dl_phdr_info *info, size_t, void *data) {
+            auto &im = *static_cast<Image *>(data);
+            const uintptr_t probe = reinterpret_cast<uintptr_t>(dynamic_space);
+            uintptr_t lo = UINTPTR_MAX, hi = 0;
+            for (int i = 0; i < info->dlpi_phnum; ++i) {
+                const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+                if (ph.p_type != PT_LOAD) continue;
+                lo = std::min<uintptr_t>(lo, info->dlpi_addr + ph.p_vaddr);
+                hi = std::max<uintptr_t>(hi, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
+            }
+            if (probe < lo || probe >= hi) return 0;
+            im.lo = lo, im.hi = hi;
+            return 1;
+        }, &im);
+        return im;
+    }();
+    return image;
+}
+uintptr_t shared_base() { return reinterpret_cast<uintptr_t>(dynamic_space) - (uintptr_t(1) << 31); }
+
+// How often each emulated PTX operation ran (warp operations once per warp): luce_emu_ptx_counts.
+struct PtxCounts {
+    uint64_t mma, ldmatrix, bulk_copies, tensor_copies, phase_waits;
+} ptx_counts;
+
+Mbarrier &mbarrier_at(uint32_t bar) {
+    const auto it = running->mbarriers.find(bar);
+    if (it == running->mbarriers.end()) trap("an mbarrier used before its mbarrier.init");
+    return it->second;
+}
+
+// Something a waiting phase may need has happened; the phase completes if it now can.
+void mbarrier_update(Mbarrier &m) {
+    ++running->events;
+    if (m.pending == 0 && m.bytes_due == 0) {
+        ++m.phase;
+        m.pending = m.expected;
+    }
+}
+
+void landed(uint32_t bar, uint32_t bytes) {
+    Mbarrier &m = mbarrier_at(bar);
+    m.bytes_due -= bytes;
+    mbarrier_update(m);
+}
+
+#if !defined(LUCE_HIP)
+// The emulated tensor map's fields in CUtensorMap's 128 opaque bytes.
+struct TensorMapFields {
+    uint64_t magic;
+    const uint8_t *base;
+    uint64_t dims[2], row_stride;
+    uint32_t box[2], elem_bytes;
+};
+constexpr uint64_t TENSOR_MAP_MAGIC = 0x6c7563652d746d61ull;  // "luce-tma"
+static_assert(sizeof(TensorMapFields) <= sizeof(CUtensorMap), "the fields fit the opaque map");
+
+CUresult encode_tiled(CUtensorMap *map, CUtensorMapDataType type, cuuint32_t rank, void *base, const cuuint64_t *dims,
+                      const cuuint64_t *strides, const cuuint32_t *box, const cuuint32_t *element_strides,
+                      CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+    const uint32_t elem = type == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : type == CU_TENSOR_MAP_DATA_TYPE_UINT16 ? 2 : 4;
+    // The driver's rules for a 2D tiled map, as far as luce's maps reach them.
+    const bool ok = rank == 2 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && dims[0] > 0 && dims[1] > 0 &&
+                    strides[0] % 16 == 0 && box[0] >= 1 && box[0] <= 256 && box[1] >= 1 && box[1] <= 256 &&
+                    box[0] * elem % 16 == 0 && element_strides[0] == 1 && element_strides[1] == 1;
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    TensorMapFields f{TENSOR_MAP_MAGIC, static_cast<const uint8_t *>(base), {dims[0], dims[1]}, strides[0],
+                      {box[0], box[1]}, elem};
+    std::memset(map, 0, sizeof *map);
+    std::memcpy(map, &f, sizeof f);
+    return CUDA_SUCCESS;
+}
+#endif
+
+}  // namespace
+
+uint32_t shared_address(const void *p) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const Image im = library_image();
+    if (a < im.lo || a >= im.hi) trap("__cvta_generic_to_shared of an address outside shared memory");
+    return uint32_t(a - shared_base());
+}
+
+uint8_t *shared_pointer(uint32_t address, uint32_t bytes) {
+    const uintptr_t a = shared_base() + address;
+    const Image im = library_image();
+    if (a < im.lo || a + bytes > im.hi) trap("a shared-memory address outside shared memory");
+    return reinterpret_cast<uint8_t *>(a);
+}
+
+void ldmatrix_x4(uint32_t row_address, uint32_t (&r)[4]) {
+    const uint64_t *all = warp_gather(row_address);
+    ptx_counts.ldmatrix += lane == 0;
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t row = uint32_t(all[8 * i + lane / 4]);
+        if (row % 16) trap("ldmatrix: a row address off a 16-byte boundary");
+        std::memcpy(&r[i], shared_pointer(row, 16) + 4 * (lane % 4), 4);
+    }
+}
+
+void mma_s8(int k, const uint32_t *a, const uint32_t *b, int (&d)[4]) {
+    uint32_t A[32][4] = {}, B[32][2] = {};  // every lane's fragment registers
+    const uint64_t *all = warp_gather(a[0] | uint64_t(a[1]) << 32);
+    for (int l = 0; l < 32; ++l) A[l][0] = uint32_t(all[l]), A[l][1] = uint32_t(all[l] >> 32);
+    if (k == 32) {
+        all = warp_gather(a[2] | uint64_t(a[3]) << 32);
+        for (int l = 0; l < 32; ++l) A[l][2] = uint32_t(all[l]), A[l][3] = uint32_t(all[l] >> 32);
+    }
+    all = warp_gather(k == 32 ? b[0] | uint64_t(b[1]) << 32 : b[0]);
+    for (int l = 0; l < 32; ++l) B[l][0] = uint32_t(all[l]), B[l][1] = uint32_t(all[l] >> 32);
+    ptx_counts.mma += lane == 0;
+    const auto byte = [](uint32_t word, int i) { return int(int8_t(word >> (8 * i))); };
+    const int g = lane / 4, tq = lane % 4;
+    for (int c = 0; c < 4; ++c) {
+        const int row = g + 8 * (c / 2), col = 2 * tq + c % 2;
+        int sum = 0;
+        for (int kk = 0; kk < k; ++kk) {  // A[row][kk]: lane row % 8, kk % 16 / 4 of register (row / 8, kk / 16)
+            const uint32_t aw = A[(row % 8) * 4 + (kk % 16) / 4][row / 8 + 2 * (kk / 16)];
+            const uint32_t bw = B[col * 4 + (kk % 16) / 4][kk / 16];
+            sum += byte(aw, kk % 4) * byte(bw, kk % 4);
+        }
+        d[c] = sum;
+    }
+}
+
+void mbarrier_init(uint32_t bar, int arrivals) {
+    if (bar % 8) trap("mbarrier.init: a barrier off an 8-byte boundary");
+    if (arrivals < 1) trap("mbarrier.init: a barrier that expects no arrival");
+    running->mbarriers[bar] = Mbarrier{arrivals, arrivals, 0, 0};
+}
+
+void mbarrier_arrive(uint32_t bar, uint32_t expect_bytes) {
+    Mbarrier &m = mbarrier_at(bar);
+    if (m.pending == 0) trap("an mbarrier arrival its phase does not count (the phase waits only for bytes)");
+    m.bytes_due += expect_bytes;
+    --m.pending;
+    mbarrier_update(m);
+}
+
+void mbarrier_wait(uint32_t bar, uint32_t parity) {
+    Block &b = *running;
+    while ((mbarrier_at(bar).phase & 1) == (parity & 1)) {
+        ++ptx_counts.phase_waits;
+        Fiber &f = *b.current;
+        f.gen = b.events;
+        f.wait = Wait::phase;
+        hand_over(b);
+    }
+}
+
+void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    if (dst % 16 || reinterpret_cast<uintptr_t>(src) % 16 || bytes % 16)
+        trap("cp.async.bulk: an address or size off a 16-byte boundary");
+    std::memcpy(shared_pointer(dst, bytes), src, bytes);
+    ++ptx_counts.bulk_copies;
+    landed(bar, bytes);
+}
+
+#if !defined(LUCE_HIP)
+void tensor_copy(uint32_t dst, const void *map, int x, int y, uint32_t bar) {
+    TensorMapFields f;
+    std::memcpy(&f, map, sizeof f);
+    if (f.magic != TENSOR_MAP_MAGIC) trap("cp.async.bulk.tensor: a tensor map the driver did not encode");
+    if (dst % 128) trap("cp.async.bulk.tensor: a destination off a 128-byte boundary");
+    // The H200 faulted ("an illegal instruction") on boxes whose rows start off a 16-byte boundary.
+    if (int64_t(x) * f.elem_bytes % 16) trap("cp.async.bulk.tensor: a box that starts off a 16-byte boundary");
+    const uint32_t row_bytes = f.box[0] * f.elem_bytes, bytes = row_bytes * f.box[1];
+    uint8_t *out = shared_pointer(dst, bytes);
+    for (uint32_t r = 0; r < f.box[1]; ++r)
+        for (uint32_t e = 0; e < f.box[0]; ++e) {
+            const int64_t ex = int64_t(x) + e, ey = int64_t(y) + r;
+            uint8_t *to = out + r * row_bytes + e * f.elem_bytes;
+            const bool inside = ex >= 0 && ey >= 0 && uint64_t(ex) < f.dims[0] && uint64_t(ey) < f.dims[1];
+            if (inside) std::memcpy(to, f.base + uint64_t(ey) * f.row_stride + uint64_t(ex) * f.elem_bytes, f.elem_bytes);
+            else std::memset(to, 0, f.elem_bytes);  // past the array: zeros
+        }
+    ++ptx_counts.tensor_copies;
+    landed(bar, bytes);
+}
+#endif
 
 // Kept for the life of the process: grids and their graphs point at the names.
 const char *kernel_name(const void *kernel, const char *signature) {
@@ -502,15 +751,25 @@ hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 hipError_t hipGetDeviceProperties(hipDeviceProp_t *prop, int device) {
     if (device != 0) return hipErrorInvalidValue;
     *prop = hipDeviceProp_t{};
-    std::snprintf(prop->name, sizeof prop->name, "luce emulator (host CPU, wave%d)", warpSize);
     size_t free_bytes = 0;
     hipMemGetInfo(&free_bytes, &prop->totalGlobalMem);
     prop->warpSize = warpSize;
+#if defined(LUCE_HIP)
+    std::snprintf(prop->name, sizeof prop->name, "luce emulator (host CPU, wave%d)", warpSize);
     prop->multiProcessorCount = 8;
     prop->l2CacheSize = 4 << 20;
     prop->major = 11;  // an RDNA3-like part: no CUDA-only path applies
     prop->minor = 0;
-    prop->sharedMemPerBlock = 64 * 1024;
+#else
+    // An H200's numbers, so the backend picks the kernels it picks there (sm_90: tensor cores,
+    // bulk copies, tensor maps, programmatic dependent launch).
+    std::snprintf(prop->name, sizeof prop->name, "luce emulator (host CPU, sm_90)");
+    prop->multiProcessorCount = 132;
+    prop->l2CacheSize = 50 << 20;
+    prop->major = 9;
+    prop->minor = 0;
+#endif
+    prop->sharedMemPerBlock = DEFAULT_SHARED;
     prop->maxThreadsPerBlock = 1024;
     return hipSuccess;
 }
@@ -520,7 +779,7 @@ hipError_t hipRuntimeGetVersion(int *version) {
     return hipSuccess;
 }
 
-// Device memory is host memory, NaN bytes until written (hip_emu.h), each allocation ending where
+// Device memory is host memory, NaN bytes until written (gpu_emu.h), each allocation ending where
 // an unreadable page begins (its start 256-aligned, as the runtime's): a kernel that reads or
 // writes past the end of a buffer, by more than the alignment's slack, faults there, and the
 // fault handler names the kernel, block and thread.
@@ -689,4 +948,23 @@ hipError_t hipGraphDestroy(hipGraph_t graph) {
 hipError_t hipGraphExecDestroy(hipGraphExec_t exec) {
     delete exec;
     return hipSuccess;
+}
+
+#if !defined(LUCE_HIP)
+hipError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned, unsigned long long,
+                                            cudaDriverEntryPointQueryResult *status) {
+    const bool known = std::string(symbol) == "cuTensorMapEncodeTiled";
+    *fn = known ? reinterpret_cast<void *>(&encode_tiled) : nullptr;
+    *status = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    return hipSuccess;
+}
+#endif
+
+// For tests (tests/test_gpu_emu.py): which of the CUDA path's PTX ran, so a check can tell that the
+// tensor-core kernels and the copies it meant to run did (out: mma, ldmatrix, bulk copies,
+// tensor-map copies, waits on an mbarrier phase not yet complete).
+extern "C" void luce_emu_ptx_counts(uint64_t out[5]) {
+    const PtxCounts c = ptx_counts;
+    const uint64_t v[5] = {c.mma, c.ldmatrix, c.bulk_copies, c.tensor_copies, c.phase_waits};
+    std::memcpy(out, v, sizeof v);
 }
