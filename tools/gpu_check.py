@@ -758,7 +758,9 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
     res = {"model": path.name, "steps": GRAPH_STEPS, "identical_logits": not len(diff),
            "max_abs": max(float(np.abs(rows - graph_rows).max()) for rows, _ in others.values()),
            "first_diff": diff[0].tolist() if len(diff) else None,
-           "identical_tokens": all(tokens == graph_tokens for _, tokens in others.values())}
+           "identical_tokens": all(tokens == graph_tokens for _, tokens in others.values()),
+           "differing": [name for name, (rows, tokens) in others.items()
+                         if not np.array_equal(rows, graph_rows) or tokens != graph_tokens]}
     res["ok"] = res["identical_logits"] and res["identical_tokens"]
     return res
 
@@ -1675,7 +1677,8 @@ def _check_lines(report: dict) -> list[str]:
                      f"(LUCE_GPU_DELTANET_EARLY=1), {g.get('model')}: " + (
             f"error: {g['error']}" if "error" in g else
             f"logits of prefill + {g['steps']} one-token steps bitwise identical: {g['identical_logits']} "
-            f"(max abs diff {g['max_abs']:.2e}, first diff {g['first_diff']}); greedy tokens identical: "
+            f"(max abs diff {g['max_abs']:.2e}, first diff {g['first_diff']}"
+            f"{', differing: ' + ', '.join(g['differing']) if g.get('differing') else ''}); greedy tokens identical: "
             f"{g['identical_tokens']} -> {'ok' if g['ok'] else 'FAIL'}"))
     lines += [""] if report.get("sampling") else []
     for r in report.get("sampling", []):

@@ -99,7 +99,6 @@ void GpuBackend::read_switches(const cudaDeviceProp &prop) {
     choose_matmul_kernels(prop);
     attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
     fused_attn_ = env_is("LUCE_GPU_FUSED_ATTN", "1");
-    gpu::long_row_unroll = env_is("LUCE_GPU_LONG_ROW_UNROLL", "9") ? 9 : 8;
     // Programmatic dependent launch (gpu_compat.h): Hopper and later, unless LUCE_GPU_PDL=0.
 #if !defined(LUCE_HIP)
     gpu::dependent_launch = prop.major >= 9 && !env_is("LUCE_GPU_PDL", "0");

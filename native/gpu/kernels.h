@@ -58,10 +58,6 @@ int64_t act_scratch_bytes(int64_t n_in, int T, bool frag);
 ActScratch act_scratch_at(void *base, int64_t n_in, int T, bool frag);
 void quantize_acts(cudaStream_t stream, int warp, const float *x, int n_in, int T, int block, const ActScratch &a);
 void matmul_int8(cudaStream_t stream, int type, int64_t n_in, const RowSegments &rows, int T, const ActScratch &a);
-// Units in flight per lane for one-token IQ4_XS / Q8_0 rows of at least 16384 values (the 27B's
-// FFN down: 17 units a lane in four parts): 8 (rounds of 8 + 8 + 1), or 9 (9 + 8) under
-// LUCE_GPU_LONG_ROW_UNROLL=9, for the A/B a device run decides (docs/gpu.md). Same bits.
-inline int long_row_unroll = 8;
 // matmul_mma.cu: the same contract on the tensor cores (CUDA sm_80+; mma_matmul_supported(major)
 // of the device's compute capability), bit-identical to matmul_int8 per (row, token) whatever T.
 // HIP: unsupported.

@@ -23,8 +23,11 @@ __device__ __forceinline__ void rope_rotate(float &a, float &b, int i, int n_rot
     float s, c;
     sincosf(float(p) * inv_freq, &s, &c);
     const float a0 = a, b0 = b;
-    a = a0 * c - b0 * s;
-    b = b0 * c + a0 * s;
+    // The contractions spelled out: left to nvcc, a * c - b * s may become either product's FMA,
+    // and the choice differed between the rope kernel and the fused attention prologue (one ulp
+    // apart on an H200, 2026-12-05), whose bits must agree.
+    a = fmaf(a0, c, -(b0 * s));
+    b = fmaf(b0, c, a0 * s);
 }
 
 }  // namespace luce::gpu
