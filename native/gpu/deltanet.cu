@@ -158,10 +158,15 @@ __device__ __forceinline__ float column_sum(float x) {
 // tail (at one token those loads are a DRAM round trip of the kernel's ~8 us). Allowed by
 // gpu_compat.h's exception: the state's last writer is this layer's kernel of an earlier step or
 // a rollback copy, never the kernel just before (the conv), and the loads go through L2.
-template <int DK, bool HIST, bool EARLY>
+// FIXED_DV: the value head size as a constant (0: the dv argument). A column's R state rows lie
+// DV floats apart, so with DV known each of a token's R history stores (and the state's loads)
+// is an offset from one address: with DV at run time, ptxas formed a 64-bit address per store,
+// ~260 of the 1212 instructions of the 27B's token loop (sm_90 SASS, 2026-12-05). Same bits.
+template <int DK, bool HIST, bool EARLY, int FIXED_DV = 0>
 __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
         const float *conv, const float *b, const float *a, const float *ssm_a, const float *dt_bias, int HK, int HV,
-        int DV, float eps, int T, float *state, float *out, float *state_history, const int32_t *parent) {
+        int dv, float eps, int T, float *state, float *out, float *state_history, const int32_t *parent) {
+    const int DV = FIXED_DV ? FIXED_DV : dv;
     // DK = 32 splits too, so the small check models run the path the 27B runs.
     constexpr int SPLIT = DK >= 32 ? 2 : 1, R = DK / SPLIT;
     __shared__ float sq[DK], sk[DK];
@@ -452,12 +457,18 @@ void launch_reg(cudaStream_t stream, int warp, const float *conv, const float *b
             launch_kernel(kernel, grid, threads, 0, stream, conv, b, a, ssm_a, dt_bias, dm.hk, dm.hv, dm.dv, dm.eps, T,
                           state, out, state_history, tree_parent);
         };
-        if (state_history)
-            early_state ? run(gated_delta_net_reg_kernel<DK, true, true>, parent)
-                        : run(gated_delta_net_reg_kernel<DK, true, false>, parent);
-        else
-            early_state ? run(gated_delta_net_reg_kernel<DK, false, true>, nullptr)
-                        : run(gated_delta_net_reg_kernel<DK, false, false>, nullptr);
+        // The value head size as a constant where it is the 27B's (and every Qwen3.5's): 128.
+        auto with_dv = [&](auto fixed_dv) {
+            constexpr int FIXED_DV = decltype(fixed_dv)::value;
+            if (state_history)
+                early_state ? run(gated_delta_net_reg_kernel<DK, true, true, FIXED_DV>, parent)
+                            : run(gated_delta_net_reg_kernel<DK, true, false, FIXED_DV>, parent);
+            else
+                early_state ? run(gated_delta_net_reg_kernel<DK, false, true, FIXED_DV>, nullptr)
+                            : run(gated_delta_net_reg_kernel<DK, false, false, FIXED_DV>, nullptr);
+        };
+        if (DK == 128 && dm.dv == 128) with_dv(std::integral_constant<int, 128>{});
+        else with_dv(std::integral_constant<int, 0>{});
     }
 }
 
