@@ -148,8 +148,12 @@ __device__ __forceinline__ float column_sum(float x) {
 // the column through memory in two dependent chains per token: ~70 us per 27B layer on an H200,
 // measured 2026-12-03). Columns of DK >= 32 are split over two adjacent lanes (DK/2 rows each;
 // 128 rows plus the 128 k values would overflow the register file), whose two partial sums are
-// added (column_sum); otherwise the fp32 operations are the general kernel's. The order does
-// not depend on T, so a verify step reproduces the decode steps bit for bit.
+// added (column_sum), and a thread's two dot products over its rows (k . s and q . s) run in
+// ACC_CHAINS partial sums (row i into sum i % ACC_CHAINS, then ((0 + 1) + (2 + 3))): one warp per
+// scheduler has nothing else to issue, so a single 64-long chain of dependent FMAs (four cycles
+// each) was each token's latency twice over (ncu, 2026-12-04: 84-87% of cycles without an
+// eligible warp). Otherwise the fp32 operations are the general kernel's. The order does not
+// depend on T, so a verify step reproduces the decode steps bit for bit.
 // HIST: the per-token state copies for rollback / tree mode. parent != null (tree mode, HIST):
 // where a token's parent is not the previous token, the thread reloads its part of the column
 // from the parent's history row (which it wrote itself) or from `state` (the step's initial
@@ -162,6 +166,11 @@ __device__ __forceinline__ float column_sum(float x) {
 // DV floats apart, so with DV known each of a token's R history stores (and the state's loads)
 // is an offset from one address: with DV at run time, ptxas formed a 64-bit address per store,
 // ~260 of the 1212 instructions of the 27B's token loop (sm_90 SASS, 2026-12-05). Same bits.
+constexpr int ACC_CHAINS = 4;
+
+// The sum of a thread's ACC_CHAINS partial sums, in the register kernel's order.
+__device__ __forceinline__ float chains_sum(const float (&p)[ACC_CHAINS]) { return (p[0] + p[1]) + (p[2] + p[3]); }
+
 template <int DK, bool HIST, bool EARLY, int FIXED_DV = 0>
 __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
         const float *conv, const float *b, const float *a, const float *ssm_a, const float *dt_bias, int HK, int HV,
@@ -224,9 +233,8 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
             qn += cur.q[m] * cur.q[m];
             kn += cur.k[m] * cur.k[m];
         }
-        qn = block_sum(qn);
-        kn = block_sum(kn);
-        const float qf = q_scale / fmaxf(sqrtf(qn), eps), kf = 1.0f / fmaxf(sqrtf(kn), eps);
+        const float2 norms = block_sum2(qn, kn);
+        const float qf = q_scale / fmaxf(sqrtf(norms.x), eps), kf = 1.0f / fmaxf(sqrtf(norms.y), eps);
 #pragma unroll
         for (int m = 0; m < NQ; ++m) {
             const int i = threadIdx.x + m * blockDim.x;
@@ -239,21 +247,22 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
         const float *kp = sk + part * R, *qp = sq + part * R;
         const float beta = sigmoid(cur.b);
         const float decay = expf(ssm_a[j] * softplus(cur.a + dt_bias[j]));
-        float kv = 0.f;
+        static_assert(R % ACC_CHAINS == 0, "whole chains");
+        float kvp[ACC_CHAINS] = {};
 #pragma unroll
         for (int i = 0; i < R; ++i) {
             s[i] = s[i] * decay;
-            kv += s[i] * kp[i];
+            kvp[i % ACC_CHAINS] += s[i] * kp[i];
         }
-        kv = column_sum<SPLIT>(kv);
+        const float kv = column_sum<SPLIT>(chains_sum(kvp));
         const float delta = beta * (cur.v - kv);
-        float o = 0.f;
+        float op[ACC_CHAINS] = {};
 #pragma unroll
         for (int i = 0; i < R; ++i) {
             s[i] = s[i] + kp[i] * delta;
-            o += s[i] * qp[i];
+            op[i % ACC_CHAINS] += s[i] * qp[i];
         }
-        o = column_sum<SPLIT>(o);
+        const float o = column_sum<SPLIT>(chains_sum(op));
         if (active) {
             if constexpr (HIST) {
                 float *hist = state_history + (int64_t(t) * HV + j) * DK * DV + int64_t(part) * R * DV + c;
