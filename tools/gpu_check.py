@@ -205,6 +205,7 @@ def model_checks(models, chosen: list[str] | None) -> list[tuple[str, Path, str,
 MATMUL_TOL = 1e-5  # max |y - ref| / max (|x| @ |W|^T): fp32 sums of exactly dequantized weights
 MATMUL_WIDTHS = (1, 3, 8, 17, 64)
 PREFILL_WIDTH = 512  # a prefill chunk (session.h PREFILL_STEP): GPU only (the dry run's CPU time)
+MMA_FRAG_MAX_TOKENS = 32  # LUCE_GPU_MATMUL=frag serves up to this width, the staged kernel past it
 MAX_STEP = 64  # session.h: the widest verify step; wider steps are prefill chunks
 
 
@@ -250,6 +251,20 @@ def _hook(library: str, name: str):
     fn = getattr(ctypes.CDLL(path or str(_HERE / library)), name)
     fn.restype = ctypes.c_int
     return fn
+
+
+def gpu_device_info() -> tuple[str, bool]:
+    """(the GPU backend's name for the device, e.g. "cuda:NVIDIA H200", whether its int8 matmuls
+    have tensor-core kernels), through libluce_gpu's luce_gpu_device_info."""
+    import ctypes
+
+    name, err = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
+    tensor_cores = ctypes.c_int32(0)
+    st = _hook("libluce_gpu.so", "luce_gpu_device_info")(ctypes.c_int32(0), name, ctypes.c_size_t(len(name)),
+                                                          ctypes.byref(tensor_cores), err, ctypes.c_size_t(len(err)))
+    if st != 0:
+        raise RuntimeError(f"luce_gpu_device_info failed with status {st}: {err.value.decode()}")
+    return name.value.decode(), bool(tensor_cores.value)
 
 
 def _ptr(a):
@@ -638,6 +653,9 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     run = _matmul_fn(dut)
     rng = np.random.default_rng(11)
     rows = []
+    # Forcing a tensor-core kernel where the device has none runs dp4a again (HIP, the emulated
+    # HIP path): only "fast" runs there. "frag" forced past 32 tokens is the staged kernel.
+    tensor_cores = dut == "gpu" and gpu_device_info()[1]
     # 99 rows: ragged (not a multiple of any kernel's rows per block); 12300: also ragged, and
     # past the tensor-core kernel's switch to 32-row tiles (n_out >= 8192); Q8_0 x 480: a row
     # of 15 units, so the last group of eight is partial; IQ4_XS x 8448: the long-row decode path
@@ -673,7 +691,8 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
             err["exact"] = max(err["exact"], float(np.abs(y - x.astype(np.float64) @ w.T).max()) / scale)
             xs = quantized_activations(x, block) if block else x.astype(np.float64)
             ys = {}
-            for kind in ("fast", "auto", "frag", "staged", "gemm") if block and dut == "gpu" else ("fast",):
+            kinds = ("fast", "auto", "frag", "staged", "gemm") if block and tensor_cores else ("fast",)
+            for kind in (k for k in kinds if not (k == "frag" and T > MMA_FRAG_MAX_TOKENS)):
                 forced = {"fast": "dp4a", "auto": None}.get(kind, kind)
                 with kernels("fast"), env(LUCE_GPU_MATMUL=forced):
                     ys[kind] = y = run(int(qtype), raw, n_rows, n_cols, x)
@@ -1835,10 +1854,13 @@ def run(args, out: Path, build_info: dict | None) -> int:
     report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "host": f"{platform.node()} ({threads} cores)", "dut": args.dut, "build": build_info,
               "checks": [], "notes": []}
-    if args.dut == "gpu" and shutil.which("nvidia-smi"):
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True)
-        report["device"] = q.stdout.strip()
+    if args.dut == "gpu":
+        name, tensor_cores = gpu_device_info()
+        report["device"] = f"{name} (tensor-core int8 matmuls: {'yes' if tensor_cores else 'no'})"
+        if shutil.which("nvidia-smi"):
+            q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                               capture_output=True, text=True)
+            report["device"] += f"; {q.stdout.strip()}"
     WORK.mkdir(parents=True, exist_ok=True)
     sys.path[:0] = [str(REPO / "tests"), str(REPO / "models")]  # the fixtures and generators every stage uses
     wanted = args.stages

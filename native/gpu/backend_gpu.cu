@@ -122,6 +122,7 @@ void GpuBackend::choose_matmul_kernels(const cudaDeviceProp &prop) {
     // block otherwise. LUCE_GPU_MATMUL=dp4a|mma forces dp4a or the tensor cores for every
     // width; =frag|staged also forces one tensor-core kernel (checks and measurements).
     const bool mma = gpu::mma_matmul_supported(prop.major);
+    tensor_cores_ = mma;
     const char *choice = std::getenv("LUCE_GPU_MATMUL");
     const std::string forced = choice ? choice : "";
     // Prefill steps (set_prefill) use the prefill GEMM from GEMM_MIN_TOKENS up unless
@@ -628,6 +629,22 @@ extern "C" luce_status luce_gpu_open(int32_t device_index, int64_t bytes_needed,
     } catch (const std::exception &e) {
         report(e.what());
         return LUCE_ERR_INTERNAL;
+    }
+}
+
+// Test hook for tools/gpu_check.py: the device's name as the backend reports it ("cuda:...",
+// "hip:...") and whether its int8 matmuls have tensor-core kernels, so the checks skip forcing
+// kernels a device does not have (they would run the dp4a kernel again).
+extern "C" luce_status luce_gpu_device_info(int32_t device_index, char *name, size_t name_len,
+                                            int32_t *tensor_core_matmuls, char *err, size_t err_len) {
+    try {
+        luce::GpuBackend be(device_index);
+        if (name && name_len) std::snprintf(name, name_len, "%s", be.name());
+        if (tensor_core_matmuls) *tensor_core_matmuls = be.tensor_core_matmuls() ? 1 : 0;
+        return LUCE_OK;
+    } catch (const luce::Error &e) {
+        if (err && err_len) std::snprintf(err, err_len, "%s", e.what());
+        return e.status;
     }
 }
 

@@ -25,6 +25,8 @@ public:
     explicit GpuBackend(int device_index);
     ~GpuBackend() override;
     const char *name() const override { return name_.c_str(); }
+    // Whether the int8 matmuls have tensor-core kernels here (CUDA sm_80+), whatever the switches.
+    bool tensor_core_matmuls() const { return tensor_cores_; }
 
     void *alloc(size_t n_bytes) override;
     void release(void *p) override;
@@ -108,6 +110,7 @@ private:
     std::map<uintptr_t, size_t> allocations_;
     std::unique_ptr<gpu::OpProfile> profile_;  // LUCE_GPU_PROFILE=FILE (op_profile.h)
     static constexpr int NO_MMA = 1 << 30;
+    bool tensor_cores_ = false;              // the device has the tensor-core int8 matmul (sm_80+)
     int mma_min_tokens_ = NO_MMA;            // widths served by the tensor-core int8 matmul (sm_80+)
     enum class MmaKernel { by_shape, frag, staged, gemm };
     MmaKernel mma_kernel_ = MmaKernel::by_shape;  // which tensor-core kernel serves a width
