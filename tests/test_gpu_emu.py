@@ -83,7 +83,7 @@ def _emu_case(exe: Path, case: str) -> tuple[int, str]:
     return proc.returncode, proc.stdout.strip()
 
 
-def test_emulated_warp_operations_compute_what_hip_defines(emu_faults):
+def test_emulated_warp_operations_compute_what_the_dialect_defines(emu_faults):
     """Hand-computed: lane l holds l^2 in a warp of 32."""
     rc, out = _emu_case(emu_faults, "shuffles")
     assert rc == 0
@@ -97,6 +97,8 @@ def test_emulated_warp_operations_compute_what_hip_defines(emu_faults):
     assert rc == 0 and out.split() == ["1", "0"] * 32
     rc, out = _emu_case(emu_faults, "block_sum")  # 96 threads, three warps, two barriers
     assert rc == 0 and out.split() == [str(96 * 97 // 2)] * 96
+    rc, out = _emu_case(emu_faults, "block_sum2")  # the paired sums: block_sum's bits, every thread
+    assert rc == 0 and out.split() == ["1"] * 160
 
 
 def test_emulated_graph_replays_what_it_captured(emu_faults):
