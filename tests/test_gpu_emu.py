@@ -97,7 +97,7 @@ def test_emulated_warp_operations_compute_what_the_dialect_defines(emu_faults):
     assert rc == 0 and out.split() == ["1", "0"] * 32
     rc, out = _emu_case(emu_faults, "block_sum")  # 96 threads, three warps, two barriers
     assert rc == 0 and out.split() == [str(96 * 97 // 2)] * 96
-    rc, out = _emu_case(emu_faults, "block_sum2")  # the paired sums: block_sum's bits, every thread
+    rc, out = _emu_case(emu_faults, "block_sums")  # two sums at once: block_sum's bits, every thread
     assert rc == 0 and out.split() == ["1"] * 160
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -253,6 +254,7 @@ def _hook(library: str, name: str):
     return fn
 
 
+@functools.cache
 def gpu_device_info() -> tuple[str, bool]:
     """(the GPU backend's name for the device, e.g. "cuda:NVIDIA H200", whether its int8 matmuls
     have tensor-core kernels), through libluce_gpu's luce_gpu_device_info."""

@@ -96,8 +96,9 @@ __global__ void gated_delta_net_kernel(const float *conv, const float *b, const 
             qn += qs[i] * qs[i];
             kn += ks[i] * ks[i];
         }
-        qn = block_sum(qn);
-        kn = block_sum(kn);
+        float norms[2] = {qn, kn};
+        block_sums(norms);
+        qn = norms[0], kn = norms[1];
         // L2 norm with llama.cpp's clamp x / max(||x||, eps); q also scaled by 1/sqrt(DK).
         const float qf = q_scale / fmaxf(sqrtf(qn), eps), kf = 1.0f / fmaxf(sqrtf(kn), eps);
         for (int i = threadIdx.x; i < DK; i += blockDim.x) {
@@ -233,8 +234,9 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
             qn += cur.q[m] * cur.q[m];
             kn += cur.k[m] * cur.k[m];
         }
-        const float2 norms = block_sum2(qn, kn);
-        const float qf = q_scale / fmaxf(sqrtf(norms.x), eps), kf = 1.0f / fmaxf(sqrtf(norms.y), eps);
+        float norms[2] = {qn, kn};
+        block_sums(norms);
+        const float qf = q_scale / fmaxf(sqrtf(norms[0]), eps), kf = 1.0f / fmaxf(sqrtf(norms[1]), eps);
 #pragma unroll
         for (int m = 0; m < NQ; ++m) {
             const int i = threadIdx.x + m * blockDim.x;

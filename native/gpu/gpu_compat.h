@@ -138,35 +138,34 @@ __device__ __forceinline__ float warp_max(float v) {
 #endif
 #define LUCE_DYNAMIC_SHARED(type, name) LUCE_DYNAMIC_SHARED_ALIGNED(type, name, 16)
 
-// Sum over the whole block (blockDim.x a multiple of LUCE_WARP, at most 1024 threads); every
-// thread gets the result. Partials are added in warp order, so the result is deterministic.
-__device__ __forceinline__ float block_sum(float v) {
-    __shared__ float partial[32];  // 1024 threads / 32 lanes at most
+// N sums over the whole block at once, each v[j] replaced by its sum (blockDim.x a multiple of
+// LUCE_WARP, at most 1024 threads); every thread gets them. Partials are added in warp order, so
+// the results are deterministic, and each is the same whatever N: one pair of barriers serves
+// all N (the DeltaNet kernels' q and k norms share one).
+template <int N>
+__device__ __forceinline__ void block_sums(float (&v)[N]) {
+    __shared__ __align__(16) float partial[32][N];  // 1024 threads / 32 lanes at most
     const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP;
-    v = warp_sum(v);
-    if (lane == 0) partial[warp] = v;
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = warp_sum(v[j]);
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < N; ++j) partial[warp][j] = v[j];
     __syncthreads();
-    float s = 0.f;
     const int n_warps = blockDim.x / LUCE_WARP;
-    for (int i = 0; i < n_warps; ++i) s += partial[i];
-    __syncthreads();  // partial[] may be reused by the caller's next block_sum
-    return s;
+    float s[N] = {};
+    for (int i = 0; i < n_warps; ++i)  // a warp's N partials side by side: one load where N is 2 or 4
+#pragma unroll
+        for (int j = 0; j < N; ++j) s[j] += partial[i][j];
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = s[j];
+    __syncthreads();  // partial[] may be reused by the caller's next block_sums
 }
 
-// Two sums over the whole block in one pass: one pair of barriers instead of two, and each sum
-// the same fp32 operations as block_sum's (the same bits).
-__device__ __forceinline__ float2 block_sum2(float a, float b) {
-    __shared__ float2 partial2[32];
-    const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP;
-    a = warp_sum(a);
-    b = warp_sum(b);
-    if (lane == 0) partial2[warp] = float2{a, b};
-    __syncthreads();
-    float2 s{0.f, 0.f};
-    const int n_warps = blockDim.x / LUCE_WARP;
-    for (int i = 0; i < n_warps; ++i) s.x += partial2[i].x, s.y += partial2[i].y;
-    __syncthreads();
-    return s;
+__device__ __forceinline__ float block_sum(float v) {
+    float s[1] = {v};
+    block_sums(s);
+    return s[0];
 }
 
 // ---- Programmatic dependent launch ---------------------------------------------------------------

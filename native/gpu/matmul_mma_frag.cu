@@ -79,11 +79,11 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t row_addr, uint32_t &a0, uin
     uint32_t r[4];
     luce_emu::ldmatrix_x4(row_addr, r);
     a0 = r[0], a1 = r[1], a2 = r[2], a3 = r[3];
-    return;
-#endif
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
                  : "r"(row_addr));
+#endif
 }
 
 // One group's activation operands for the warp's two units: the B fragments of each n-tile's

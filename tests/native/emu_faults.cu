@@ -5,8 +5,9 @@
 //   shuffles   lane l's xor-1, down-1 and broadcast-from-5 values, and the warp sum, of v = l * l
 //   any        __any over a warp where only lane 17 holds true, and where none does
 //   block_sum  a 96-thread block's sum of threadIdx.x + 1 through shared memory and two barriers
-//   block_sum2 block_sum2(a, b) against block_sum(a), block_sum(b) over five warps whose partial
-//              sums round differently in another order: 1 where a thread got the same bits
+//   block_sums block_sums of (a, b) against block_sum(a), block_sum(b) (its N = 1) over five warps
+//              whose partial sums round differently in another order: 1 where a thread got the
+//              same bits
 //   graph      a kernel captured into a graph and replayed twice after the input changed
 //   stuck      even lanes at a shuffle, odd lanes at __syncthreads (must fail: stuck)
 //   returned   a shuffle after lane 0 returned (must fail)
@@ -53,15 +54,16 @@ __global__ void any_kernel(int *out) {
 
 __global__ void block_sum_kernel(float *out) { out[threadIdx.x] = block_sum(float(threadIdx.x + 1)); }
 
-__global__ void block_sum2_kernel(int *out) {
+__global__ void block_sums_kernel(int *out) {
     // One warp's sum is 1e7 (an ulp of 1) and the others' 0.3 each: added after it, each 0.3 is
     // lost; added before it, they make 1.2 and move it. So another order of the warps' partial
     // sums gives other bits.
     const int warp = threadIdx.x / 32;
     const float a = warp == 0 ? 312500.0f : 0.3f / 32, b = warp == 4 ? 312500.0f : 0.3f / 32;
     const float sa = block_sum(a), sb = block_sum(b);
-    const float2 both = block_sum2(a, b);
-    out[threadIdx.x] = __float_as_uint(both.x) == __float_as_uint(sa) && __float_as_uint(both.y) == __float_as_uint(sb);
+    float both[2] = {a, b};
+    block_sums(both);
+    out[threadIdx.x] = __float_as_uint(both[0]) == __float_as_uint(sa) && __float_as_uint(both[1]) == __float_as_uint(sb);
 }
 
 __global__ void scale_kernel(const float *x, float *y) { y[threadIdx.x] = 2.f * x[threadIdx.x]; }
@@ -200,9 +202,9 @@ int run(const std::string &c) {
     } else if (c == "block_sum") {
         launch_kernel(block_sum_kernel, 1, 96, 0, nullptr, f);
         for (int i = 0; i < 96; ++i) std::printf("%g ", f[i]);
-    } else if (c == "block_sum2") {
+    } else if (c == "block_sums") {
         int *n = device<int>(160);
-        launch_kernel(block_sum2_kernel, 1, 160, 0, nullptr, n);
+        launch_kernel(block_sums_kernel, 1, 160, 0, nullptr, n);
         for (int i = 0; i < 160; ++i) std::printf("%d ", n[i]);
     } else if (c == "graph") {
         float *y = device<float>(64);
