@@ -121,6 +121,9 @@ def print_stats(stats: dict) -> None:
                       f"acceptance {100 * stats['acceptance']:5.1f} %")
         table.add_row("time split", "", f"draft {stats['draft_seconds']:.3f}s verify {stats['verify_seconds']:.3f}s "
                                         f"rollback {stats['rollback_seconds']:.3f}s")
+    if "peak_memory_bytes" in stats:
+        where = "on the GPU" if stats["memory_on"] == "device" else "host, weights mapped"
+        table.add_row("peak memory", f"{stats['peak_memory_bytes'] / 2**20:.1f} MiB", where)
     stderr.print(table)
 
 

@@ -61,6 +61,8 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
     assert bench["decode"]["tok_s"] > 0 and set(bench["prefill"]) == {"512", "2048"}
     assert len(bench["decode_sampled"]) == 2 and all(d["tok_s"] > 0 for d in bench["decode_sampled"].values())
     assert set(bench["verify"]) == {"1", "2", "4", "8", "16", "32"}
+    # The engine's own memory account reaches the report (tests/test_memory.py checks its values).
+    assert bench["memory"]["peak"] >= bench["memory"]["in_use"] > 0
     under = bench["ab"]["LUCE_GPU_BULK=0"]  # --ab's step side: an engine of its own under the setting
     assert under["decode"]["tok_s"] > 0 and set(under["verify"]) == set(bench["verify"])
     assert all(under["prefill"][n]["tok_s"] > 0 for n in ("512", "2048"))  # prefill under the setting too
@@ -80,5 +82,6 @@ def test_whole_script_dry_run_passes_and_reports_every_stage(tmp_path):
     assert {r["draft"] for r in spec if "skipped" in r} == {"dflash2", "dspark"}
     text = (out / "gpu_report.md").read_text()
     assert "reference pair, speculative vs plain" in text and "RESULT: PASS" in text
+    assert "luce's peak memory (decode" in text and "luce's peak memory, target and drafter" in text
     profile = (out / "gpu_profile.txt").read_text()  # the sections' headers (per-op tables come from a GPU)
     assert all(f"## {step}:" in profile for step in ("decode", "verify", "prefill", "DFlash 2"))

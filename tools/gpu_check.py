@@ -853,6 +853,9 @@ def check_rejection_sampling(dut: str, threads: int, draws: int) -> list[dict]:
     return rows
 
 
+BENCH_CTX = 4096
+
+
 @contextlib.contextmanager
 def bench_engine(path: Path, dut: str, threads: int, setting: dict[str, str | None] | None = None):
     """The bench model on an engine started under `setting` (the backend reads its switches when it
@@ -860,7 +863,7 @@ def bench_engine(path: Path, dut: str, threads: int, setting: dict[str, str | No
     from luce import Engine
 
     with env(**(setting or {})):
-        eng = Engine(path, device=dut, threads=threads, ctx_size=4096)
+        eng = Engine(path, device=dut, threads=threads, ctx_size=BENCH_CTX)
     try:
         yield eng
     finally:
@@ -999,6 +1002,14 @@ def copy_bandwidth() -> float | None:
             "torch.cuda.synchronize(); print(2 * 20 * x.numel() / (time.perf_counter() - t))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     return float(proc.stdout.strip()) if proc.returncode == 0 else None
+
+
+def memory_mib(eng) -> dict:
+    """The engine's own account (luce_model_memory): what it holds now and at its peak, with the
+    weights, in MiB."""
+    m = eng.memory()
+    return {"in_use": round(m.in_use_bytes / 2**20, 1), "peak": round(m.peak_bytes / 2**20, 1),
+            "weights": round(eng.info.weight_bytes / 2**20, 1)}
 
 
 def device_memory_used_mib() -> float | None:
@@ -1158,6 +1169,7 @@ def bench(shape: str, dut: str, threads: int, deadline: float, profile_path: Pat
             res["decode"]["fraction_of_floor"] = res["floor_ms"] / res["decode"]["ms_per_token"]
         res["decode_sampled"] = {label: _decode_ms(eng, ids, **kw) for label, kw in SAMPLED_DECODE.items()}
         res["prefill"] = _prefill_tok_s(eng, ids, deadline)
+        res["memory"] = memory_mib(eng)
     log("verify widths")  # as speculative decoding verifies: without the prefill GEMM
     with bench_engine(path, dut, threads, {"LUCE_GPU_PREFILL_GEMM": "0"}) as eng:
         res["verify"] = _verify_widths(eng, ids, deadline)
@@ -1520,6 +1532,7 @@ def bench_drafter(shape: str, dut: str, threads: int, deadline: float, profile_p
                 continue
             log(f"drafter bench: verify steps of {width} rows")
             res["loop_verify"][str(width)] = _loop_verify(eng, kw, width, res["plain_ms"])
+        res["memory"] = memory_mib(eng)
     if profile_path is not None and time.perf_counter() < deadline:  # on the CPU: the script's dry run
         res["profile"] = profile_drafter_steps(target, path, dut, threads, kw, profile_path)
     return res
@@ -1799,7 +1812,12 @@ def _bench_lines(b: dict | None) -> list[str]:
     lines += _step_ab_table(b)
     if b.get("profile"):
         lines.append(f"\n- per-op profile of decode, verify-16 and prefill-512 steps: {Path(b['profile']).name}")
-    lines.append(f"\n- device memory in use after the bench: {b.get('device_memory_used_mib')} MiB")
+    if b.get("memory"):
+        m = b["memory"]
+        lines.append(f"\n- luce's peak memory (decode, then prefill up to 2048 tokens; ctx {BENCH_CTX}): "
+                     f"{m['peak']} MiB, of which weights {m['weights']} MiB")
+    lines.append(f"- device memory in use after the bench (nvidia-smi, context included): "
+                 f"{b.get('device_memory_used_mib')} MiB")
     return lines
 
 
@@ -1812,6 +1830,8 @@ def _drafter_bench_lines(db: dict | None) -> list[str]:
         lines.append(f"- {db.get('error') or db.get('skipped')}")
     else:
         lines.append(f"- drafter {db['drafter_mib']} MiB; plain step {db['plain_ms']:.2f} ms")
+        if db.get("memory"):
+            lines.append(f"- luce's peak memory, target and drafter (ctx 1024): {db['memory']['peak']} MiB")
         for name in ("zero_accept", "full_accept", "ddtree_oracle"):
             r = db.get(name)
             if r is None:

@@ -170,6 +170,16 @@ size_t GpuBackend::free_bytes() const {
     return free;
 }
 
+bool GpuBackend::device_memory(int64_t &free, int64_t &total) const {
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    free = int64_t(f), total = int64_t(t);
+    return true;
+}
+
 void *GpuBackend::alloc(size_t n_bytes) {
     forget_acts();  // the zeroing below may land where a freed activation buffer was
     const size_t bytes = std::max<size_t>(n_bytes, 64);
@@ -180,6 +190,7 @@ void *GpuBackend::alloc(size_t n_bytes) {
              double(bytes) / MIB, double(free_bytes()) / MIB);
     }
     allocations_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    count_alloc(bytes);
     LUCE_GPU_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));  // the contract: zero-initialised
     return p;
 }
@@ -192,6 +203,7 @@ void GpuBackend::release(void *p) {
     if (it == allocations_.end()) return;
     (void)cudaStreamSynchronize(stream_);  // work still queued may read it
     (void)cudaFree(p);
+    count_release(it->second);
     allocations_.erase(it);
 }
 

@@ -30,6 +30,7 @@ public:
 
     void *alloc(size_t n_bytes) override;
     void release(void *p) override;
+    bool device_memory(int64_t &free, int64_t &total) const override;
     void upload(void *dst, const void *src, size_t n_bytes) override;
     void download(void *dst, const void *src, size_t n_bytes) override;
     void copy(void *dst, const void *src, size_t n_bytes) override;

@@ -83,6 +83,18 @@ luce_status luce_model_load(const char *path, const luce_model_params *params, l
 void luce_model_free(luce_model *model);
 luce_status luce_model_get_info(const luce_model *model, luce_model_info *out);
 
+/* Memory the model's backend holds: weights (on a GPU; the CPU maps them from the file, see
+   luce_model_info.weight_bytes), KV caches, recurrent states, drafters and scratch of every
+   session, now and at most since the model was loaded. */
+typedef struct {
+    int64_t in_use_bytes;
+    int64_t peak_bytes;
+    int64_t device_free_bytes;  /* the whole GPU's, every process and context counted; -1 on the CPU */
+    int64_t device_total_bytes; /* -1 on the CPU */
+} luce_memory_info;
+
+luce_status luce_model_memory(const luce_model *model, luce_memory_info *out);
+
 /* ---- session: one sequence's KV cache and recurrent state -------------------------------- */
 
 typedef struct luce_session luce_session;

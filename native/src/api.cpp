@@ -74,6 +74,19 @@ LUCE_API luce_status luce_model_get_info(const luce_model *model, luce_model_inf
     });
 }
 
+LUCE_API luce_status luce_model_memory(const luce_model *model, luce_memory_info *out) {
+    return guard([&] {
+        require(model, "model");
+        require(out, "out");
+        const luce::Backend &be = *model->m->backend;
+        const luce::Backend::MemoryUse use = be.memory_use();
+        luce_memory_info info{use.in_use, use.peak, -1, -1};
+        int64_t free = 0, total = 0;
+        if (be.device_memory(free, total)) info.device_free_bytes = free, info.device_total_bytes = total;
+        *out = info;
+    });
+}
+
 LUCE_API luce_status luce_session_create(luce_model *model, int32_t n_ctx, int32_t kv_type,
                                          luce_session **out) {
     return guard([&] {

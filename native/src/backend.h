@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "errors.h"
@@ -54,6 +55,21 @@ public:
     // Memory -------------------------------------------------------------------------------
     virtual void *alloc(size_t n_bytes) = 0;  // zero-initialised, 64-byte aligned
     virtual void release(void *p) = 0;
+    // Bytes held through alloc(), now and at most since the backend was made (luce_model_memory):
+    // implementations report each allocation's size to count_alloc / count_release.
+    struct MemoryUse {
+        int64_t in_use = 0, peak = 0;
+    };
+    MemoryUse memory_use() const {
+        std::lock_guard<std::mutex> lock(memory_mutex_);
+        return memory_;
+    }
+    // The whole device's free and total bytes, every process's and context's use counted, where
+    // the backend has a device of its own (false on the CPU).
+    virtual bool device_memory(int64_t &free, int64_t &total) const {
+        (void)free, (void)total;
+        return false;
+    }
     virtual void upload(void *dst, const void *src, size_t n_bytes) = 0;
     virtual void download(void *dst, const void *src, size_t n_bytes) = 0;
     // Backend memory to backend memory (rollback checkpoints of the speculative loop).
@@ -232,6 +248,22 @@ public:
     // The default (CPU) ignores it. PrefillScope below pairs the two calls.
     virtual void set_prefill(bool /*on*/) {}
     virtual bool prefill() const { return false; }
+
+protected:
+    // Called by alloc() and release() with each allocation's size.
+    void count_alloc(size_t n_bytes) {
+        std::lock_guard<std::mutex> lock(memory_mutex_);
+        memory_.in_use += int64_t(n_bytes);
+        if (memory_.in_use > memory_.peak) memory_.peak = memory_.in_use;
+    }
+    void count_release(size_t n_bytes) {
+        std::lock_guard<std::mutex> lock(memory_mutex_);
+        memory_.in_use -= int64_t(n_bytes);
+    }
+
+private:
+    mutable std::mutex memory_mutex_;  // sessions of one model may run on several threads
+    MemoryUse memory_;
 };
 
 // Step graph keys: each owner of graphs (a session's forward steps, a draft context's blocks) takes

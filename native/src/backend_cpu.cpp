@@ -132,15 +132,29 @@ LUCE_MULTIVERSION void conv_token(const float *const *window, const float *w, in
 
 CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
 
+// Each allocation carries its size in a 64-byte header (keeping the 64-byte alignment), so
+// release() can count it without a table.
+constexpr size_t ALLOC_HEADER = 64;
+
 void *CpuBackend::alloc(size_t n_bytes) {
-    size_t bytes = std::max<size_t>(64, (n_bytes + 63) / 64 * 64);
-    void *p = std::aligned_alloc(64, bytes);
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, bytes);
-    return p;
+    const size_t bytes = std::max<size_t>(64, (n_bytes + 63) / 64 * 64);
+    auto *base = static_cast<uint8_t *>(std::aligned_alloc(64, ALLOC_HEADER + bytes));
+    if (!base) throw std::bad_alloc();
+    std::memcpy(base, &bytes, sizeof bytes);
+    std::memset(base + ALLOC_HEADER, 0, bytes);
+    count_alloc(bytes);
+    return base + ALLOC_HEADER;
 }
 
-void CpuBackend::release(void *p) { std::free(p); }
+void CpuBackend::release(void *p) {
+    if (!p) return;
+    uint8_t *base = static_cast<uint8_t *>(p) - ALLOC_HEADER;
+    size_t bytes;
+    std::memcpy(&bytes, base, sizeof bytes);
+    count_release(bytes);
+    std::free(base);
+}
+
 void CpuBackend::upload(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
 void CpuBackend::download(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
 void CpuBackend::copy(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }

@@ -21,12 +21,12 @@ def reference_target():
 
     return Path(__file__).resolve().parent / "data" / "reference-target-q8_0.gguf"
 
-__all__ = ["Engine", "Generation", "LuceError", "ModelInfo", "__version__"]
+__all__ = ["Engine", "Generation", "LuceError", "MemoryUse", "ModelInfo", "__version__"]
 
 
 def __getattr__(name):
     # Lazy: `import luce` (and so `luce --help`) never imports numpy or the native binding.
-    if name in ("Engine", "Generation", "ModelInfo"):
+    if name in ("Engine", "Generation", "MemoryUse", "ModelInfo"):
         from luce import engine
 
         return getattr(engine, name)

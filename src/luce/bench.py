@@ -62,6 +62,9 @@ class Row:
     tau: float | None = None
     acceptance: float | None = None
     speedup: float | None = None
+    # The engine's peak backend memory by the end of this row's runs (Engine.memory: on a GPU
+    # weights, caches, state and scratch; on the CPU all but the mapped weights).
+    peak_mib: float | None = None
 
 
 def tests_from(prompt_tokens: Iterable[int], gen_tokens: Iterable[int]) -> list[Test]:
@@ -142,6 +145,10 @@ def decode_weight_bytes(model: Path, info) -> int:
         return info.weight_bytes - (embd.nbytes if embd else 0)
 
 
+def peak_mib(engine) -> float:
+    return engine.memory().peak_bytes / 2**20
+
+
 def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, reps: int,
                warmup: bool, seed: int = 0, sampling: Sampling = GREEDY) -> list[Row]:
     from luce.engine import Engine
@@ -157,7 +164,8 @@ def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, 
                 mean, std = measure(luce_timer(engine, test, seed, sampling), test.n, reps, warmup)
                 rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, mean, std,
                                 weight_gb * mean if test.kind == "tg" else None, reps,
-                                sampling=sampling.label if test.kind == "tg" else None))
+                                sampling=sampling.label if test.kind == "tg" else None,
+                                peak_mib=peak_mib(engine)))
     return rows
 
 
@@ -192,7 +200,7 @@ def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens
                 base = _spec_measure(engine, prompt, test, reps, warmup, speculative=False,
                                      **sampling.generate_kwargs())
                 rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, base[0], base[1], None,
-                                reps, draft="none", sampling=sampling.label))
+                                reps, draft="none", sampling=sampling.label, peak_mib=peak_mib(engine)))
                 for block in block_sizes:
                     for mode in verify_modes:
                         mean, std, tau, acc = _spec_measure(engine, prompt, test, reps, warmup, speculative=True,
@@ -201,7 +209,7 @@ def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens
                         rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, mean, std, None,
                                         reps, sampling=sampling.label, draft=draft.name,
                                         block=block or engine.draft_info.block_size, verify=mode, tau=tau,
-                                        acceptance=acc, speedup=mean / base[0]))
+                                        acceptance=acc, speedup=mean / base[0], peak_mib=peak_mib(engine)))
     return rows
 
 
@@ -297,6 +305,7 @@ COLUMNS = [  # (field, header, format)
     ("tau", "tau", "{:.2f}"),
     ("acceptance", "accept", "{:.1%}"),
     ("speedup", "speedup", "{:.2f}x"),
+    ("peak_mib", "peak MiB", "{:.1f}"),
 ]
 
 
@@ -313,11 +322,11 @@ def to_markdown(rows: list[Row]) -> str:
     cols = [c for c in COLUMNS
             if c[0] in always or len({getattr(r, c[0]) for r in rows}) > 1
             or (c[0] in ("size_gib", "threads") and rows)
-            or (c[0] in ("sampling", "gb_s", "vs_peer", "draft", "tau", "acceptance", "speedup")
+            or (c[0] in ("sampling", "gb_s", "vs_peer", "draft", "tau", "acceptance", "speedup", "peak_mib")
                 and any(getattr(r, c[0]) is not None for r in rows))]
     lines = ["| " + " | ".join(h for _, h, _ in cols) + " |",
              "| " + " | ".join("---:" if f in ("tok_s", "gb_s", "vs_peer", "threads", "size_gib", "block", "tau", "acceptance",
-                                              "speedup") else "---"
+                                              "speedup", "peak_mib") else "---"
                                for f, _, _ in cols) + " |"]
     lines += ["| " + " | ".join(_cell(r, f, fmt) for f, _, fmt in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -62,6 +62,22 @@ class ModelInfo:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class MemoryUse:
+    """Mirror of luce_memory_info (native/include/luce.h): bytes the backend holds (on a GPU the
+    weights too; the CPU maps them from the file), now and at most since the model was loaded,
+    and the whole device's free and total bytes (None on the CPU)."""
+    in_use_bytes: int
+    peak_bytes: int
+    device_free_bytes: int | None
+    device_total_bytes: int | None
+
+    @classmethod
+    def _from_native(cls, m) -> "MemoryUse":
+        device = (None, None) if m.device_total_bytes < 0 else (m.device_free_bytes, m.device_total_bytes)
+        return cls(m.in_use_bytes, m.peak_bytes, *device)
+
+
 @dataclass
 class Generation:
     text: str
@@ -219,6 +235,15 @@ class Engine:
             raise LuceError("the engine is closed")
         return self._session
 
+    def memory(self) -> MemoryUse:
+        """Backend memory now and at its peak since loading: weights (GPU), KV cache, DeltaNet
+        state, drafter and scratch."""
+        if self._model is None:
+            raise LuceError("the engine is closed")
+        out = ffi.new("luce_memory_info *")
+        check(lib().luce_model_memory(self._model, out))
+        return MemoryUse._from_native(out)
+
     # -- tokenizer ---------------------------------------------------------------------------
 
     @property
@@ -351,7 +376,13 @@ class Engine:
                 on_text(tail)
         tokens = [out_tokens[i] for i in range(stats.n_generated)]
         return Generation(text=self.tokenizer.decode(tokens) if tokens else "", tokens=tokens,
-                          prompt_tokens=len(ids), stats=_stats_dict(stats, drafter != ffi.NULL))
+                          prompt_tokens=len(ids),
+                          stats=_stats_dict(stats, drafter != ffi.NULL) | self._memory_stats())
+
+    def _memory_stats(self) -> dict:
+        """The stats' memory fields: the backend's peak so far, and where that memory is."""
+        return {"peak_memory_bytes": self.memory().peak_bytes,
+                "memory_on": "device" if self.device == "gpu" else "host"}
 
 
 SPEC_STATS = ("spec_steps", "plain_steps", "n_drafted", "n_accepted", "full_accept_steps",
