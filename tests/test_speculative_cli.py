@@ -84,6 +84,7 @@ def test_bad_drafter_and_mismatched_pair_are_refused_before_compute(pair, luce_c
     cut.write_bytes(pair.drafters["dflash"].read_bytes()[:3000])
     r = luce_cmd("generate", "-m", pair.target, "--draft", cut, "--prompt-ids", "1,2", "-n", 4)
     assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.count(str(cut)) == 1  # the file named once
     # A drafter whose hidden size does not match the target: the inspect finding is the message.
     other = write_random_qwen35(tmp_path / "h256.gguf", K_QUANT_TINY)
     r = luce_cmd("generate", "-m", other, "--draft", pair.drafters["dflash2"], "--prompt-ids", "1,2", "-n", 4)

@@ -169,8 +169,8 @@ class Engine:
             raise LuceError(f"drafter file not found: {path}")
         try:
             report = inspect_gguf(path, self.path)
-        except GGUFFormatError as e:
-            raise LuceError(f"{path}: {e}") from None
+        except GGUFFormatError as e:  # the reader's messages may name the file already
+            raise LuceError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
         if report.kind != "drafter":
             raise LuceError(f"{path} is not a drafter GGUF (architecture {report.arch!r})")
         errors = [f for f in report.findings if f.severity == ERROR]
