@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
-from gguf.constants import GGML_QUANT_SIZES
 
 try:  # run as a script from models/, or imported as models.synthetic_drafter
     import synthetic_qwen35 as target_synth
@@ -121,14 +120,7 @@ def write(path: Path, shape: DraftShape, seed: int = 0) -> Path:
     w.add_uint32(f"{ARCH}.attention.sliding_window", shape.window)
     w.add_array(f"{ARCH}.attention.sliding_window_pattern", [True] * shape.n_layer)
     w.add_bool(f"{ARCH}.attention.causal", False)
-    for name, ne, qtype in plan:
-        if qtype == T.F32:
-            w.add_tensor_info(name, ne[::-1], np.dtype(np.float32), int(np.prod(ne)) * 4)
-        else:
-            block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
-            rows = int(np.prod(ne)) // ne[0]
-            w.add_tensor_info(name, (rows, ne[0] // block_elems * block_bytes), np.dtype(np.uint8),
-                              rows * (ne[0] // block_elems) * block_bytes, raw_dtype=qtype)
+    target_synth.declare_tensors(w, plan)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

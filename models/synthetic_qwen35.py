@@ -196,6 +196,20 @@ def byte_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
+def declare_tensors(w: GGUFWriter, plan: list[tuple[str, tuple[int, ...], T]]) -> None:
+    """The plan's tensor infos (float tensors as themselves, quantized ones as raw block bytes),
+    so the data can follow one tensor at a time instead of all of it held in memory."""
+    for name, ne, qtype in plan:
+        if qtype in (T.F32, T.F16):
+            dtype = np.dtype(np.float32 if qtype == T.F32 else np.float16)
+            w.add_tensor_info(name, ne[::-1], dtype, int(np.prod(ne)) * dtype.itemsize)
+        else:
+            block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+            rows = int(np.prod(ne)) // ne[0]
+            w.add_tensor_info(name, (rows, ne[0] // block_elems * block_bytes), np.dtype(np.uint8),
+                              rows * (ne[0] // block_elems) * block_bytes, raw_dtype=qtype)
+
+
 def write(path: Path, shape: Shape, mix_name: str, seed: int = 0, mtp: bool = True, log=print) -> Path:
     mix = MIXES[mix_name]
     plan = tensor_plan(shape, mix, mtp)
@@ -230,15 +244,7 @@ def write(path: Path, shape: Shape, mix_name: str, seed: int = 0, mtp: bool = Tr
     w.add_token_merges(merges)
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_add_bos_token(False)
-    for name, ne, qtype in plan:
-        if qtype in (T.F32, T.F16):
-            dtype = np.float32 if qtype == T.F32 else np.float16
-            w.add_tensor_info(name, ne[::-1], np.dtype(dtype), int(np.prod(ne)) * np.dtype(dtype).itemsize)
-        else:
-            block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
-            rows = int(np.prod(ne)) // ne[0]
-            w.add_tensor_info(name, (rows, ne[0] // block_elems * block_bytes), np.dtype(np.uint8),
-                              rows * (ne[0] // block_elems) * block_bytes, raw_dtype=qtype)
+    declare_tensors(w, plan)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
