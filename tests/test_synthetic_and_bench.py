@@ -71,6 +71,14 @@ def test_bench_cli_needs_something_to_measure(tmp_path):
     assert result.exit_code == 2 and "nothing to measure" in result.output
 
 
+def test_bench_names_the_tests_a_context_too_long_comes_from():
+    from luce.cli.main import cli
+    target = Path(__file__).resolve().parents[1] / "models" / "reference" / "target-q8_0.gguf"  # 4096 positions
+    result = CliRunner().invoke(cli, ["bench", "-m", str(target), "-p", "5000", "-n", "1", "-r", "1"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "pp5000, tg1 need a 5002-position context" in result.output and "4096" in result.output
+
+
 def test_decode_bytes_leave_out_the_untied_embedding(tmp_path):
     # Hand count from the file itself (gguf-py): every kept tensor but token_embd.weight, which a
     # decode step only gathers one row of. The tiny synthetic file has an untied head.

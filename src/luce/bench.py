@@ -145,20 +145,35 @@ def decode_weight_bytes(model: Path, info) -> int:
         return info.weight_bytes - (embd.nbytes if embd else 0)
 
 
+_INVALID_ARGUMENT = 1  # luce_status LUCE_ERR_INVALID_ARGUMENT: here, a context the model cannot hold
+
+
+def _bench_engine(model: Path, tests: list[Test], ctx: int, **kw):
+    """An engine sized for the tests; when the model refuses the context, the error says which
+    tests asked for it (the user gave -p/-n, not a context size)."""
+    from luce.engine import Engine
+
+    try:
+        return Engine(model, ctx_size=ctx, **kw)
+    except LuceError as e:
+        if e.status != _INVALID_ARGUMENT:
+            raise
+        names = ", ".join(t.name for t in tests)
+        raise LuceError(f"{names} need a {ctx}-position context: {e}", status=e.status) from None
+
+
 def peak_mib(engine) -> float:
     return engine.memory().peak_bytes / 2**20
 
 
 def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, reps: int,
                warmup: bool, seed: int = 0, sampling: Sampling = GREEDY) -> list[Row]:
-    from luce.engine import Engine
-
     rows = []
     size_gib = model.stat().st_size / 2**30
     for t in map(resolve_threads, threads):
         # tgN decodes n + 1 tokens after a 1-token prompt (luce_timer); ppN needs n + 1.
         ctx = max([x.n + 2 for x in tests] + [16])
-        with Engine(model, device=device, threads=t, ctx_size=ctx) as engine:
+        with _bench_engine(model, tests, ctx, device=device, threads=t) as engine:
             weight_gb = decode_weight_bytes(model, engine.info) / 1e9
             for test in tests:
                 mean, std = measure(luce_timer(engine, test, seed, sampling), test.n, reps, warmup)
@@ -194,7 +209,7 @@ def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens
             prompts = ([probe.tokenizer.encode(text) for text in prompt_set] if prompt_set
                        else [random_prompt(prompt_tokens, probe.info.n_vocab, seed)])
         ctx = max(len(p) for p in prompts) + 1 + max([x.n for x in tests] + [16])
-        with Engine(model, device=device, threads=t, ctx_size=ctx, draft=draft) as engine:
+        with _bench_engine(model, tests, ctx, device=device, threads=t, draft=draft) as engine:
             prompt = prompts
             for test in (x for x in tests if x.kind == "tg"):
                 base = _spec_measure(engine, prompt, test, reps, warmup, speculative=False,
