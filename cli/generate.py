@@ -35,6 +35,15 @@ def open_engine(model, device: str, threads: int, ctx_size: int, draft):
                       progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
+def note_cpu_fallback(engine) -> None:
+    """Under the stats block (so an error stays the only line): --device auto ran on the CPU
+    because the GPU could not be used, and why; nothing when luce was built without a GPU
+    backend (the CPU is all there is, and the note would be noise)."""
+    reason = engine.gpu_unavailable
+    if reason and "GPU backend not built" not in reason:
+        click.secho(f"running on the CPU: {reason}", err=True, dim=True)
+
+
 DEFAULT_TEMPERATURE = 0.0
 DEFAULT_TOP_K = 0
 DEFAULT_TOP_P = 1.0
@@ -250,6 +259,8 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
         with open_engine(model, device, threads, ctx_size, draft) as engine:
             if prompts_file is not None:
                 run_batch(engine, jobs, settings, output_file, as_json)
+                if not as_json:
+                    note_cpu_fallback(engine)
             elif as_json:
                 click.echo(json.dumps(result_record(engine.generate(**jobs[0], **settings)), ensure_ascii=False))
             else:
@@ -257,6 +268,7 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
                 gen = engine.generate(**jobs[0], **settings, on_text=stream)
                 stream.finish(gen.text)
                 print_stats(gen.stats)
+                note_cpu_fallback(engine)
     except BrokenPipeError:
         # the reader went away (`luce generate ... | head`): stop quietly, as Unix tools do;
         # stdout is pointed at /dev/null so Python's exit-time flush does not fail again

@@ -326,3 +326,18 @@ def test_subprocess_closed_pipe_ends_quietly(tiny):
     proc.stdout.close()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and b"Traceback" not in err
+
+
+def test_auto_device_says_why_it_ran_on_the_cpu(luce_cmd, tmp_path):
+    """A GPU library that cannot be loaded: --device auto (the default) falls back to the CPU and
+    says so under the stats; with no GPU library at all (a CPU-only build) it says nothing."""
+    import os
+
+    bogus = tmp_path / "libluce_gpu.so"
+    bogus.write_bytes(b"not an ELF file")
+    for library, noted in ((bogus, True), (tmp_path / "absent.so", False)):
+        r = luce_cmd("generate", "--prompt-ids", "1,2,3", "-n", 2, "-t", 1,
+                     env={**os.environ, "LUCE_GPU_LIBRARY": str(library)})
+        assert r.returncode == 0, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("running on the CPU: ") == noted and ("cannot load the GPU backend" in last) == noted

@@ -132,6 +132,8 @@ class Engine:
         lib()  # loads the library and declares luce.h's types before ffi.new below
         # auto: the GPU when its backend is built and a device with enough memory is present
         # (the native loader says so with LUCE_ERR_DEVICE before uploading anything), else the CPU.
+        # gpu_unavailable keeps the reason auto passed over the GPU (None when it did not).
+        self.gpu_unavailable: str | None = None
         candidates = ("gpu", "cpu") if device == "auto" else (device,)
         for i, dev in enumerate(candidates):
             try:
@@ -141,6 +143,7 @@ class Engine:
             except LuceError as e:
                 if e.status != _STATUS_DEVICE or i + 1 == len(candidates):
                     raise
+                self.gpu_unavailable = str(e)
         info = ffi.new("luce_model_info *")
         check(lib().luce_model_get_info(self._model, info))
         self.info = ModelInfo._from_native(info)
