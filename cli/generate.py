@@ -39,9 +39,8 @@ def note_cpu_fallback(engine) -> None:
     """Under the stats block (so an error stays the only line): --device auto ran on the CPU
     because the GPU could not be used, and why; nothing when luce was built without a GPU
     backend (the CPU is all there is, and the note would be noise)."""
-    reason = engine.gpu_unavailable
-    if reason and "GPU backend not built" not in reason:
-        click.secho(f"running on the CPU: {reason}", err=True, dim=True)
+    if engine.gpu_unavailable:
+        click.secho(f"running on the CPU: {engine.gpu_unavailable}", err=True, dim=True)
 
 
 DEFAULT_TEMPERATURE = 0.0

@@ -78,6 +78,19 @@ def test_gpu_library_is_built_where_nvcc_is_present():
     assert " T luce_gpu_open" in exported
 
 
+def test_gpu_backend_installed_follows_the_library_file(tmp_path, monkeypatch):
+    from luce.binding import lib
+
+    monkeypatch.delenv("LUCE_GPU_LIBRARY", raising=False)
+    assert lib().luce_gpu_backend_installed() == int(GPU_LIBRARY.exists())
+    present = tmp_path / "libluce_gpu.so"
+    present.write_bytes(b"")  # only its presence is asked: nothing is loaded
+    monkeypatch.setenv("LUCE_GPU_LIBRARY", str(present))
+    assert lib().luce_gpu_backend_installed() == 1
+    monkeypatch.setenv("LUCE_GPU_LIBRARY", str(tmp_path / "absent.so"))
+    assert lib().luce_gpu_backend_installed() == 0
+
+
 def test_missing_gpu_library_is_one_device_error(tiny_path, tmp_path):
     missing = tmp_path / "nowhere" / "libluce_gpu.so"
     status, message, _ = _gpu_load_in_child(tiny_path, LUCE_GPU_LIBRARY=str(missing))

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "bulk_copy.cuh"
@@ -164,12 +165,6 @@ GpuBackend::~GpuBackend() {
     if (staging_) (void)cudaFreeHost(staging_);
 }
 
-size_t GpuBackend::free_bytes() const {
-    size_t free = 0, total = 0;
-    LUCE_GPU_CHECK(cudaMemGetInfo(&free, &total));
-    return free;
-}
-
 bool GpuBackend::device_memory(int64_t &free, int64_t &total) const {
     size_t f = 0, t = 0;
     if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
@@ -186,8 +181,11 @@ void *GpuBackend::alloc(size_t n_bytes) {
     void *p = nullptr;
     if (cudaMalloc(&p, bytes) != cudaSuccess) {
         (void)cudaGetLastError();
+        int64_t free = 0, total = 0;
+        if (!device_memory(free, total)) fail(LUCE_ERR_DEVICE, "GPU memory exhausted: allocating %.1f MiB failed",
+                                              double(bytes) / MIB);
         fail(LUCE_ERR_DEVICE, "GPU memory exhausted: allocating %.1f MiB failed (%.1f MiB free)",
-             double(bytes) / MIB, double(free_bytes()) / MIB);
+             double(bytes) / MIB, double(free) / MIB);
     }
     allocations_[reinterpret_cast<uintptr_t>(p)] = bytes;
     count_alloc(bytes);
@@ -619,21 +617,22 @@ extern "C" luce_status luce_gpu_open(int32_t device_index, int64_t bytes_needed,
         if (err && err_len) std::snprintf(err, err_len, "%s", msg);
     };
     try {
-        auto *be = new luce::GpuBackend(device_index);
-        const size_t free = be->free_bytes();
+        auto be = std::make_unique<luce::GpuBackend>(device_index);
+        int64_t free = 0, total = 0;
+        if (!be->device_memory(free, total))
+            luce::fail(LUCE_ERR_DEVICE, "cannot read the free memory of %s", be->name());
         const int64_t need = bytes_needed + luce::LOAD_RESERVE_BYTES;
-        if (int64_t(free) < need) {
+        if (free < need) {
             char msg[512];
             std::snprintf(msg, sizeof msg,
                           "not enough GPU memory on %s: the model needs %.2f GiB (weights + %.1f GiB reserve), "
                           "%.2f GiB are free",
                           be->name(), double(need) / luce::GIB, double(luce::LOAD_RESERVE_BYTES) / luce::GIB,
                           double(free) / luce::GIB);
-            delete be;
             report(msg);
             return LUCE_ERR_DEVICE;
         }
-        *out = be;
+        *out = be.release();
         return LUCE_OK;
     } catch (const luce::Error &e) {
         report(e.what());

@@ -90,8 +90,6 @@ public:
     // Mean device time of `reps` back-to-back matmuls, microseconds (the test hook's timing; each
     // call on its own copy of the w_bytes of weights, so they come from DRAM as in a model step).
     float time_matmul(const Weight &w, size_t w_bytes, const float *x, int T, float *y, int reps);
-    // Free device memory now, for the load-time check.
-    size_t free_bytes() const;
     // The one stream every op is enqueued on (the profiler records its events there).
     cudaStream_t stream() const { return stream_; }
     int warp_size() const { return warp_; }

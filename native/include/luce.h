@@ -41,6 +41,9 @@ typedef enum {
 } luce_device;
 
 const char *luce_version(void);
+/* 1 when a GPU backend library is installed (libluce_gpu.so beside libluce, or the file
+   LUCE_GPU_LIBRARY names), 0 for a CPU-only build. Says nothing about whether it can open a GPU. */
+int32_t luce_gpu_backend_installed(void);
 /* The reason of the last failure on this thread ("" if none). Valid until the next luce call. */
 const char *luce_last_error(void);
 

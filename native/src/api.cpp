@@ -4,6 +4,7 @@
 
 #include "errors.h"
 #include "generate.h"
+#include "gpu_loader.h"
 #include "luce.h"
 #include "model.h"
 #include "session.h"
@@ -20,6 +21,8 @@ using luce::fail;
 using luce::guard;
 
 using luce::require;
+
+LUCE_API int32_t luce_gpu_backend_installed(void) { return luce::gpu_backend_installed() ? 1 : 0; }
 
 LUCE_API luce_status luce_model_load(const char *path, const luce_model_params *params, luce_model **out) {
     return guard([&] {

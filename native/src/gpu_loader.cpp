@@ -32,13 +32,17 @@ std::string gpu_library_path() {
     return own_directory() + "/" + GPU_LIBRARY_NAME;
 }
 
+bool file_exists(const std::string &path) {
+    struct stat st {};
+    return stat(path.c_str(), &st) == 0;
+}
+
 // Loaded once and never closed: backends created from it live as long as their models.
 GpuOpenFn load_open_function() {
     static GpuOpenFn open_fn = nullptr;
     if (open_fn) return open_fn;
     const std::string path = gpu_library_path();
-    struct stat st {};
-    if (stat(path.c_str(), &st) != 0)
+    if (!file_exists(path))
         fail(LUCE_ERR_DEVICE,
              "GPU backend not built: %s is missing (install luce where nvcc or hipcc is present; see docs/gpu.md)",
              path.c_str());
@@ -51,6 +55,8 @@ GpuOpenFn load_open_function() {
 }
 
 }  // namespace
+
+bool gpu_backend_installed() { return file_exists(gpu_library_path()); }
 
 std::unique_ptr<Backend> open_gpu_backend(int gpu_index, int64_t bytes_needed) {
     GpuOpenFn open_fn = load_open_function();

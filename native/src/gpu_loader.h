@@ -17,6 +17,9 @@ namespace luce {
 constexpr const char *GPU_LIBRARY_ENV = "LUCE_GPU_LIBRARY";
 constexpr const char *GPU_LIBRARY_NAME = "libluce_gpu.so";
 
+// Whether the GPU library file is there (a CPU-only build has none); loads nothing.
+bool gpu_backend_installed();
+
 // Opens GPU `gpu_index`, checking that `bytes_needed` of weights fit its free memory.
 std::unique_ptr<Backend> open_gpu_backend(int gpu_index, int64_t bytes_needed);
 

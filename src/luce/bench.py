@@ -22,6 +22,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from luce.binding import lib
 from luce.errors import LuceError
 
 DEFAULT_PROMPT_TOKENS = (512,)
@@ -145,9 +146,6 @@ def decode_weight_bytes(model: Path, info) -> int:
         return info.weight_bytes - (embd.nbytes if embd else 0)
 
 
-_INVALID_ARGUMENT = 1  # luce_status LUCE_ERR_INVALID_ARGUMENT: here, a context the model cannot hold
-
-
 def _bench_engine(model: Path, tests: list[Test], ctx: int, **kw):
     """An engine sized for the tests; when the model refuses the context, the error says which
     tests asked for it (the user gave -p/-n, not a context size)."""
@@ -156,7 +154,7 @@ def _bench_engine(model: Path, tests: list[Test], ctx: int, **kw):
     try:
         return Engine(model, ctx_size=ctx, **kw)
     except LuceError as e:
-        if e.status != _INVALID_ARGUMENT:
+        if e.status != lib().LUCE_ERR_INVALID_ARGUMENT:  # here: a context the model cannot hold
             raise
         names = ", ".join(t.name for t in tests)
         raise LuceError(f"{names} need a {ctx}-position context: {e}", status=e.status) from None

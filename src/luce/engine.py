@@ -33,7 +33,6 @@ DEFAULT_CTX_SIZE = 4096
 DEFAULT_MAX_TOKENS = 128
 
 _DEVICE_IDS = {"cpu": 0, "gpu": 1}
-_STATUS_DEVICE = 7  # LUCE_ERR_DEVICE: GPU backend missing, no device, too little device memory
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,8 @@ class Engine:
         lib()  # loads the library and declares luce.h's types before ffi.new below
         # auto: the GPU when its backend is built and a device with enough memory is present
         # (the native loader says so with LUCE_ERR_DEVICE before uploading anything), else the CPU.
-        # gpu_unavailable keeps the reason auto passed over the GPU (None when it did not).
+        # gpu_unavailable keeps the reason auto passed over an installed GPU backend (None when
+        # it ran on the GPU, or when luce was built for the CPU only and there was nothing to skip).
         self.gpu_unavailable: str | None = None
         candidates = ("gpu", "cpu") if device == "auto" else (device,)
         for i, dev in enumerate(candidates):
@@ -141,9 +141,10 @@ class Engine:
                 self.device = dev
                 break
             except LuceError as e:
-                if e.status != _STATUS_DEVICE or i + 1 == len(candidates):
+                if e.status != lib().LUCE_ERR_DEVICE or i + 1 == len(candidates):
                     raise
-                self.gpu_unavailable = str(e)
+                if lib().luce_gpu_backend_installed():
+                    self.gpu_unavailable = str(e)
         info = ffi.new("luce_model_info *")
         check(lib().luce_model_get_info(self._model, info))
         self.info = ModelInfo._from_native(info)
