@@ -743,9 +743,10 @@ GRAPH_STEPS = 24  # one-token steps compared between graph replay and eager laun
 def check_graphs(path: Path, dut: str, threads: int) -> dict:
     """Step graphs (the default) against eager launches (LUCE_GPU_GRAPHS=0), each with programmatic
     dependent launch (the default on sm_90+), against eager launches without it (LUCE_GPU_PDL=0,
-    every kernel waiting for the whole previous one), against the attention prologue fused into
-    one launch (LUCE_GPU_FUSED_ATTN=1, eager) and against the DeltaNet state loaded before the
-    previous kernel ends (LUCE_GPU_DELTANET_EARLY=1, graphs) on one fixture model: the logits of a
+    every kernel waiting for the whole previous one), against the attention prologue as five
+    launches instead of one (LUCE_GPU_FUSED_ATTN=0, eager) and against the DeltaNet state loaded
+    after the previous kernel ends instead of before (LUCE_GPU_DELTANET_EARLY=0, graphs) on one
+    fixture model: the logits of a
     prefill and GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the
     tokens of a greedy generation (the device-argmax path)."""
     import numpy as np
@@ -753,7 +754,7 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
     from luce import Engine
     from luce.binding import check, ffi, lib
 
-    def run(graphs: str, pdl: str = "1", fused: str = "0", early: str = "0"):
+    def run(graphs: str, pdl: str = "1", fused: str = "1", early: str = "1"):
         with env(LUCE_GPU_GRAPHS=graphs, LUCE_GPU_PDL=pdl, LUCE_GPU_FUSED_ATTN=fused, LUCE_GPU_DELTANET_EARLY=early):
             eng = Engine(path, device=dut, threads=threads)
         try:
@@ -773,8 +774,8 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
             eng.close()
 
     graph_rows, graph_tokens = run("1")
-    others = {"serial": run("0", pdl="0"), "eager": run("0"), "fused": run("0", fused="1"),
-              "early": run("1", early="1")}
+    others = {"serial": run("0", pdl="0"), "eager": run("0"), "unfused": run("0", fused="0"),
+              "late state": run("1", early="0")}
     diff = np.argwhere(np.any([rows != graph_rows for rows, _ in others.values()], axis=0))
     res = {"model": path.name, "steps": GRAPH_STEPS, "identical_logits": not len(diff),
            "max_abs": max(float(np.abs(rows - graph_rows).max()) for rows, _ in others.values()),
@@ -1706,9 +1707,9 @@ def _check_lines(report: dict) -> list[str]:
     g = report.get("graphs")
     if g:
         lines.append(f"\n- step graphs (default) vs eager (LUCE_GPU_GRAPHS=0) vs eager without programmatic "
-                     f"dependent launch (LUCE_GPU_PDL=0) vs eager with the attention prologue fused "
-                     f"(LUCE_GPU_FUSED_ATTN=1) vs graphs with the DeltaNet state loaded early "
-                     f"(LUCE_GPU_DELTANET_EARLY=1), {g.get('model')}: " + (
+                     f"dependent launch (LUCE_GPU_PDL=0) vs eager with the attention prologue unfused "
+                     f"(LUCE_GPU_FUSED_ATTN=0) vs graphs with the DeltaNet state loaded late "
+                     f"(LUCE_GPU_DELTANET_EARLY=0), {g.get('model')}: " + (
             f"error: {g['error']}" if "error" in g else
             f"logits of prefill + {g['steps']} one-token steps bitwise identical: {g['identical_logits']} "
             f"(max abs diff {g['max_abs']:.2e}, first diff {g['first_diff']}"

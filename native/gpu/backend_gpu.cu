@@ -99,7 +99,7 @@ void GpuBackend::read_switches(const cudaDeviceProp &prop) {
     exact_kernels_ = env_is("LUCE_GPU_KERNELS", "exact");
     choose_matmul_kernels(prop);
     attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
-    fused_attn_ = env_is("LUCE_GPU_FUSED_ATTN", "1");
+    fused_attn_ = !env_is("LUCE_GPU_FUSED_ATTN", "0");
     // Programmatic dependent launch (gpu_compat.h): Hopper and later, unless LUCE_GPU_PDL=0.
 #if !defined(LUCE_HIP)
     gpu::dependent_launch = prop.major >= 9 && !env_is("LUCE_GPU_PDL", "0");
@@ -107,8 +107,8 @@ void GpuBackend::read_switches(const cudaDeviceProp &prop) {
     gpu::frag_bulk_tensor = !env_is("LUCE_GPU_BULK", "rows");
 #endif
     delta_kernel_ = env_is("LUCE_GPU_DELTANET_REG", "0")     ? gpu::DeltaKernel::memory
-                    : env_is("LUCE_GPU_DELTANET_EARLY", "1") ? gpu::DeltaKernel::registers_early
-                                                             : gpu::DeltaKernel::registers;
+                    : env_is("LUCE_GPU_DELTANET_EARLY", "0") ? gpu::DeltaKernel::registers
+                                                             : gpu::DeltaKernel::registers_early;
     if (const char *prof = std::getenv("LUCE_GPU_PROFILE"); prof && *prof)
         profile_ = std::make_unique<gpu::OpProfile>(prof);
     // Step graphs unless LUCE_GPU_GRAPHS=0, and never under the profiler, whose per-op events

@@ -144,12 +144,12 @@ private:
     std::map<uint64_t, cudaGraphExec_t> graph_execs_;
     std::map<uint64_t, int> graph_seen_;
     bool attn_split_ = true;
-    // The attention prologue in one launch (LUCE_GPU_FUSED_ATTN=1). Opt-in until an H200 run
-    // has checked its bits against the five ops and timed it (docs/gpu.md).
-    bool fused_attn_ = false;
-    // LUCE_GPU_DELTANET_REG=0: the state stays in device memory; LUCE_GPU_DELTANET_EARLY=1: in
-    // registers, loaded ahead of the previous kernel's end (opt-in until an H200 run times it).
-    gpu::DeltaKernel delta_kernel_ = gpu::DeltaKernel::registers;
+    // The attention prologue in one launch (the five ops in turn under LUCE_GPU_FUSED_ATTN=0;
+    // the same bits, which gpu_check's graphs check compares).
+    bool fused_attn_ = true;
+    // The DeltaNet state in registers, loaded ahead of the previous kernel's end;
+    // LUCE_GPU_DELTANET_EARLY=0: loaded after it; LUCE_GPU_DELTANET_REG=0: kept in device memory.
+    gpu::DeltaKernel delta_kernel_ = gpu::DeltaKernel::registers_early;
     void *gemm_scratch_ = nullptr;           // the prefill GEMM's split partials, grown on demand
     size_t gemm_scratch_bytes_ = 0;
     int n_sm_ = 1;                           // the device's SMs (CUs): the prefill GEMM's splits

@@ -182,8 +182,8 @@ __device__ __forceinline__ float block_sum(float v) {
 // is read before it, with one documented exception: data whose last writer is at least two
 // launches back (or a copy before them) may be read early, through L2 (load_l2). A grid starts
 // only when every block of the one before it has passed its own wait, that is, when the grid two
-// back has completed and its writes are in memory (the DeltaNet state under
-// LUCE_GPU_DELTANET_EARLY=1). tests/test_gpu_build.py checks that every kernel calls it.
+// back has completed and its writes are in memory (the DeltaNet state, unless
+// LUCE_GPU_DELTANET_EARLY=0). tests/test_gpu_build.py checks that every kernel calls it.
 //
 // It waits for the previous grid to complete and its writes to be visible, then lets the next
 // grid launch: one grid ahead at most, so waiting blocks never hold a whole GPU. No-op on HIP,
