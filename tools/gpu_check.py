@@ -595,7 +595,7 @@ def check_deltanet(dut: str) -> list[dict]:
         dims = (hk, hv, dk, dv, len(DELTA_TREE_PARENTS))
         inputs = _deltanet_inputs(rng, *dims)
         ref = _deltanet_ref(*inputs[:5], hk, hv, dk, dv, DELTA_EPS, inputs[5], DELTA_TREE_PARENTS)
-        for registers in (1, 0):
+        for registers in (1, 0, 2):  # 2: state loaded early, the default kernel of verify steps
             rows.append(_deltanet_case(f", tree {list(DELTA_TREE_PARENTS)}", inputs, dims, ref, registers, True,
                                        DELTA_TREE_PARENTS)[0])
     return rows
