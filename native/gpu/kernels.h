@@ -132,7 +132,8 @@ void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w
 // The kernel for steps of up to MAX_STEP tokens (longer prompt chunks without history take the
 // prefill kernel unless `memory`): the state walked through device memory (LUCE_GPU_DELTANET_REG=0),
 // held in registers, or held in registers and loaded before the previous kernel has finished
-// (the default, off with LUCE_GPU_DELTANET_EARLY=0; gpu_compat.h says when that is safe). The last two give the same bits.
+// (the default, off with LUCE_GPU_DELTANET_EARLY=0; gpu_compat.h says when that is safe). The
+// last two give the same bits.
 enum class DeltaKernel { memory = 0, registers = 1, registers_early = 2 };
 void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const float *b, const float *a,
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dims, int T,
