@@ -162,7 +162,8 @@ def test_gpu_without_a_device_is_refused(tiny_path):
 
 def test_context_larger_than_the_model_supports(tiny_path):
     err = _error(lambda: Engine(tiny_path, ctx_size=SPEC_TINY.ctx + 1))
-    assert err.status == INVALID and str(SPEC_TINY.ctx) in str(err)
+    assert err.status == CONTEXT_FULL and str(SPEC_TINY.ctx) in str(err)
+    assert _error(lambda: Engine(tiny_path, ctx_size=0)).status == INVALID
 
 
 def test_bad_prompts(tiny_path):

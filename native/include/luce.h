@@ -29,7 +29,8 @@ typedef enum {
     LUCE_ERR_FORMAT = 3,           /* not a GGUF, malformed or crafted file, inconsistent shapes */
     LUCE_ERR_UNSUPPORTED = 4,      /* well-formed but unsupported: architecture, quant type, ... */
     LUCE_ERR_OUT_OF_MEMORY = 5,
-    LUCE_ERR_CONTEXT_FULL = 6,     /* prompt or generation does not fit the session's context */
+    LUCE_ERR_CONTEXT_FULL = 6,     /* prompt or generation does not fit the session's context, or
+                                      a context longer than the model's */
     LUCE_ERR_DEVICE = 7,           /* GPU backend missing, no device, device memory exhausted */
     LUCE_ERR_CANCELLED = 8,        /* the token callback asked to stop */
     LUCE_ERR_INTERNAL = 9

@@ -34,9 +34,11 @@ int prefill_step_setting() {
 Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), kv_f16(kv_f16_) {
     graph_id = new_graph_owner();
     const Hparams &hp = m->hp;
+    // Longer than the model's is a context that does not fit (callers such as bench, which size
+    // it from the work asked for, tell it from their other mistakes by status).
     if (n_ctx < 1 || n_ctx > hp.n_ctx_train)
-        fail(LUCE_ERR_INVALID_ARGUMENT, "context size %d is not in 1..%d (the model's context length)",
-             n_ctx, hp.n_ctx_train);
+        fail(n_ctx < 1 ? LUCE_ERR_INVALID_ARGUMENT : LUCE_ERR_CONTEXT_FULL,
+             "context size %d is not in 1..%d (the model's context length)", n_ctx, hp.n_ctx_train);
     try {
         prefill_step = prefill_step_setting();
         const int64_t T = prefill_step, E = hp.n_embd, CD = hp.conv_channels();

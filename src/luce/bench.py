@@ -154,7 +154,7 @@ def _bench_engine(model: Path, tests: list[Test], ctx: int, **kw):
     try:
         return Engine(model, ctx_size=ctx, **kw)
     except LuceError as e:
-        if e.status != lib().LUCE_ERR_INVALID_ARGUMENT:  # here: a context the model cannot hold
+        if e.status != lib().LUCE_ERR_CONTEXT_FULL:  # not a drafter's or any other refusal
             raise
         names = ", ".join(t.name for t in tests)
         raise LuceError(f"{names} need a {ctx}-position context: {e}", status=e.status) from None
