@@ -746,9 +746,8 @@ def check_graphs(path: Path, dut: str, threads: int) -> dict:
     every kernel waiting for the whole previous one), against the attention prologue as five
     launches instead of one (LUCE_GPU_FUSED_ATTN=0, eager) and against the DeltaNet state loaded
     after the previous kernel ends instead of before (LUCE_GPU_DELTANET_EARLY=0, graphs) on one
-    fixture model: the logits of a
-    prefill and GRAPH_STEPS one-token greedy steps must be bitwise identical, and so must the
-    tokens of a greedy generation (the device-argmax path)."""
+    fixture model: the logits of a prefill and GRAPH_STEPS one-token greedy steps must be bitwise
+    identical, and so must the tokens of a greedy generation (the device-argmax path)."""
     import numpy as np
 
     from luce import Engine
