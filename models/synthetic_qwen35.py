@@ -8,9 +8,11 @@ dequantization work of a real file.
     python models/synthetic_qwen35.py --shape 27b --mix iq4_xs -o /tmp/q27b.gguf
     python models/synthetic_qwen35.py --shape 0.8b --mix q8_0 -o /tmp/q08b.gguf
 
-Mixes follow the upstream recipe (spec/engine.md §2.7: `llama-quantize --pure --output-tensor-type
-q5_k --tensor-type ssm_out=q6_k --tensor-type attn_v=q6_k ... iq4_xs`): body in the mix's type,
-ssm_out and attn_v Q6_K, output Q5_K; 1-D tensors and ssm_conv1d F32. The tokenizer metadata is
+Mixes (`--mix`, MIXES): the pure ones put every body tensor in one type (the `iq4_xs` one is the
+upstream DFlash recipe, spec/engine.md §2.7: `llama-quantize --pure --output-tensor-type q5_k
+--tensor-type ssm_out=q6_k --tensor-type attn_v=q6_k ... iq4_xs`); the recipe ones give each tensor
+the type the files people download have (quant_recipes.py: llama-quantize's own choice per ftype,
+third-party variants). 1-D tensors and ssm_conv1d are F32. The tokenizer metadata is
 a byte-level vocabulary padded with filler tokens to the real vocab size, enough for loaders
 (luce, llama.cpp) that need a vocabulary to open the file.
 """
@@ -25,6 +27,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
+
+try:  # run as a script from models/, or imported as models.synthetic_qwen35
+    import quant_recipes
+except ImportError:  # pragma: no cover
+    from models import quant_recipes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,67 +60,107 @@ SHAPES = {
     "tiny": Shape(256, 8, 4, 2, 64, 16, 4, 8, 32, 4, 768, 4096, ctx=8192),
 }
 
-MIXES = {
+# Pure mixes: every 2-D body tensor in one type, as `llama-quantize --pure` writes them (the
+# "iq4_xs" mix is the upstream DFlash recipe, spec/engine.md section 2.7).
+PURE_MIXES = {
     "iq4_xs": dict(body=T.IQ4_XS, ssm_out=T.Q6_K, attn_v=T.Q6_K, output=T.Q5_K),
     "q4_k": dict(body=T.Q4_K, ssm_out=T.Q6_K, attn_v=T.Q6_K, output=T.Q6_K),
     "q8_0": dict(body=T.Q8_0, ssm_out=T.Q8_0, attn_v=T.Q8_0, output=T.Q8_0),
     "f16": dict(body=T.F16, ssm_out=T.F16, attn_v=T.F16, output=T.F16),
 }
+# The recipes files are downloaded in (quant_recipes.py): `lq-<ftype>` is llama-quantize's own
+# per-tensor choice for that ftype; `-small-<type>` keeps the DeltaNet alpha/beta projections in
+# that type, as third-party files do; `ud-q4_k_xl` is an unsloth-"UD"-style dynamic mix.
+RECIPE_MIXES = ("lq-iq4_xs", "lq-q4_k_m", "lq-q8_0", "lq-iq4_xs-small-f32", "lq-iq4_xs-small-bf16",
+                "lq-iq4_xs-small-q8_0", "ud-q4_k_xl")
+MIXES = tuple(PURE_MIXES) + RECIPE_MIXES
 
 
-def tensor_plan(s: Shape, mix: dict, mtp: bool = True) -> list[tuple[str, tuple[int, ...], T]]:
-    """(name, ne (innermost first), type) for every tensor of the file, in file order.
+def tensor_shapes(s: Shape, mtp: bool = True) -> list[tuple[str, tuple[int, ...], T]]:
+    """(name, ne (innermost first), source type) for every tensor of the file, in file order, the
+    source type being what a converted checkpoint holds before quantization: BF16 for the 2-D
+    weights, F32 for norms, biases, ssm_a and ssm_conv1d.
 
     With mtp, a multi-token-prediction block follows the main layers as blk.{n_layer} (a full-
     attention block plus nextn.* tensors), as in llama.cpp conversions that keep it; runtimes skip it."""
     key_dim, value_dim = s.ssm_k_heads * s.ssm_head_dim, s.ssm_v_heads * s.ssm_head_dim
     conv_dim = 2 * key_dim + value_dim
-    body = mix["body"]
-    plan = [("token_embd.weight", (s.n_embd, s.n_vocab), body),
-            ("output_norm.weight", (s.n_embd,), T.F32),
-            ("output.weight", (s.n_embd, s.n_vocab), mix["output"])]
+    W, V = T.BF16, T.F32  # weights, vectors
+    plan = [("token_embd.weight", (s.n_embd, s.n_vocab), W),
+            ("output_norm.weight", (s.n_embd,), V),
+            ("output.weight", (s.n_embd, s.n_vocab), W)]
     for i in range(s.n_layer):
         p = f"blk.{i}."
-        plan.append((p + "attn_norm.weight", (s.n_embd,), T.F32))
+        plan.append((p + "attn_norm.weight", (s.n_embd,), V))
         if (i + 1) % s.interval == 0:  # gated full attention
-            plan += _attention(p, s, mix)
+            plan += _attention(p, s)
         else:  # Gated DeltaNet
-            plan += [(p + "attn_qkv.weight", (s.n_embd, conv_dim), body),
-                     (p + "attn_gate.weight", (s.n_embd, value_dim), body),
-                     (p + "ssm_beta.weight", (s.n_embd, s.ssm_v_heads), body),
-                     (p + "ssm_alpha.weight", (s.n_embd, s.ssm_v_heads), body),
-                     (p + "ssm_conv1d.weight", (s.conv_kernel, conv_dim), T.F32),
-                     (p + "ssm_dt.bias", (s.ssm_v_heads,), T.F32),
-                     (p + "ssm_a", (s.ssm_v_heads,), T.F32),
-                     (p + "ssm_norm.weight", (s.ssm_head_dim,), T.F32),
-                     (p + "ssm_out.weight", (value_dim, s.n_embd), mix["ssm_out"])]
-        plan += _post_attention_and_ffn(p, s, body)
+            plan += [(p + "attn_qkv.weight", (s.n_embd, conv_dim), W),
+                     (p + "attn_gate.weight", (s.n_embd, value_dim), W),
+                     (p + "ssm_beta.weight", (s.n_embd, s.ssm_v_heads), W),
+                     (p + "ssm_alpha.weight", (s.n_embd, s.ssm_v_heads), W),
+                     (p + "ssm_conv1d.weight", (s.conv_kernel, conv_dim), V),
+                     (p + "ssm_dt.bias", (s.ssm_v_heads,), V),
+                     (p + "ssm_a", (s.ssm_v_heads,), V),
+                     (p + "ssm_norm.weight", (s.ssm_head_dim,), V),
+                     (p + "ssm_out.weight", (value_dim, s.n_embd), W)]
+        plan += _post_attention_and_ffn(p, s)
     if mtp:
         p = f"blk.{s.n_layer}."
-        plan += [(p + "attn_norm.weight", (s.n_embd,), T.F32)] + _attention(p, s, mix)
-        plan += _post_attention_and_ffn(p, s, body)
-        plan += [(p + "nextn.eh_proj.weight", (2 * s.n_embd, s.n_embd), body),
-                 (p + "nextn.enorm.weight", (s.n_embd,), T.F32),
-                 (p + "nextn.hnorm.weight", (s.n_embd,), T.F32),
-                 (p + "nextn.shared_head_norm.weight", (s.n_embd,), T.F32)]
+        plan += [(p + "attn_norm.weight", (s.n_embd,), V)] + _attention(p, s)
+        plan += _post_attention_and_ffn(p, s)
+        plan += [(p + "nextn.eh_proj.weight", (2 * s.n_embd, s.n_embd), W),
+                 (p + "nextn.enorm.weight", (s.n_embd,), V),
+                 (p + "nextn.hnorm.weight", (s.n_embd,), V),
+                 (p + "nextn.shared_head_norm.weight", (s.n_embd,), V)]
     return plan
 
 
-def _attention(p: str, s: Shape, mix: dict) -> list:
-    body = mix["body"]
-    return [(p + "attn_q.weight", (s.n_embd, 2 * s.n_head * s.head_dim), body),
-            (p + "attn_k.weight", (s.n_embd, s.n_head_kv * s.head_dim), body),
-            (p + "attn_v.weight", (s.n_embd, s.n_head_kv * s.head_dim), mix["attn_v"]),
-            (p + "attn_output.weight", (s.n_head * s.head_dim, s.n_embd), body),
+def _pure_type(mix: dict, name: str, src: T) -> T:
+    if src != T.BF16:
+        return src
+    if name == "output.weight":
+        return mix["output"]
+    if name.endswith(("ssm_out.weight", "attn_v.weight")):
+        return mix[name.split(".")[-2]]
+    return mix["body"]
+
+
+def mix_types(s: Shape, mix_name: str, shapes: list) -> dict[str, T]:
+    """{tensor name: type} of the named mix (MIXES) for these tensor shapes."""
+    if mix_name in PURE_MIXES:
+        return {name: _pure_type(PURE_MIXES[mix_name], name, src) for name, _, src in shapes}
+    if mix_name not in RECIPE_MIXES:
+        raise ValueError(f"unknown mix {mix_name!r} (known: {', '.join(MIXES)})")
+    n_gqa = s.n_head // s.n_head_kv
+    if mix_name == "ud-q4_k_xl":
+        return quant_recipes.unsloth_dynamic_types(shapes, n_gqa)
+    ftype, _, small = mix_name.removeprefix("lq-").partition("-small-")
+    types = quant_recipes.llama_quantize_types(ftype.upper(), shapes, n_gqa)
+    return quant_recipes.with_small_projections(types, T[small.upper()]) if small else types
+
+
+def tensor_plan(s: Shape, mix_name: str, mtp: bool = True) -> list[tuple[str, tuple[int, ...], T]]:
+    """(name, ne (innermost first), type) for every tensor of the file, in file order."""
+    shapes = tensor_shapes(s, mtp)
+    types = mix_types(s, mix_name, shapes)
+    return [(name, ne, types[name]) for name, ne, _ in shapes]
+
+
+def _attention(p: str, s: Shape) -> list:
+    return [(p + "attn_q.weight", (s.n_embd, 2 * s.n_head * s.head_dim), T.BF16),
+            (p + "attn_k.weight", (s.n_embd, s.n_head_kv * s.head_dim), T.BF16),
+            (p + "attn_v.weight", (s.n_embd, s.n_head_kv * s.head_dim), T.BF16),
+            (p + "attn_output.weight", (s.n_head * s.head_dim, s.n_embd), T.BF16),
             (p + "attn_q_norm.weight", (s.head_dim,), T.F32),
             (p + "attn_k_norm.weight", (s.head_dim,), T.F32)]
 
 
-def _post_attention_and_ffn(p: str, s: Shape, body: T) -> list:
+def _post_attention_and_ffn(p: str, s: Shape) -> list:
     return [(p + "post_attention_norm.weight", (s.n_embd,), T.F32),
-            (p + "ffn_gate.weight", (s.n_embd, s.n_ff), body),
-            (p + "ffn_up.weight", (s.n_embd, s.n_ff), body),
-            (p + "ffn_down.weight", (s.n_ff, s.n_embd), body)]
+            (p + "ffn_gate.weight", (s.n_embd, s.n_ff), T.BF16),
+            (p + "ffn_up.weight", (s.n_embd, s.n_ff), T.BF16),
+            (p + "ffn_down.weight", (s.n_ff, s.n_embd), T.BF16)]
 
 
 # Rough mean |sub-scale x quant| of a random block, so that d = scale / this gives elements of
@@ -153,10 +200,18 @@ def random_tensor(ne: tuple[int, ...], qtype: T, rng: np.random.Generator) -> np
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32).reshape(ne[::-1])
     if qtype == T.F16:
         return (scale * rng.standard_normal(n, dtype=np.float32)).astype(np.float16).reshape(ne[::-1])
+    if qtype == T.BF16:
+        return bf16_bits(scale * rng.standard_normal(n, dtype=np.float32)).reshape(ne[::-1])
     block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
     rows = n // ne[0]
     blocks = random_blocks(qtype, n // block_elems, rng, scale / TYPICAL_QUANT_MAGNITUDE[qtype])
     return blocks.reshape(rows, (ne[0] // block_elems) * block_bytes)
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), rounded to nearest even (finite inputs)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def special_recurrent_f32(name: str, ne: tuple[int, ...], rng: np.random.Generator) -> np.ndarray | None:
@@ -199,10 +254,12 @@ def byte_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
 def declare_tensors(w: GGUFWriter, plan: list[tuple[str, tuple[int, ...], T]]) -> None:
     """The plan's tensor infos (float tensors as themselves, quantized ones as raw block bytes),
     so the data can follow one tensor at a time instead of all of it held in memory."""
+    float_dtypes = {T.F32: np.float32, T.F16: np.float16, T.BF16: np.uint16}
     for name, ne, qtype in plan:
-        if qtype in (T.F32, T.F16):
-            dtype = np.dtype(np.float32 if qtype == T.F32 else np.float16)
-            w.add_tensor_info(name, ne[::-1], dtype, int(np.prod(ne)) * dtype.itemsize)
+        if qtype in float_dtypes:
+            dtype = np.dtype(float_dtypes[qtype])
+            w.add_tensor_info(name, ne[::-1], dtype, int(np.prod(ne)) * dtype.itemsize,
+                              raw_dtype=T.BF16 if qtype == T.BF16 else None)
         else:
             block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
             rows = int(np.prod(ne)) // ne[0]
@@ -211,8 +268,7 @@ def declare_tensors(w: GGUFWriter, plan: list[tuple[str, tuple[int, ...], T]]) -
 
 
 def write(path: Path, shape: Shape, mix_name: str, seed: int = 0, mtp: bool = True, log=print) -> Path:
-    mix = MIXES[mix_name]
-    plan = tensor_plan(shape, mix, mtp)
+    plan = tensor_plan(shape, mix_name, mtp)
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), "qwen35")
     w.add_name(f"synthetic-qwen35-{mix_name}")
@@ -249,12 +305,22 @@ def write(path: Path, shape: Shape, mix_name: str, seed: int = 0, mtp: bool = Tr
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for i, (name, ne, qtype) in enumerate(plan):
-        data = special_recurrent_f32(name, ne, rng) if qtype == T.F32 else None
-        w.write_tensor_data(data if data is not None else random_tensor(ne, qtype, rng))
+        w.write_tensor_data(_tensor_data(name, ne, qtype, rng))
         if log and i % 50 == 0:
             log(f"  {i + 1}/{len(plan)} {name}", file=sys.stderr)
     w.close()
     return path
+
+
+def _tensor_data(name: str, ne: tuple[int, ...], qtype: T, rng: np.random.Generator) -> np.ndarray:
+    """A tensor's random data; the DeltaNet's recurrent parameters get stable values when stored
+    as floats (quantized ones are random blocks like the rest)."""
+    special = special_recurrent_f32(name, ne, rng) if qtype in (T.F32, T.F16, T.BF16) else None
+    if special is None:
+        return random_tensor(ne, qtype, rng)
+    if qtype == T.BF16:
+        return bf16_bits(special)
+    return special.astype(np.float16) if qtype == T.F16 else special
 
 
 def _sections(n_rot: int) -> list[int]:
