@@ -1,11 +1,12 @@
 // matmul.cu — y = W x over weights kept in their GGUF encoding, and the embedding gather.
 //
-// One warp per weight row. Lane l dequantizes units u = l, l + LUCE_WARP, ... of the row (32
+// One warp per weight row (a block per row on matrices of few rows: matmul_split_kernel). Lane l dequantizes units u = l, l + LUCE_WARP, ... of the row (32
 // elements each, quant_blocks.cuh) into registers and applies each unit to NT tokens at once,
 // so a step of T tokens streams the weight row from memory once per NT-token tile; tiles after
 // the first re-read the row from L1/L2, not from DRAM (a row is a few KB). NT = 1 is the decode
 // GEMV; NT = 16 serves verify widths (one pass up to 16) and prefill chunks (T <= 64, 4 passes).
-// Two widths x eight types are all the instantiations there are, to keep the CUDA compile short.
+// Two widths x eight types x two kernels are all the instantiations there are, to keep the CUDA
+// compile short.
 #include "kernels.h"
 #include "quant_blocks.cuh"
 
@@ -15,6 +16,42 @@ namespace {
 
 // ---- kernels -----------------------------------------------------------------------------------
 
+// One 32-element unit of a row (wv, n_valid of its values) against a token's activations there.
+__device__ __forceinline__ float unit_dot(const float (&wv)[32], const float *xt, int n_valid) {
+    float s = 0.f;
+    if (n_valid == 32 && (reinterpret_cast<uintptr_t>(xt) & 15) == 0) {
+        // 16-byte loads of the activation chunk (the common case: n_in % 4 == 0).
+        const float4 *x4 = reinterpret_cast<const float4 *>(xt);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float4 v = x4[i];
+            s += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z + wv[4 * i + 3] * v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+            if (i < n_valid) s += wv[i] * xt[i];
+    }
+    return s;
+}
+
+// acc[t] += the row's units first, first + stride, ... against tokens t0 + t < t_end.
+template <int TYPE, int NT>
+__device__ __forceinline__ void row_units(const uint8_t *row, int n_in, int first, int stride, const float *x, int t0,
+                                          int t_end, float (&acc)[NT]) {
+    const int n_units = (n_in + 31) / 32;
+    for (int u = first; u < n_units; u += stride) {
+        const int n_valid = min(32, n_in - 32 * u);
+        float wv[32];
+        load_unit<TYPE>(row, u, n_valid, wv);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            if (t0 + t >= t_end) break;
+            acc[t] += unit_dot(wv, x + int64_t(t0 + t) * n_in + 32 * u, n_valid);
+        }
+    }
+}
+
 template <int TYPE, int NT>
 __global__ void matmul_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int64_t n_out,
                               const float *x, int T, float *y, int64_t ldy) {
@@ -23,41 +60,54 @@ __global__ void matmul_kernel(const uint8_t *w, int64_t row_bytes, int n_in, int
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x / LUCE_WARP) + threadIdx.x / LUCE_WARP;
     if (r >= n_out) return;  // whole warps leave together: no block-level sync below
     const uint8_t *row = w + r * row_bytes;
-    const int n_units = (n_in + 31) / 32;
     for (int t0 = 0; t0 < T; t0 += NT) {
         float acc[NT];
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-        for (int u = lane; u < n_units; u += LUCE_WARP) {
-            const int n_valid = min(32, n_in - 32 * u);
-            float wv[32];
-            load_unit<TYPE>(row, u, n_valid, wv);
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                if (t0 + t >= T) break;
-                const float *xt = x + int64_t(t0 + t) * n_in + 32 * u;
-                float s = 0.f;
-                if (n_valid == 32 && (reinterpret_cast<uintptr_t>(xt) & 15) == 0) {
-                    // 16-byte loads of the activation chunk (the common case: n_in % 4 == 0).
-                    const float4 *x4 = reinterpret_cast<const float4 *>(xt);
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        const float4 v = x4[i];
-                        s += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z + wv[4 * i + 3] * v.w;
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 32; ++i)
-                        if (i < n_valid) s += wv[i] * xt[i];
-                }
-                acc[t] += s;
-            }
-        }
+        row_units<TYPE, NT>(row, n_in, lane, LUCE_WARP, x, t0, T, acc);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             const float s = warp_sum(acc[t]);
             if (lane == 0 && t0 + t < T) y[int64_t(t0 + t) * ldy + r] = s;
         }
+    }
+}
+
+// Matrices of few rows (the DeltaNet's alpha/beta projections, 48 x 5120) left the device idle
+// at one warp per row: 48 warps, each walking its row's units in turn, ~51 GB/s at decode (19 us
+// a call on an H100) and 2.7 ms at 512 tokens. Here a block of SPLIT_WARPS warps owns one row and
+// SPLIT_TOKENS tokens (grid: rows x token chunks): every thread takes one unit in flight, and a
+// prompt's tokens spread over many blocks. Thread i sums units i, i + blockDim, ... for each
+// token, the warps' sums meet in warp order: nothing depends on T or on a token's chunk, so a
+// verify row has the bits of its one-token step. Which kernel runs depends on the matrix alone.
+constexpr int SPLIT_WARPS = 4, SPLIT_TOKENS = 64;
+constexpr int64_t SPLIT_MAX_ROWS = 1024;
+
+template <int TYPE, int NT>
+__global__ void matmul_split_kernel(const uint8_t *w, int64_t row_bytes, int n_in, const float *x, int T, float *y,
+                                    int64_t ldy) {
+    __shared__ float part[SPLIT_WARPS][NT];
+    wait_for_inputs();
+    const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP;
+    const int64_t r = blockIdx.x;
+    const int t_begin = int(blockIdx.y) * SPLIT_TOKENS, t_end = min(T, t_begin + SPLIT_TOKENS);
+    for (int t0 = t_begin; t0 < t_end; t0 += NT) {
+        float acc[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+        row_units<TYPE, NT>(w + r * row_bytes, n_in, int(threadIdx.x), int(blockDim.x), x, t0, t_end, acc);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float s = warp_sum(acc[t]);
+            if (lane == 0) part[warp][t] = s;
+        }
+        __syncthreads();
+        if (int(threadIdx.x) < NT && t0 + int(threadIdx.x) < t_end) {
+            float s = part[0][threadIdx.x];
+            for (int k = 1; k < SPLIT_WARPS; ++k) s += part[k][threadIdx.x];
+            y[int64_t(t0 + threadIdx.x) * ldy + r] = s;
+        }
+        __syncthreads();  // part is rewritten by the next tile
     }
 }
 
@@ -130,9 +180,19 @@ struct MatmulLaunch {
 
     template <int TYPE>
     void operator()() const {
+        const auto *wd = static_cast<const uint8_t *>(w.data);
+        if (w.n_out <= SPLIT_MAX_ROWS) {
+            const dim3 grid(unsigned(w.n_out), unsigned((T + SPLIT_TOKENS - 1) / SPLIT_TOKENS));
+            if (T == 1)
+                launch_kernel(matmul_split_kernel<TYPE, 1>, grid, SPLIT_WARPS * warp, 0, stream, wd,
+                              weight_row_bytes(w), int(w.n_in), x, T, y, ldy);
+            else
+                launch_kernel(matmul_split_kernel<TYPE, 16>, grid, SPLIT_WARPS * warp, 0, stream, wd,
+                              weight_row_bytes(w), int(w.n_in), x, T, y, ldy);
+            return;
+        }
         const int rows_per_block = MATMUL_THREADS / warp;
         const unsigned blocks = unsigned((w.n_out + rows_per_block - 1) / rows_per_block);
-        const auto *wd = static_cast<const uint8_t *>(w.data);
         if (T == 1)
             launch_kernel(matmul_kernel<TYPE, 1>, blocks, MATMUL_THREADS, 0, stream, wd, weight_row_bytes(w),
                           int(w.n_in), w.n_out, x, T, y, ldy);
