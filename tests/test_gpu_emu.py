@@ -258,6 +258,12 @@ for name, T, env in (("frag", 8, {"LUCE_GPU_MATMUL": "frag"}),
     with gc.kernels("fast"), gc.env(**env):
         run(int(Q.IQ4_XS), raw, n_rows, n_cols, rng.standard_normal((T, n_cols)).astype(np.float32))
     result[name] = [a - b for a, b in zip(counts(), before)]
+for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0):  # the prefill GEMM of every type it serves
+    raw, n_rows, n_cols, w = gc._matmul_case(qtype, rng, "gpu", 64, 5120)
+    before = counts()
+    with gc.kernels("fast"), gc.env(LUCE_GPU_MATMUL="gemm"):
+        run(int(qtype), raw, n_rows, n_cols, rng.standard_normal((64, n_cols)).astype(np.float32))
+    result["gemm " + qtype.name] = [a - b for a, b in zip(counts(), before)]
 print(json.dumps(result))
 """
 
@@ -275,7 +281,11 @@ def test_emulated_cuda_path_runs_its_tensor_core_kernels(emu_cuda_library):
     assert got["frag"][mma] > 0 and got["frag"][ldmatrix] > 0 and got["frag"][tensor] > 0 and got["frag"][bulk] == 0
     assert got["rows"][bulk] > 0 and got["rows"][tensor] == 0 and got["rows"][waits] > 0
     assert got["staged"][mma] > 0 and got["staged"][bulk] == got["staged"][tensor] == 0
-    assert got["gemm"][mma] > 0
+    # The GEMM's own count: one 128-row x 64-token tile, 20 groups of 5120 values, each warp 8
+    # units x 2 m-tiles x 4 n-tiles of m16n8k32 per group (Q6_K: two m16n8k16 for each), 8 warps.
+    gemm_mma = 8 * 20 * 8 * 2 * 4
+    assert got["gemm"][mma] == gemm_mma
+    assert [got["gemm " + t][mma] for t in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")] == [gemm_mma, gemm_mma, 2 * gemm_mma, gemm_mma]
     assert got["dp4a"] == [0, 0, 0, 0, 0]
 
 

@@ -78,7 +78,7 @@ void matmul_mma_frag(cudaStream_t stream, int type, int64_t n_in, const RowSegme
 // matmul_gemm.cu: prefill only (Backend::set_prefill): the tensor cores on 128-row x 64-token
 // tiles, each 256-element group summed in int32 before one fp32 step, so NOT the bits of the three
 // kernels above (within the fast path's tolerance of them). CUDA sm_80+; gemm_serves: the types
-// and shapes it has (IQ4_XS and Q6_K, rows of whole 256-value groups).
+// and shapes it has (IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0; rows of whole 256-value groups).
 // Tiles may be split along the row (gemm_splits picks how many for n_sm SMs, or takes `forced`
 // within the valid range): the splits write [splits][T][n_out] floats of `partial` and a second
 // kernel adds them in order.
