@@ -5,6 +5,7 @@
 #   make bench   CPU benchmark table (see docs/benchmarks.md)
 #   make lint    byte-compile + ruff when present
 #   make gpu-check   on a GPU machine: build LUCE_GPU=cuda (sm_90), GPU-vs-CPU checks, 27B bench (docs/gpu.md)
+#   make bench-gpu   on a GPU machine: the benchmark matrix, luce beside llama.cpp (docs/benchmarks.md)
 #   make hip-check   compile + link the HIP path with Debian's hipcc (gfx1030), no GPU needed
 #   make gpu-emu     the HIP path run by the CPU (build/gpu-emu/libluce_gpu_emu.so; docs/gpu.md)
 #   make gpu-emu-cuda  the CUDA path run by the CPU (build/gpu-emu-cuda/libluce_gpu_emu.so)
@@ -18,7 +19,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: peer-src bench-gpu venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
+.PHONY: peer-src peer-carry peer-gpu bench-gpu venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
         reference-export reference-drafters-carry reference-ggufs \
         gpu-check hip-check hip-toolchain gpu-emu gpu-emu-cuda
 
@@ -75,6 +76,30 @@ $(PEER_SRC)/.ready: | venv
 	tar xzf $(PEER_SDIST) -C $(PEER_SRC) --strip-components=3 --exclude='*/llama.cpp/models/*' \
 	  --exclude='*/llama.cpp/docs/*' --exclude='*/llama.cpp/tools/ui/*' llama_cpp_python-$(PEER_VERSION)/vendor/llama.cpp
 	@touch $@
+
+# The peer on a GPU machine: llama.cpp's CUDA build (sm_90 unless PEER_CUDA_ARCHS says otherwise)
+# of the tools the benchmark matrix runs. The GPU machines have no network: carry the source as
+# build/peer/llama-cpp-src.tar.xz (`make peer-carry` here, ~7 MB), unpacked there by `make peer-gpu`.
+PEER_CUDA_ARCHS ?= 90
+PEER_CARRY      := $(PEER_DIR)/llama-cpp-src.tar.xz
+PEER_GPU_BUILD  := build/peer-cuda
+
+peer-carry: peer-src
+	tar cf - -C $(PEER_DIR) --exclude='llama.cpp/tests/*.cpp' --exclude='llama.cpp/examples/llama.android' \
+	  --exclude='llama.cpp/examples/llama.swiftui' --exclude='llama.cpp/tools/server' llama.cpp | xz -6 > $(PEER_CARRY).part
+	mv $(PEER_CARRY).part $(PEER_CARRY)
+
+peer-gpu:
+	@test -f $(PEER_SRC)/.ready || { tar xJf $(PEER_CARRY) -C $(PEER_DIR) && touch $(PEER_SRC)/.ready; }
+	cmake -S $(PEER_SRC) -B $(PEER_GPU_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+	  -DCMAKE_CUDA_ARCHITECTURES=$(PEER_CUDA_ARCHS) -DGGML_NATIVE=OFF -DLLAMA_BUILD_SERVER=OFF \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+	cmake --build $(PEER_GPU_BUILD) -j $(JOBS) --target llama-bench llama-speculative-simple
+
+# The GPU benchmark matrix (tools/bench_matrix.py, docs/benchmarks.md): luce and llama.cpp on the
+# same 27B files in the recipes users download. On the GPU machine, with .whl and the peer carried.
+bench-gpu: peer-gpu
+	python3 tools/bench_matrix.py --peer-llama-cpp $(PEER_GPU_BUILD)/bin
 
 # The main job on bundled data (models/reference, docs/models.md): convert the committed DFlash 2
 # checkpoint (the same bytes as the committed dflash2-q8_0.gguf), check it against the committed

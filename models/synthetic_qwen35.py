@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -172,10 +174,35 @@ def _f16_bytes(values: np.ndarray) -> np.ndarray:
     return values.astype(np.float16).view(np.uint8).reshape(len(values), 2)
 
 
+RANDOM_CHUNK_WORDS = 1 << 23  # 64 MiB of random bytes per generator
+
+
+def random_bytes(n: int, key: int) -> np.ndarray:
+    """n random bytes that depend on `key` alone: 64 MiB chunks, each from its own generator
+    (SeedSequence([key, chunk])), drawn on all cores (a 27B file is ~15-29 GB of them; one
+    generator makes ~0.5 GB/s)."""
+    words = -(-n // 8)
+    out = np.empty(words, dtype=np.uint64)
+
+    def fill(chunk: int) -> None:
+        lo = chunk * RANDOM_CHUNK_WORDS
+        hi = min(words, lo + RANDOM_CHUNK_WORDS)
+        out[lo:hi] = np.random.SFC64(np.random.SeedSequence([key, chunk])).random_raw(hi - lo)
+
+    chunks = range(-(-words // RANDOM_CHUNK_WORDS))
+    if len(chunks) > 1:
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # random_raw releases the GIL
+            list(pool.map(fill, chunks))
+    else:
+        for chunk in chunks:
+            fill(chunk)
+    return out.view(np.uint8)[:n]
+
+
 def random_blocks(qtype: T, n_blocks: int, rng: np.random.Generator, scale: float) -> np.ndarray:
     """[n_blocks, block_bytes] uint8 of random blocks whose f16 fields are finite and small."""
     _, block_bytes = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    raw = random_bytes(n_blocks * block_bytes, int(rng.integers(2**63))).reshape(n_blocks, block_bytes)
     d = _f16_bytes(rng.uniform(0.25, 1.0, n_blocks) * scale)
     if qtype == T.Q8_0:
         raw[:, 0:2] = d

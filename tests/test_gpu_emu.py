@@ -35,6 +35,8 @@ DIALECT_FLAGS = {"hip": ["-DLUCE_HIP=1"], "cuda": ["-D__CUDA_ARCH__=900"]}
 # block, and the transformers-built model in f16 (float weights: the fp32-activation kernels).
 # The exact kernel family and the other types are covered per kernel by the matmul stage.
 EMU_MODELS = ("synthetic tiny iq4_xs [fast]", "random q8_0 mtp [fast]", "transformers tiny base f16")
+# The CUDA path's prefill GEMM and the float kernel of few-row matrices on the recipes' type mixes.
+EMU_CUDA_MODELS = "synthetic tiny iq4_xs [fast],synthetic tiny lq-q4_k_m [fast],synthetic tiny lq-iq4_xs-small-f32 [fast]"
 
 
 def _library(dialect: str) -> Path:
@@ -303,10 +305,12 @@ def test_emulated_cuda_kernels_match_their_oracles(tmp_path, emu_cuda_library):
 
 
 def test_emulated_cuda_model_matches_the_cpu_backend(tmp_path, emu_cuda_library):
-    """The 27B's weight mix at the tiny synthetic shape on the CUDA path: prompt chunks through the
-    prefill GEMM and prefill attention, decode and verify widths through dp4a and the fragment
-    kernels; logits within tolerance of the CPU backend, greedy tokens identical. (Graphs against
-    eager launches: the HIP test; step capture is the same code.)"""
-    report = _gpu_check(tmp_path, emu_cuda_library, "--stages", "models", "--models", EMU_MODELS[0])
+    """The 27B's weight mixes at the tiny synthetic shape on the CUDA path (the pure IQ4_XS one,
+    llama-quantize's Q4_K_M, IQ4_XS with F32 small projections): prompt chunks through the prefill
+    GEMM and prefill attention, decode and verify widths through dp4a and the fragment kernels;
+    logits within tolerance of the CPU backend, greedy tokens identical. (Graphs against eager
+    launches: the HIP test; step capture is the same code.)"""
+    report = _gpu_check(tmp_path, emu_cuda_library, "--stages", "models", "--models", EMU_CUDA_MODELS)
     checks = report["checks"]
-    assert len(checks) == 1 and checks[0]["ok"] and checks[0]["checked_identical"] == checks[0]["prompts_checked"] > 0
+    assert len(checks) == 3, checks
+    assert all(c["ok"] and c["checked_identical"] == c["prompts_checked"] > 0 for c in checks), checks

@@ -166,8 +166,11 @@ def fixture_models(root: Path) -> tuple[list[tuple[str, Path, bool]], list[str]]
     from fixtures.random_qwen35_gguf import SPEC_TINY, write_random_qwen35
 
     models, notes = [], []
-    # The upstream mixes at the synthetic 'tiny' shape: every K type and IQ4_XS on real layouts.
-    for mix in ("iq4_xs", "q4_k", "q8_0", "f16"):
+    # The pure mixes at the synthetic 'tiny' shape: every K type and IQ4_XS on real layouts; then
+    # the recipes users download (quant_recipes.py): llama-quantize's Q4_K_M, the unsloth-style mix,
+    # IQ4_XS with F32 / BF16 small DeltaNet projections (the float kernel of few-row matrices).
+    for mix in ("iq4_xs", "q4_k", "q8_0", "f16", "lq-q4_k_m", "ud-q4_k_xl", "lq-iq4_xs-small-f32",
+                "lq-iq4_xs-small-bf16"):
         path = synth.write(root / f"synthetic-tiny-{mix}.gguf", synth.SHAPES["tiny"], mix, seed=1, log=None)
         models.append((f"synthetic tiny {mix}", path, mix != "f16"))
     # Random-but-sane weights (spec §2.2 shape): float types, Q8_0, tied head, MTP block.
