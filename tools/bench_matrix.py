@@ -15,7 +15,7 @@ with its small DeltaNet projections F32, Q8_0 and BF16, an unsloth-style UD-Q4_K
   against a plain step, and a 16-row verify step as the loop runs it, against a plain step;
 - llama.cpp, when given a CUDA build (--peer-llama-cpp DIR holding llama-bench and
   llama-speculative-simple): `llama-bench -fa 1 -ngl 99` with the same tests, and
-  `llama-speculative-simple --spec-type draft-dflash --draft-max 7 / 15` with the same drafter.
+  `llama-speculative-simple --spec-type draft-dflash --spec-draft-n-max 7 / 15` with the same drafter.
 Then deletes the file (--keep-files keeps it) and goes on. Writes matrix.json and matrix.md to
 --out ($OUT by default). Performance numbers only: nothing here asserts a speed.
 `--dut cpu --shape tiny` runs the same script on a CPU machine (its dry run; CI runs it).
@@ -47,6 +47,7 @@ GEN_TOKENS = 128
 SPEC_BLOCKS = (8, 16)
 SPEC_TOKENS = 64
 PEER_TIMEOUT_S = 300
+PEER_LABEL = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36; make peer-gpu)"
 
 
 def log(msg: str) -> None:
@@ -127,7 +128,7 @@ def peer_tests(peer: Path, path: Path, reps: int) -> dict:
     for run in json.loads(proc.stdout):
         test = f"pp{run['n_prompt']}" if run["n_gen"] == 0 else f"tg{run['n_gen']}"
         res[test] = round(run["avg_ts"], 2)
-        res["build"] = f"{run.get('build_commit', '?')} ({run.get('gpu_info', '?')})"
+        res["device"] = run.get("gpu_info") or run.get("cpu_info") or "?"
     return res
 
 
@@ -138,13 +139,13 @@ def peer_speculative(peer: Path, target: Path, drafter: Path, plain_tok_s: float
     res = {}
     for block in SPEC_BLOCKS:
         cmd = [str(peer / "llama-speculative-simple"), "-m", str(target), "-md", str(drafter),
-               "--spec-type", "draft-dflash", "--draft-max", str(block - 1), "-ngl", "99", "-ngld", "99",
+               "--spec-type", "draft-dflash", "--spec-draft-n-max", str(block - 1), "-ngl", "99", "-ngld", "99",
                "-fa", "on", "--temp", "0", "-n", str(SPEC_TOKENS), "-p", "def fibonacci(n):"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
         out = proc.stdout + proc.stderr
         decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", out)
         if proc.returncode != 0 or not decoded:
-            res[f"block{block}"] = {"error": _last_line(out)}
+            res[f"block{block}"] = {"error": _first_error(out)}
             continue
         accepted = re.search(r"n_accept\s*=\s*(\d+)", out)
         n, seconds = int(decoded.group(1)), float(decoded.group(2))
@@ -153,6 +154,15 @@ def peer_speculative(peer: Path, target: Path, drafter: Path, plain_tok_s: float
         res[f"block{block}"] = {"step_ms": round(step_ms, 3),
                                 "x_plain": round(step_ms * plain_tok_s / 1e3, 3) if plain_tok_s else None}
     return res
+
+
+def _first_error(text: str) -> str:
+    """llama.cpp's first error line without its timestamp ('0.02.368.499 E ...'), else the last line."""
+    for line in text.splitlines():
+        m = re.match(r"^[\d.]+ E (.*)", line.strip())
+        if m:
+            return m.group(1)[:300]
+    return _last_line(text)
 
 
 def _last_line(text: str) -> str:
@@ -242,7 +252,9 @@ def write_markdown(report: dict, path: Path) -> None:
 
 
 def git_commit() -> str:
-    proc = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    """The commit measured; '-dirty' when the tree differs from it (a tree copied to a GPU machine
+    may carry an older .git than its files: then say which commit the files are in the notes)."""
+    proc = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     return proc.stdout.strip() or "unknown"
 
 
@@ -251,6 +263,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mixes", default=",".join(DEFAULT_MIXES), help="comma-separated synthetic_qwen35 mixes")
     ap.add_argument("--peer-llama-cpp", type=Path, default=None, metavar="DIR",
                     help="a llama.cpp build's bin/ (llama-bench, llama-speculative-simple) to run on the same files")
+    ap.add_argument("--peer-label", default=PEER_LABEL, help="how the report names the peer build")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "bench-matrix-out"))
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("LUCE_CHECK_WORK", "/tmp/luce-gpu-check")),
                     help="where the model files are written (each is deleted after its row)")
@@ -286,7 +299,8 @@ def main(argv=None) -> int:
         row = measure_mix(mix, args, bandwidth, drafter)
         row["ratios"] = ratios(row)
         report["rows"].append(row)
-        report["peer_build"] = report.get("peer_build") or row.get("peer", {}).get("build")
+        if "peer" in row:
+            report["peer_build"] = args.peer_label
         (args.out / "matrix.json").write_text(json.dumps(report, indent=1))  # after every row: nothing lost
         write_markdown(report, args.out / "matrix.md")
     print((args.out / "matrix.md").read_text())
