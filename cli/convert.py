@@ -9,7 +9,11 @@ from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progres
 from rich.table import Table
 
 from luce.converters import schema
+from luce.converters import qwen35
 from luce.converters.convert import ConvertOptions, convert_checkpoint
+
+# Drafters take the drafter schema's types; the target converter also writes Q4_0 and Q4_1.
+OUTTYPE_CHOICES = list(dict.fromkeys([*schema.OUTTYPES, *qwen35.OUTTYPES]))
 
 stderr = Console(stderr=True)
 stdout = Console()
@@ -89,8 +93,9 @@ def render_summary(result, console: Console) -> None:
               help="Output GGUF path (written atomically; see --force).")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False),
               help="config.json to use (required when SRC is a single .safetensors file).")
-@click.option("--outtype", type=click.Choice(list(schema.OUTTYPES)), default=schema.DEFAULT_OUTTYPE,
-              show_default=True, help="Weight type for matrices; norms, conv bases and biases stay F32.")
+@click.option("--outtype", type=click.Choice(OUTTYPE_CHOICES), default=schema.DEFAULT_OUTTYPE,
+              show_default=True, help="Weight type for matrices; norms, conv bases and biases stay F32. "
+                                      "q4_0 and q4_1 are for Qwen3.5 targets only.")
 @click.option("--layout", type=click.Choice(list(schema.LAYOUTS)), default="lucebox", show_default=True,
               help="lucebox: arch qwen35-dflash-draft; llama.cpp: upstream arch dflash names.")
 @click.option("--aux-heads", type=click.Path(exists=True, dir_okay=False),

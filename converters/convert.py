@@ -74,6 +74,9 @@ def convert_checkpoint(src, out, opts: ConvertOptions | None = None,
     config = _target_config(src, opts.config)
     if config is not None and is_target_config(config):
         return _convert_target(src, out, opts, progress)
+    if opts.outtype not in schema.OUTTYPES:
+        raise LuceError(f"--outtype {opts.outtype} is for Qwen3.5 targets; drafters take "
+                        f"{', '.join(schema.OUTTYPES)}")
     ckpt = open_checkpoint(src, opts.config, opts.aux_heads, use_sidecar=not opts.no_aux_heads)
     try:
         kind = detect_checkpoint(ckpt.config, ckpt.tensors, ckpt.sidecar)

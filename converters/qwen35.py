@@ -53,6 +53,10 @@ OUTTYPES = {
     "f16": (QT.F16, LlamaFileType.MOSTLY_F16),
     "bf16": (QT.BF16, LlamaFileType.MOSTLY_BF16),
     "q8_0": (QT.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+    # Every 2-D weight in the type (as llama-quantize --pure writes it), quantized by gguf-py,
+    # which rounds exactly as ggml's reference quantizer does.
+    "q4_0": (QT.Q4_0, LlamaFileType.MOSTLY_Q4_0),
+    "q4_1": (QT.Q4_1, LlamaFileType.MOSTLY_Q4_1),
 }
 DEFAULT_OUTTYPE = "f32"
 
@@ -307,10 +311,11 @@ def _expected_names(cfg: Qwen35Config, has_mtp: bool, names: set[str], prefix: s
 
 
 def _storage_type(gguf_name: str, shape: tuple[int, ...], weight_type: QT) -> QT:
-    """llama.cpp's rule: 1-D tensors, norms and the conv kernel stay F32; q8_0 needs rows of 32."""
+    """llama.cpp's rule: 1-D tensors, norms and the conv kernel stay F32; a quantized type needs
+    rows of whole blocks (32 values), else F16."""
     if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or ".ssm_conv1d." in gguf_name:
         return QT.F32
-    if weight_type == QT.Q8_0 and shape[-1] % GGML_QUANT_SIZES[QT.Q8_0][0]:
+    if shape[-1] % GGML_QUANT_SIZES[weight_type][0]:
         return QT.F16
     return weight_type
 
@@ -429,8 +434,8 @@ def convert_qwen35(
 ) -> dict:
     """Write `out_path` (a qwen35 GGUF) from the HF checkpoint in `src_dir`; returns a summary.
 
-    `outtype` picks the encoding of 2-D weights (f32, f16, bf16, q8_0; norms, 1-D tensors and the
-    conv kernel are always F32). `progress.start(n_tensors, n_bytes)` is called once the plan is
+    `outtype` picks the encoding of 2-D weights (f32, f16, bf16, q8_0, q4_0, q4_1; norms, 1-D
+    tensors and the conv kernel are always F32). `progress.start(n_tensors, n_bytes)` is called once the plan is
     known and `progress.advance(name, n_bytes)` after each tensor. The file appears only when
     complete (`atomic_output`); an existing file is replaced only with `force`.
     """

@@ -22,7 +22,9 @@ ERROR, WARNING = "error", "warning"
 TARGET_ARCHS = (schema.TARGET_ARCH,)
 # Weight formats the runtime loads (DESIGN.md §4); anything else is refused at load.
 SUPPORTED_TARGET_TYPES = frozenset(GGMLQuantizationType[n] for n in
-                                   ("F32", "F16", "BF16", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
+                                   ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
+                                    "Q4_K", "Q5_K", "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+                                    "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS"))
 
 
 @dataclass

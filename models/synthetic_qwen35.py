@@ -167,7 +167,16 @@ def _post_attention_and_ffn(p: str, s: Shape) -> list:
 
 # Rough mean |sub-scale x quant| of a random block, so that d = scale / this gives elements of
 # about 1/sqrt(fan_in), like a trained layer (keeps a random model's activations finite).
-TYPICAL_QUANT_MAGNITUDE = {T.Q8_0: 64, T.Q4_K: 256, T.Q5_K: 512, T.Q6_K: 1024, T.IQ4_XS: 960}
+TYPICAL_QUANT_MAGNITUDE = {T.Q8_0: 64, T.Q4_K: 256, T.Q5_K: 512, T.Q6_K: 1024, T.IQ4_XS: 960,
+                           T.Q4_0: 4, T.Q4_1: 8, T.Q5_0: 8, T.Q5_1: 16, T.IQ4_NL: 60,
+                           T.Q2_K: 8, T.Q3_K: 40, T.IQ2_XXS: 50, T.IQ2_XS: 50, T.IQ2_S: 50,
+                           T.IQ3_XXS: 120, T.IQ3_S: 110, T.IQ1_S: 6, T.IQ1_M: 6}
+# Where the f16 scale d sits in the block of each type that has one plain d (spec/qwen35.md §4).
+D_OFFSET = {T.Q8_0: 0, T.Q4_0: 0, T.Q5_0: 0, T.IQ4_NL: 0, T.IQ4_XS: 0, T.Q6_K: 208, T.Q3_K: 108,
+            T.IQ2_XXS: 0, T.IQ2_XS: 0, T.IQ2_S: 0, T.IQ3_XXS: 0, T.IQ3_S: 0, T.IQ1_S: 0}
+# (offset of d, offset of the second f16: the minimum m or dmin) of the types with a minimum.
+D_MIN_OFFSETS = {T.Q4_1: (0, 2), T.Q5_1: (0, 2), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82)}
+IQ1_M_SCALES = 48
 
 
 def _f16_bytes(values: np.ndarray) -> np.ndarray:
@@ -204,18 +213,29 @@ def random_blocks(qtype: T, n_blocks: int, rng: np.random.Generator, scale: floa
     _, block_bytes = GGML_QUANT_SIZES[qtype]
     raw = random_bytes(n_blocks * block_bytes, int(rng.integers(2**63))).reshape(n_blocks, block_bytes)
     d = _f16_bytes(rng.uniform(0.25, 1.0, n_blocks) * scale)
-    if qtype == T.Q8_0:
-        raw[:, 0:2] = d
-    elif qtype in (T.Q4_K, T.Q5_K):
-        raw[:, 0:2] = d
-        raw[:, 2:4] = _f16_bytes(rng.uniform(0.0, 0.5, n_blocks) * scale)  # dmin
-    elif qtype == T.Q6_K:
-        raw[:, 208:210] = d  # d is the last field of a Q6_K block
-    elif qtype == T.IQ4_XS:
-        raw[:, 0:2] = d
+    if qtype in D_OFFSET:
+        raw[:, D_OFFSET[qtype]:D_OFFSET[qtype] + 2] = d
+    elif qtype in D_MIN_OFFSETS:
+        d_at, m_at = D_MIN_OFFSETS[qtype]
+        raw[:, d_at:d_at + 2] = d
+        # Q4_1/Q5_1 add m; the K-quants subtract dmin x a 4- or 6-bit min: either way below zero.
+        m = rng.uniform(-0.5, 0.0, n_blocks) if qtype in (T.Q4_1, T.Q5_1) else rng.uniform(0.0, 0.5, n_blocks)
+        raw[:, m_at:m_at + 2] = _f16_bytes(m * scale)
+    elif qtype == T.IQ1_M:
+        set_iq1_m_scale(raw, d.copy().view(np.float16).reshape(-1))
     else:
         raise ValueError(f"no random block recipe for {qtype.name}")
     return raw
+
+
+def set_iq1_m_scale(raw: np.ndarray, d: np.ndarray) -> None:
+    """Writes d (float16, one per block) into IQ1_M blocks [n_blocks, 56]: its four nibbles are the
+    top nibbles of the four u16 scale words at byte 48."""
+    words = raw[:, IQ1_M_SCALES:IQ1_M_SCALES + 8].copy().view(np.uint16)
+    bits = d.view(np.uint16)
+    for k in range(4):
+        words[:, k] = (words[:, k] & 0x0FFF) | (((bits >> (4 * k)) & 0xF) << 12)
+    raw[:, IQ1_M_SCALES:IQ1_M_SCALES + 8] = words.view(np.uint8)
 
 
 def random_tensor(ne: tuple[int, ...], qtype: T, rng: np.random.Generator) -> np.ndarray:

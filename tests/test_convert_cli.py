@@ -71,6 +71,13 @@ def test_refuses_to_overwrite_without_force(tmp_path):
     assert _run(src, "-o", out, "--force").exit_code == 0 and out.read_bytes()[:4] == b"GGUF"
 
 
+@pytest.mark.parametrize("outtype", ["q4_0", "q4_1"])
+def test_target_only_outtypes_are_refused_for_drafters(tmp_path, outtype):
+    out = tmp_path / "d.gguf"
+    _assert_one_line_failure(_run(ck.dflash2(tmp_path / "src"), "-o", out, "--outtype", outtype), out,
+                             fragment=f"--outtype {outtype} is for Qwen3.5 targets")
+
+
 def _bad_json(src):
     (src / "config.json").write_text("{ not json")
 

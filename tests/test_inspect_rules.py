@@ -212,8 +212,8 @@ def test_impossible_target_hparams_are_invalid(tmp_path, name):
 def test_unsupported_target_weight_type(tmp_path):
     parts = qwen35_gguf_parts()
     t = parts.tensors[-1]                      # an F32 FFN matrix, ne0 a multiple of 32
-    t.ggml_type = GGMLQuantizationType.Q4_0
-    t.data = t.data[: len(t.data) // 32 * 18 // 4]   # Q4_0: 18 bytes per 32 values
+    t.ggml_type = GGMLQuantizationType.MXFP4         # a type luce has no kernel for
+    t.data = t.data[: len(t.data) // 32 * 17 // 4]   # MXFP4: 17 bytes per 32 values
     report = inspect_gguf(write_gguf(tmp_path / "t.gguf", parts))
     assert _codes(report) == {"tensor-type"}
 

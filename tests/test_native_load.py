@@ -130,22 +130,25 @@ def test_split_gguf_part_is_refused_with_the_reason(tmp_path):
 
 def test_unsupported_weight_types_are_listed_with_counts(tmp_path):
     parts = qwen35_gguf_parts()
-    # Q4_0 (block of 32 -> 18 bytes) on every ffn_up, Q4_1 (32 -> 20) on every ffn_down.
+    # Types luce has no kernel for, with 32-element blocks that fit the tiny rows: MXFP4 (32 -> 17
+    # bytes) on every ffn_up, Q8_1 (32 -> 40) on every ffn_down.
     def retype(t, qtype, block_bytes):
         n_blocks = int(np.prod(t.shape)) // 32
         return replace(t, ggml_type=qtype, data=bytes(n_blocks * block_bytes))
     tensors = []
     for t in parts.tensors:
         if t.name.endswith("ffn_up.weight"):
-            t = retype(t, Q.Q4_0, 18)
+            t = retype(t, Q.MXFP4, 17)
         elif t.name.endswith("ffn_down.weight"):
-            t = retype(t, Q.Q4_1, 20)
+            t = retype(t, Q.Q8_1, 40)
         tensors.append(t)
     n_layers = sum(t.name.endswith("ffn_up.weight") for t in tensors)
-    err = _error(lambda: Engine(write_gguf(tmp_path / "q4_0.gguf", replace(parts, tensors=tensors))))
+    err = _error(lambda: Engine(write_gguf(tmp_path / "mxfp4.gguf", replace(parts, tensors=tensors))))
     assert err.status == UNSUPPORTED
-    assert f"q4_0 x{n_layers}" in str(err) and f"q4_1 x{n_layers}" in str(err)
-    assert "supported: f32 f16 q8_0 q4_K q5_K q6_K iq4_xs bf16" in str(err)
+    assert f"mxfp4 x{n_layers} (first blk.0.ffn_up.weight)" in str(err)
+    assert f"q8_1 x{n_layers} (first blk.0.ffn_down.weight)" in str(err)
+    assert ("supported: f32 f16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K q3_K q4_K q5_K q6_K iq2_xxs iq2_xs "
+            "iq3_xxs iq1_s iq4_nl iq3_s iq2_s iq4_xs iq1_m bf16") in str(err)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,10 @@ MTP block that must be skipped, per-layer head-count arrays, and every supported
 
 Tolerances, relative to the logit scale max|ref|:
   float weights (F32/F16/BF16): 1e-4 (the issue's bar; fp32 accumulation in a different order).
+  Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL and the 1-3-bit types (Q2_K, Q3_K, IQ1-IQ3): 1e-4 too (the scalar
+  reference multiplies fp32 activations); "mixed" holds all fourteen in one file.
+  Q5_0/Q5_1, which transformers cannot read, are compared with an F32 copy of the same file,
+  each tensor dequantized by gguf.quants (another oracle nobody here wrote).
   8-bit-activation types (Q8_0, K, IQ4_XS): the quant kernels multiply int8-quantized activations
   (d = max|x|/127 per block, as llama.cpp does), ~0.4% relative error per matmul; through this
   contractive tiny network that is ~1.5% of the logit scale, so 4e-2 holds with margin while a
@@ -32,6 +36,22 @@ FLOAT_TOL = 1e-4
 QUANT_TOL = 4e-2
 N_PROMPT = 150  # > 2 prefill chunks of 64
 
+# transformers reads a copy whose Q5_0/Q5_1 tensors (types it cannot read) are F32, dequantized
+# by gguf.quants.
+DEQUANTIZED = "dequantized"
+UNREADABLE_BY_TRANSFORMERS = (Q.Q5_0, Q.Q5_1)
+
+# Every type luce reads beyond F32/F16/BF16/Q8_0/K/IQ4_XS, one per 2-D tensor in turn (the token
+# embedding and the output head included), on the 256-column shapes the 256-element blocks need.
+MIXED_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.IQ2_XXS, Q.IQ2_XS,
+               Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M]
+
+
+def mixed_type(name: str) -> Q:
+    """A type per tensor, spread over MIXED_TYPES by a stable hash of the name."""
+    return MIXED_TYPES[sum(name.encode()) % len(MIXED_TYPES)]
+
+
 # name -> (writer kwargs for the native file, kwargs for the file transformers reads, tolerance)
 VARIANTS = {
     "f32": (dict(), None, FLOAT_TOL),
@@ -46,6 +66,21 @@ VARIANTS = {
     "q5_K": (dict(config=K_QUANT_TINY, weight_type=Q.Q5_K), None, QUANT_TOL),
     "q6_K": (dict(config=K_QUANT_TINY, weight_type=Q.Q6_K), None, QUANT_TOL),
     "iq4_xs": (dict(config=K_QUANT_TINY, weight_type=Q.IQ4_XS), None, QUANT_TOL),
+    "q4_0": (dict(weight_type=Q.Q4_0), None, FLOAT_TOL),
+    "q4_1": (dict(weight_type=Q.Q4_1), None, FLOAT_TOL),
+    "iq4_nl": (dict(weight_type=Q.IQ4_NL), None, FLOAT_TOL),
+    "q5_0": (dict(weight_type=Q.Q5_0), DEQUANTIZED, FLOAT_TOL),
+    "q5_1": (dict(weight_type=Q.Q5_1), DEQUANTIZED, FLOAT_TOL),
+    "q2_K": (dict(config=K_QUANT_TINY, weight_type=Q.Q2_K), None, FLOAT_TOL),
+    "q3_K": (dict(config=K_QUANT_TINY, weight_type=Q.Q3_K), None, FLOAT_TOL),
+    "iq2_xxs": (dict(config=K_QUANT_TINY, weight_type=Q.IQ2_XXS), None, FLOAT_TOL),
+    "iq2_xs": (dict(config=K_QUANT_TINY, weight_type=Q.IQ2_XS), None, FLOAT_TOL),
+    "iq2_s": (dict(config=K_QUANT_TINY, weight_type=Q.IQ2_S), None, FLOAT_TOL),
+    "iq3_xxs": (dict(config=K_QUANT_TINY, weight_type=Q.IQ3_XXS), None, FLOAT_TOL),
+    "iq3_s": (dict(config=K_QUANT_TINY, weight_type=Q.IQ3_S), None, FLOAT_TOL),
+    "iq1_s": (dict(config=K_QUANT_TINY, weight_type=Q.IQ1_S), None, FLOAT_TOL),
+    "iq1_m": (dict(config=K_QUANT_TINY, weight_type=Q.IQ1_M), None, FLOAT_TOL),
+    "mixed": (dict(config=K_QUANT_TINY, weight_type=mixed_type), DEQUANTIZED, FLOAT_TOL),
 }
 
 
@@ -60,12 +95,32 @@ def _hf_from_gguf(path):
     return model.eval()
 
 
+def _dequantized_copy(src, dst):
+    """src with its tensors of UNREADABLE_BY_TRANSFORMERS types replaced by gguf.quants' F32
+    dequantization of them."""
+    from gguf.quants import dequantize
+
+    from fixtures.gguf_edit import rewrite
+    from luce.converters.gguf_reader import GGUFFile
+
+    arrays = {}
+    with GGUFFile.open(src) as gf:
+        for name, t in gf.tensors.items():
+            if t.ggml_type not in UNREADABLE_BY_TRANSFORMERS:
+                continue
+            rows = np.array(gf.tensor_bytes(name)).reshape(int(np.prod(t.shape[1:])), -1)
+            arrays[name] = dequantize(rows, t.ggml_type).astype(np.float32).reshape(tuple(reversed(t.shape)))
+    return rewrite(src, dst, tensors=arrays)
+
+
 class Case:
     def __init__(self, root, name):
         native_kw, ref_kw, self.tol = VARIANTS[name]
         self.path = write_random_qwen35(root / f"{name}.gguf", seed=3, **native_kw)
         ref_path = self.path
-        if ref_kw is not None:
+        if ref_kw == DEQUANTIZED:
+            ref_path = _dequantized_copy(self.path, root / f"{name}_ref.gguf")
+        elif ref_kw is not None:
             kw = {k: v for k, v in native_kw.items() if k in ("config", "weight_type", "tied")}
             ref_path = write_random_qwen35(root / f"{name}_ref.gguf", seed=3, **kw, **ref_kw)
         self.hf = _hf_from_gguf(ref_path)
@@ -88,16 +143,19 @@ def test_prefill_and_decode_logits(tmp_path, name):
     assert_logits_close(steps, case.ref[n_prefill - 1: n_prefill + n_steps], case.tol, "decode")
 
 
-@pytest.mark.parametrize("name", ["f32"])
+@pytest.mark.parametrize("name", ["f32", "mixed"])
 def test_greedy_generation_matches_transformers(tmp_path, name):
-    """64 greedy tokens equal transformers' generate() on the same GGUF (EOS ignored on both)."""
-    native_kw, _, _ = VARIANTS[name]
+    """64 greedy tokens equal transformers' generate() on the same GGUF. EOS is an ordinary token
+    on both sides (luce: ignore_eos; transformers: no eos_token_id; its min_new_tokens would
+    instead mask EOS out of the argmax)."""
+    native_kw, ref_kw, _ = VARIANTS[name]
     path = write_random_qwen35(tmp_path / "g.gguf", seed=5, **native_kw)
-    hf = _hf_from_gguf(path)
+    hf = _hf_from_gguf(_dequantized_copy(path, tmp_path / "g_ref.gguf") if ref_kw == DEQUANTIZED else path)
     prompt = [int(i) for i in np.random.default_rng(11).integers(0, hf.config.vocab_size, 20)]
+    hf.generation_config.eos_token_id = None
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64,
-                          do_sample=False)[0, len(prompt):].tolist()
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0, len(prompt):].tolist()
+    assert len(ref) == 64
     with Engine(path, threads=2, ctx_size=256) as eng:
         gen = eng.generate(prompt_ids=prompt, max_tokens=64, ignore_eos=True)
     assert gen.tokens == ref

@@ -12,6 +12,9 @@
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
@@ -21,13 +24,24 @@ from fixtures.int8_acts import ACT_BLOCK, quantized_activations
 from luce.binding import check, ffi, lib
 from luce.errors import LuceError
 
-SUPPORTED = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+import synthetic_qwen35 as synth  # noqa: E402
+
+# The 32-element legacy types, IQ4_NL and the 1-3-bit types run the scalar reference with fp32
+# activations (no int8 kernel yet).
+BLOCK32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL]
+LOWBIT = [T.Q2_K, T.Q3_K, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]
+SUPPORTED = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS] + BLOCK32 + LOWBIT
 QUANTIZED = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
 # libgguf reproduces llama.cpp's quantizers for these (gguf-py cannot quantize them).
-LIBGGUF_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
+LIBGGUF_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.IQ4_NL] + LOWBIT
 
 # Byte offsets of the f16 scale fields inside one block (spec/qwen35.md §4).
-F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_XS: [0]}
+F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_XS: [0],
+              T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.IQ4_NL: [0],
+              T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0],
+              T.IQ3_XXS: [0], T.IQ3_S: [0], T.IQ1_S: [0], T.IQ1_M: []}
+# IQ1_M's f16 d is spread over its scale words (synth.set_iq1_m_scale).
 
 U = 2.0 ** -24  # unit roundoff of fp32
 
@@ -81,9 +95,15 @@ def random_raw(qtype: T, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
         return bits.view(np.uint8)
     raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
     for off in F16_FIELDS[qtype]:
-        scale = (rng.uniform(-1, 1, n_blocks) * 2.0 ** rng.integers(-12, 2, n_blocks)).astype(np.float16)
+        scale = random_f16(n_blocks, rng)
         raw[:, off:off + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
+    if qtype == T.IQ1_M:
+        synth.set_iq1_m_scale(raw, random_f16(n_blocks, rng))
     return raw.reshape(-1)
+
+
+def random_f16(n: int, rng: np.random.Generator) -> np.ndarray:
+    return (rng.uniform(-1, 1, n) * 2.0 ** rng.integers(-12, 2, n)).astype(np.float16)
 
 
 def matmul_raw(qtype: T, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
@@ -222,22 +242,43 @@ def test_dequantize_every_16_bit_pattern(qtype):
     assert_bits_equal(qtype, dequantize(qtype, raw, bits.size), gguf_dequantize(raw, qtype), raw)
 
 
-@pytest.mark.parametrize("qtype", LIBGGUF_TYPES + [T.Q8_0], ids=lambda t: t.name)
+GGUF_PY_QUANTIZED = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]  # gguf-py quantizes these as ggml does
+
+
+@pytest.mark.parametrize("qtype", LIBGGUF_TYPES + GGUF_PY_QUANTIZED, ids=lambda t: t.name)
 def test_dequantize_llama_cpp_quantized_bit_exact(qtype):
-    """Blocks as llama.cpp writes them (libgguf for K/IQ types, gguf-py for Q8_0, both
-    byte-identical to ggml's quantizers)."""
+    """Blocks as llama.cpp writes them (libgguf for K/IQ types, gguf-py for Q8_0 and the legacy
+    32-element types, both byte-identical to ggml's quantizers)."""
     rng = np.random.default_rng(2000 + int(qtype))
     w = realistic_rows(16, 1024, rng)
-    if qtype == T.Q8_0:
+    if qtype in GGUF_PY_QUANTIZED:
         from gguf.quants import quantize as gguf_quantize
 
         raw = gguf_quantize(w, qtype).reshape(-1)
     else:
         raw = libgguf_quantize(w, qtype)
     ref = gguf_dequantize(raw, qtype)
-    assert_bits_equal(qtype, dequantize(qtype, raw, w.size), ref, raw)
-    # And the quantizer did its job (so these are realistic blocks, not noise).
-    assert np.abs(ref.reshape(w.shape) - w).max() < 0.2 * np.abs(w).max()
+    ours = dequantize(qtype, raw, w.size)
+    assert_bits_equal(qtype, ours, ref, raw)
+    if qtype in LIBGGUF_TYPES:  # and ggml's own dequantizer, which libgguf wraps
+        import libgguf
+
+        ggml = np.asarray(libgguf.dequantize_rows(raw.reshape(w.shape[0], -1), int(qtype)), dtype=np.float32)
+        assert_bits_equal(qtype, ours, ggml, raw)
+    # And the quantizer did its job (so these are realistic blocks, not noise; IQ1_S, the
+    # coarsest, keeps a correlation of about 0.8).
+    assert np.corrcoef(ref.reshape(-1), w.reshape(-1))[0, 1] > 0.75
+
+
+def test_iq_grids_header_matches_gguf_py():
+    """native/src/iq_grids.h is generated from gguf-py's codebooks (tools/gen_iq_grids.py);
+    regenerating it gives the committed file byte for byte."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(root / "tools/gen_iq_grids.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # ------------------------------------------------------------------------------------------------
@@ -276,8 +317,8 @@ def test_matmul_wide_rows_run_in_column_passes(qtype, kernel_level):
     activations, 8192 int8 or 2048 fp32 columns for 4 tokens): passes add into y, the last
     pass carries the float tail."""
     rng = np.random.default_rng(91 + int(qtype))
-    n_cols = 8192 + 512 if qtype in QUANTIZED else 2048 + 301
     block, _ = GGML_QUANT_SIZES[qtype]
+    n_cols = 8192 + 512 if qtype in QUANTIZED else 2048 + {1: 301, 32: 320, 256: 512}[block]
     raw = matmul_raw(qtype, 3 * n_cols // block, rng)
     w64 = gguf_dequantize(raw, qtype).reshape(3, n_cols).astype(np.float64)
     assert_matmul_close(qtype, raw, w64, rng.standard_normal((6, n_cols)).astype(np.float32))

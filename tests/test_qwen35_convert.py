@@ -219,7 +219,7 @@ def test_value_heads_are_tiled_as_the_spec_says(tmp_path_factory):
 
 
 @pytest.mark.parametrize("outtype,weight_type,file_type", [
-    ("f16", QT.F16, 1), ("bf16", QT.BF16, 32), ("q8_0", QT.Q8_0, 7)])
+    ("f16", QT.F16, 1), ("bf16", QT.BF16, 32), ("q8_0", QT.Q8_0, 7), ("q4_0", QT.Q4_0, 2), ("q4_1", QT.Q4_1, 3)])
 def test_outtype_encodes_2d_weights_like_gguf_quants(tmp_path_factory, outtype, weight_type, file_type):
     _, f32_path, _ = tiny_qwen35(tmp_path_factory, "base", "f32")
     _, path, _ = tiny_qwen35(tmp_path_factory, "base", outtype)

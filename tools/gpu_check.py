@@ -630,7 +630,7 @@ def _matmul_case(qtype, rng, dut: str, n_rows: int = 99, n_cols: int = 512):
     block_elems, _ = GGML_QUANT_SIZES[qtype]
     if block_elems == 1 and dut == "gpu":
         n_cols = 300  # a partial 32-element unit at the end
-    if qtype in (Q.F32, Q.F16, Q.BF16, Q.Q8_0):
+    if qtype in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):  # gguf-py quantizes these
         values = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
         raw = gguf.quants.quantize(values, qtype).view(np.uint8).reshape(n_rows, -1)
     else:
@@ -667,7 +667,9 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     # (n_in >= 8192) and a row in two parts (int8_units.cuh), like Q6_K x 6144; Q8_0 x 16416 and
     # Q5_K x 16384: rows in four parts, the first with a partial last group.
     # (large=False: memcheck, whose 180 s would not cover it.)
-    cases = [(q, 99, 512) for q in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)]
+    cases = [(q, 99, 512) for q in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS,
+                                    Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.IQ2_XXS,
+                                    Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M)]
     cases += [(Q.Q8_0, 99, 480), (Q.IQ4_XS, 40, 8448), (Q.Q6_K, 40, 6144), (Q.Q8_0, 24, 16416), (Q.Q5_K, 24, 16384)]
     # Q6_K x 5120: the 27B's attn_v rows (4200 bytes: rows off 16-byte boundaries); IQ4_XS x 5120:
     # the 27B's rows of one part, 20 groups, so the bulk copies' rings wrap (matmul_mma_frag.cu);

@@ -59,6 +59,20 @@ const char *type_name(int32_t type) {
         case GGML_Q5_K: return "Q5_K";
         case GGML_Q6_K: return "Q6_K";
         case GGML_IQ4_XS: return "IQ4_XS";
+        case GGML_Q4_0: return "Q4_0";
+        case GGML_Q4_1: return "Q4_1";
+        case GGML_Q5_0: return "Q5_0";
+        case GGML_Q5_1: return "Q5_1";
+        case GGML_IQ4_NL: return "IQ4_NL";
+        case GGML_Q2_K: return "Q2_K";
+        case GGML_Q3_K: return "Q3_K";
+        case GGML_IQ2_XXS: return "IQ2_XXS";
+        case GGML_IQ2_XS: return "IQ2_XS";
+        case GGML_IQ2_S: return "IQ2_S";
+        case GGML_IQ3_XXS: return "IQ3_XXS";
+        case GGML_IQ3_S: return "IQ3_S";
+        case GGML_IQ1_S: return "IQ1_S";
+        case GGML_IQ1_M: return "IQ1_M";
         default: return "?";
     }
 }

@@ -1,7 +1,8 @@
 // quant_blocks.cuh — device dequantization of ggml weight blocks, 32 elements at a time.
 //
-// Every supported type splits a row into "units" of 32 consecutive elements: a Q8_0 block, one
-// of the eight 32-element sub-blocks of a 256-element K-quant / IQ4_XS block, or 32 floats. A
+// Every supported type splits a row into "units" of 32 consecutive elements: a 32-element block
+// (Q8_0, Q4_0, ...), one of the eight 32-element sub-blocks of a 256-element K-quant / IQ block,
+// or 32 floats. A
 // unit is what one lane of a matmul warp dequantizes into registers and applies to every token.
 // Formulas and byte layouts: spec/qwen35.md §4 and the scalar reference in native/src/quants.cpp.
 // Float rows may end in a partial unit (n_valid < 32); quantized rows never do.
@@ -9,6 +10,7 @@
 
 #include "gpu_compat.h"
 #include "quants.h"
+#include "quants_lowbit.h"
 
 namespace luce::gpu {
 
@@ -44,13 +46,36 @@ __host__ __device__ inline void iq4_xs_codes_to_gpu(const uint8_t *in, uint8_t *
 }
 
 // Block geometry of the supported types (the device-side twin of quants.cpp's table).
+__host__ __device__ constexpr bool is_block32_type(int type) {
+    return type == GGML_Q8_0 || type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q5_0 || type == GGML_Q5_1 ||
+           type == GGML_IQ4_NL;
+}
+
 __host__ __device__ constexpr int block_elems(int type) {
-    return type == GGML_Q8_0 ? 32 : (type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K ||
-                                     type == GGML_IQ4_XS) ? 256 : 1;
+    return is_block32_type(type) ? 32 : (type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K ||
+                                         type == GGML_IQ4_XS || is_lowbit_type(type)) ? 256 : 1;
+}
+
+__host__ __device__ constexpr int block_bytes(int type) {
+    switch (type) {
+        case GGML_F32: return 4;
+        case GGML_F16: case GGML_BF16: return 2;
+        case GGML_Q8_0: return 34;
+        case GGML_Q4_K: return 144;
+        case GGML_Q5_K: return 176;
+        case GGML_Q6_K: return 210;
+        case GGML_IQ4_XS: return 136;
+        case GGML_Q4_0: case GGML_IQ4_NL: return 18;
+        case GGML_Q4_1: return 20;
+        case GGML_Q5_0: return 22;
+        case GGML_Q5_1: return 24;
+        default: return lowbit_block_bytes(type);
+    }
 }
 
 // Activation block of the int8 path for weights of `type` (quants.cpp's act_block): 0 for float
-// weights, which keep fp32 activations.
+// weights, for the 32-element types other than Q8_0 (Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL) and for the
+// 1-3-bit types, which have no int8 kernel yet: they keep fp32 activations and the exact kernel.
 __host__ __device__ constexpr int act_block_of(int type) {
     return type == GGML_Q8_0 ? 32 : (type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K ||
                                      type == GGML_IQ4_XS) ? 256 : 0;
@@ -138,6 +163,11 @@ __host__ __device__ __forceinline__ uint32_t q6k_word(const uint32_t (&lw)[4], c
     return lo | (hi & 0x30303030u);
 }
 
+// quants_lowbit.h's binary16 conversion on the device: the hardware's.
+struct DeviceHalf {
+    __host__ __device__ __forceinline__ static float of(uint32_t bits) { return f16_bits(bits); }
+};
+
 // w[0..32) = elements [32u, 32u + 32) of a row (zeros past n_valid for float rows).
 template <int TYPE>
 __host__ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u, int n_valid, float w[32]) {
@@ -155,6 +185,23 @@ __host__ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u
         const float d = f16_at(b);
 #pragma unroll
         for (int i = 0; i < 32; ++i) w[i] = float(int8_t(b[2 + i])) * d;
+    } else if constexpr (TYPE == GGML_Q4_0 || TYPE == GGML_Q4_1 || TYPE == GGML_Q5_0 || TYPE == GGML_Q5_1 ||
+                         TYPE == GGML_IQ4_NL) {
+        // One block: f16 d; (Q4_1 / Q5_1: f16 m;) (Q5_0 / Q5_1: u32 qh;) u8 qs[16]. Element j:
+        // nibble j / 16 of qs[j % 16]; Q5: bit j of qh is its 5th bit (spec/qwen35.md section 4).
+        constexpr bool has_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1, five = TYPE == GGML_Q5_0 || TYPE == GGML_Q5_1;
+        const uint8_t *b = row + int64_t(block_bytes(TYPE)) * u;
+        const float d = f16_at(b), m = has_m ? f16_at(b + 2) : 0.f;
+        const uint8_t *qh = b + (has_m ? 4 : 2), *qs = qh + (five ? 4 : 0);
+        const uint32_t h = five ? uint32_t(qh[0]) | uint32_t(qh[1]) << 8 | uint32_t(qh[2]) << 16 | uint32_t(qh[3]) << 24 : 0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            int q = (qs[j % 16] >> (4 * (j / 16))) & 0xF;
+            if constexpr (five) q |= int((h >> j) & 1) << 4;
+            if constexpr (TYPE == GGML_IQ4_NL) w[j] = d * float(iq4_gpu_value(iq4_gpu_code(q)));
+            else if constexpr (has_m) w[j] = d * float(q) + m;
+            else w[j] = d * float(q - (five ? 16 : 8));
+        }
     } else if constexpr (TYPE == GGML_Q4_K || TYPE == GGML_Q5_K) {
         // f16 d; f16 dmin; u8 scales[12]; (Q5_K: u8 qh[32];) u8 qs[128]. Sub-block j holds
         // elements 64c + 32hi + l, c = j/2, hi = j%2: nibble hi of qs[32c + l], 5th bit qh[l] bit j.
@@ -207,19 +254,8 @@ __host__ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u
             w[2 * m] = dl * float(iq4_gpu_value(byte & 0xF));
             w[2 * m + 1] = dl * float(iq4_gpu_value(byte >> 4));
         }
-    }
-}
-
-__host__ __device__ constexpr int block_bytes(int type) {
-    switch (type) {
-        case GGML_F32: return 4;
-        case GGML_F16: case GGML_BF16: return 2;
-        case GGML_Q8_0: return 34;
-        case GGML_Q4_K: return 144;
-        case GGML_Q5_K: return 176;
-        case GGML_Q6_K: return 210;
-        case GGML_IQ4_XS: return 136;
-        default: return 0;
+    } else if constexpr (is_lowbit_type(TYPE)) {
+        lowbit_unit<TYPE, DeviceHalf>(row + int64_t(lowbit_block_bytes(TYPE)) * (u / 8), int(u % 8), w);
     }
 }
 
@@ -242,6 +278,20 @@ bool dispatch_type(int32_t type, F &f) {
         case GGML_Q5_K: f.template operator()<GGML_Q5_K>(); return true;
         case GGML_Q6_K: f.template operator()<GGML_Q6_K>(); return true;
         case GGML_IQ4_XS: f.template operator()<GGML_IQ4_XS>(); return true;
+        case GGML_Q4_0: f.template operator()<GGML_Q4_0>(); return true;
+        case GGML_Q4_1: f.template operator()<GGML_Q4_1>(); return true;
+        case GGML_Q5_0: f.template operator()<GGML_Q5_0>(); return true;
+        case GGML_Q5_1: f.template operator()<GGML_Q5_1>(); return true;
+        case GGML_IQ4_NL: f.template operator()<GGML_IQ4_NL>(); return true;
+        case GGML_Q2_K: f.template operator()<GGML_Q2_K>(); return true;
+        case GGML_Q3_K: f.template operator()<GGML_Q3_K>(); return true;
+        case GGML_IQ2_XXS: f.template operator()<GGML_IQ2_XXS>(); return true;
+        case GGML_IQ2_XS: f.template operator()<GGML_IQ2_XS>(); return true;
+        case GGML_IQ2_S: f.template operator()<GGML_IQ2_S>(); return true;
+        case GGML_IQ3_XXS: f.template operator()<GGML_IQ3_XXS>(); return true;
+        case GGML_IQ3_S: f.template operator()<GGML_IQ3_S>(); return true;
+        case GGML_IQ1_S: f.template operator()<GGML_IQ1_S>(); return true;
+        case GGML_IQ1_M: f.template operator()<GGML_IQ1_M>(); return true;
         default: return false;
     }
 }

@@ -75,14 +75,19 @@ std::string supported_type_list() {
     return s;
 }
 
-// Refuses the file if any tensor has a type we cannot compute with, naming every such type.
+// Refuses the file if any tensor has a type we cannot compute with, naming every such type with
+// its count and first tensor (so a user can tell an odd tensor from a whole unsupported recipe).
 void check_weight_types(const GgufFile &f) {
-    std::map<std::string, int> unsupported;
+    std::map<std::string, std::pair<int, std::string>> unsupported;  // type -> (count, first tensor)
     for (const GgufTensor &t : f.tensors())
-        if (!is_supported_weight_type(t.type)) unsupported[type_traits(t.type)->name]++;
+        if (!is_supported_weight_type(t.type)) {
+            auto &entry = unsupported[type_traits(t.type)->name];
+            if (entry.first++ == 0) entry.second = t.name;
+        }
     if (unsupported.empty()) return;
     std::string hist;
-    for (auto &[name, n] : unsupported) hist += (hist.empty() ? "" : ", ") + name + " x" + std::to_string(n);
+    for (auto &[name, seen] : unsupported)
+        hist += (hist.empty() ? "" : ", ") + name + " x" + std::to_string(seen.first) + " (first " + seen.second + ")";
     fail(LUCE_ERR_UNSUPPORTED, "unsupported weight types: %s (supported: %s)", hist.c_str(),
          supported_type_list().c_str());
 }

@@ -15,6 +15,7 @@
 
 #include "errors.h"
 #include "quants_kernels.h"
+#include "quants_lowbit.h"
 
 namespace luce {
 
@@ -30,19 +31,19 @@ struct TypeEntry {
 
 constexpr TypeEntry kTypes[] = {
     {0, {"f32", 1, 4, true}},          {1, {"f16", 1, 2, true}},
-    {2, {"q4_0", 32, 18, false}},      {3, {"q4_1", 32, 20, false}},
-    {6, {"q5_0", 32, 22, false}},      {7, {"q5_1", 32, 24, false}},
+    {2, {"q4_0", 32, 18, true}},       {3, {"q4_1", 32, 20, true}},
+    {6, {"q5_0", 32, 22, true}},       {7, {"q5_1", 32, 24, true}},
     {8, {"q8_0", 32, 34, true}},       {9, {"q8_1", 32, 40, false}},
-    {10, {"q2_K", 256, 84, false}},    {11, {"q3_K", 256, 110, false}},
+    {10, {"q2_K", 256, 84, true}},     {11, {"q3_K", 256, 110, true}},
     {12, {"q4_K", 256, 144, true}},    {13, {"q5_K", 256, 176, true}},
     {14, {"q6_K", 256, 210, true}},    {15, {"q8_K", 256, 292, false}},
-    {16, {"iq2_xxs", 256, 66, false}}, {17, {"iq2_xs", 256, 74, false}},
-    {18, {"iq3_xxs", 256, 98, false}}, {19, {"iq1_s", 256, 50, false}},
-    {20, {"iq4_nl", 32, 18, false}},   {21, {"iq3_s", 256, 110, false}},
-    {22, {"iq2_s", 256, 82, false}},   {23, {"iq4_xs", 256, 136, true}},
+    {16, {"iq2_xxs", 256, 66, true}},  {17, {"iq2_xs", 256, 74, true}},
+    {18, {"iq3_xxs", 256, 98, true}},  {19, {"iq1_s", 256, 50, true}},
+    {20, {"iq4_nl", 32, 18, true}},    {21, {"iq3_s", 256, 110, true}},
+    {22, {"iq2_s", 256, 82, true}},    {23, {"iq4_xs", 256, 136, true}},
     {24, {"i8", 1, 1, false}},         {25, {"i16", 1, 2, false}},
     {26, {"i32", 1, 4, false}},        {27, {"i64", 1, 8, false}},
-    {28, {"f64", 1, 8, false}},        {29, {"iq1_m", 256, 56, false}},
+    {28, {"f64", 1, 8, false}},        {29, {"iq1_m", 256, 56, true}},
     {30, {"bf16", 1, 2, true}},        {34, {"tq1_0", 256, 54, false}},
     {35, {"tq2_0", 256, 66, false}},   {39, {"mxfp4", 32, 17, false}},
     {40, {"nvfp4", 64, 36, false}},    {41, {"q1_0", 128, 18, false}},
@@ -198,6 +199,69 @@ static void dequant_iq4_xs(const uint8_t *b, float *y) {
     }
 }
 
+// The 32-element types: element j of a block is the low nibble of qs[j % 16] for j < 16, the high
+// one for j >= 16; Q5_0 / Q5_1 take their 5th bit from bit j of the little-endian u32 qh.
+// Q4_0: f16 d; u8 qs[16]. Element = d * (q - 8).
+static void dequant_q4_0(const uint8_t *b, float *y) {
+    const float d = f16_to_f32(load_u16(b));
+    for (int j = 0; j < 16; ++j) {
+        y[j] = d * float((b[2 + j] & 0xF) - 8);
+        y[j + 16] = d * float((b[2 + j] >> 4) - 8);
+    }
+}
+
+// Q4_1: f16 d; f16 m; u8 qs[16]. Element = d * q + m.
+static void dequant_q4_1(const uint8_t *b, float *y) {
+    const float d = f16_to_f32(load_u16(b)), m = f16_to_f32(load_u16(b + 2));
+    for (int j = 0; j < 16; ++j) {
+        y[j] = d * float(b[4 + j] & 0xF) + m;
+        y[j + 16] = d * float(b[4 + j] >> 4) + m;
+    }
+}
+
+static uint32_t load_u32(const uint8_t *p) {
+    return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+
+// Q5_0: f16 d; u8 qh[4]; u8 qs[16]. Element = d * (q - 16), q = nibble | 5th bit << 4.
+static void dequant_q5_0(const uint8_t *b, float *y) {
+    const float d = f16_to_f32(load_u16(b));
+    const uint32_t qh = load_u32(b + 2);
+    for (int j = 0; j < 16; ++j) {
+        y[j] = d * float(int((b[6 + j] & 0xF) | ((qh >> j) & 1) << 4) - 16);
+        y[j + 16] = d * float(int((b[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
+    }
+}
+
+// Q5_1: f16 d; f16 m; u8 qh[4]; u8 qs[16]. Element = d * q + m.
+static void dequant_q5_1(const uint8_t *b, float *y) {
+    const float d = f16_to_f32(load_u16(b)), m = f16_to_f32(load_u16(b + 2));
+    const uint32_t qh = load_u32(b + 4);
+    for (int j = 0; j < 16; ++j) {
+        y[j] = d * float((b[8 + j] & 0xF) | ((qh >> j) & 1) << 4) + m;
+        y[j + 16] = d * float((b[8 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) + m;
+    }
+}
+
+// IQ4_NL: f16 d; u8 qs[16]. Element = d * K[nibble] (IQ4_XS's codebook, one scale per block).
+static void dequant_iq4_nl(const uint8_t *b, float *y) {
+    const float d = f16_to_f32(load_u16(b));
+    for (int j = 0; j < 16; ++j) {
+        y[j] = d * float(kIq4nlValues[b[2 + j] & 0xF]);
+        y[j + 16] = d * float(kIq4nlValues[b[2 + j] >> 4]);
+    }
+}
+
+// The 1-3-bit types: quants_lowbit.h's units, eight per block (shared with the GPU).
+struct HostHalf {
+    static float of(uint32_t bits) { return f16_to_f32(uint16_t(bits)); }
+};
+
+template <int TYPE>
+static void dequant_lowbit(const uint8_t *b, float *y) {
+    for (int j = 0; j < 8; ++j) lowbit_unit<TYPE, HostHalf>(b, j, y + 32 * j);
+}
+
 // Dequantizes `nblocks` consecutive blocks of `type`.
 static void dequant_blocks(int32_t type, const uint8_t *src, float *dst, int64_t nblocks) {
     switch (type) {
@@ -217,6 +281,20 @@ static void dequant_blocks(int32_t type, const uint8_t *src, float *dst, int64_t
         case GGML_Q5_K: one = dequant_q5_k; break;
         case GGML_Q6_K: one = dequant_q6_k; break;
         case GGML_IQ4_XS: one = dequant_iq4_xs; break;
+        case GGML_Q4_0: one = dequant_q4_0; break;
+        case GGML_Q4_1: one = dequant_q4_1; break;
+        case GGML_Q5_0: one = dequant_q5_0; break;
+        case GGML_Q5_1: one = dequant_q5_1; break;
+        case GGML_IQ4_NL: one = dequant_iq4_nl; break;
+        case GGML_Q2_K: one = dequant_lowbit<GGML_Q2_K>; break;
+        case GGML_Q3_K: one = dequant_lowbit<GGML_Q3_K>; break;
+        case GGML_IQ2_XXS: one = dequant_lowbit<GGML_IQ2_XXS>; break;
+        case GGML_IQ2_XS: one = dequant_lowbit<GGML_IQ2_XS>; break;
+        case GGML_IQ2_S: one = dequant_lowbit<GGML_IQ2_S>; break;
+        case GGML_IQ3_XXS: one = dequant_lowbit<GGML_IQ3_XXS>; break;
+        case GGML_IQ3_S: one = dequant_lowbit<GGML_IQ3_S>; break;
+        case GGML_IQ1_S: one = dequant_lowbit<GGML_IQ1_S>; break;
+        case GGML_IQ1_M: one = dequant_lowbit<GGML_IQ1_M>; break;
         default: fail(LUCE_ERR_UNSUPPORTED, "no kernel for ggml type id %d", int(type));
     }
     const TypeTraits *t = type_traits(type);

@@ -1,7 +1,10 @@
 // quants.h — ggml weight encodings: block layouts, dequantization and dot products.
 //
-// The eight types real Qwen3.5-family GGUFs use are kept in their GGUF encoding and consumed
-// here directly; no whole-model dequantization. Layouts follow ggml exactly (spec/qwen35.md §4).
+// The types real Qwen3.5-family GGUFs use are kept in their GGUF encoding and consumed here
+// directly; no whole-model dequantization. F32/F16/BF16, Q8_0, Q4_K/Q5_K/Q6_K and IQ4_XS have
+// SIMD kernels over int8 activations; Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL and the 1-3-bit types
+// (quants_lowbit.h) run the scalar reference for now.
+// Layouts follow ggml exactly (spec/qwen35.md §4).
 // Every function accumulates in fp32. Callers validate sizes; these kernels trust n/rows/cols.
 #pragma once
 
@@ -14,11 +17,25 @@ namespace luce {
 enum GgmlType : int32_t {
     GGML_F32 = 0,
     GGML_F16 = 1,
+    GGML_Q4_0 = 2,
+    GGML_Q4_1 = 3,
+    GGML_Q5_0 = 6,
+    GGML_Q5_1 = 7,
     GGML_Q8_0 = 8,
+    GGML_Q2_K = 10,
+    GGML_Q3_K = 11,
     GGML_Q4_K = 12,
     GGML_Q5_K = 13,
     GGML_Q6_K = 14,
+    GGML_IQ2_XXS = 16,
+    GGML_IQ2_XS = 17,
+    GGML_IQ3_XXS = 18,
+    GGML_IQ1_S = 19,
+    GGML_IQ4_NL = 20,
+    GGML_IQ3_S = 21,
+    GGML_IQ2_S = 22,
     GGML_IQ4_XS = 23,
+    GGML_IQ1_M = 29,
     GGML_BF16 = 30,
 };
 
