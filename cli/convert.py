@@ -98,6 +98,9 @@ def render_summary(result, console: Console) -> None:
                                       "q4_0 and q4_1 are for Qwen3.5 targets only.")
 @click.option("--layout", type=click.Choice(list(schema.LAYOUTS)), default="lucebox", show_default=True,
               help="lucebox: arch qwen35-dflash-draft; llama.cpp: upstream arch dflash names.")
+@click.option("--target-model", type=click.Path(exists=True, dir_okay=True, file_okay=True),
+              help="Target GGUF or its Hugging Face folder; --layout llama.cpp copies its tokenizer "
+                   "(required there, as llama.cpp's --target-model-dir).")
 @click.option("--aux-heads", type=click.Path(exists=True, dir_okay=False),
               help="Sidecar head file (.safetensors); default: dflash_aux_heads.safetensors beside SRC.")
 @click.option("--no-aux-heads", is_flag=True, help="Ignore any sidecar head file.")
@@ -105,7 +108,8 @@ def render_summary(result, console: Console) -> None:
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (keys, tensors, types) and write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
-def command(src, out, config, outtype, layout, aux_heads, no_aux_heads, no_yarn, force, dry_run, as_json):
+def command(src, out, config, outtype, layout, target_model, aux_heads, no_aux_heads, no_yarn, force, dry_run,
+            as_json):
     """Convert a drafter checkpoint (DFlash, DFlash 2, DSpark) or a Qwen3.5 target to GGUF.
 
     SRC is a checkpoint folder (config.json + model.safetensors, or a sharded
@@ -117,10 +121,11 @@ def command(src, out, config, outtype, layout, aux_heads, no_aux_heads, no_yarn,
     Examples:
       luce convert z-lab-Qwen3.5-27B-DFlash/ -o dflash.gguf
       luce convert Qwen3.8-27B-DSpark/ -o dspark-q8.gguf --outtype q8_0 --no-yarn
-      luce convert model.safetensors --config config.json -o d.gguf --layout llama.cpp
+      luce convert z-lab-Qwen3.5-27B-DFlash/ -o d.gguf --layout llama.cpp --target-model t.gguf
     """
     opts = ConvertOptions(config=config, outtype=outtype, layout=layout, aux_heads=aux_heads,
-                          no_aux_heads=no_aux_heads, no_yarn=no_yarn, force=force, dry_run=dry_run)
+                          no_aux_heads=no_aux_heads, no_yarn=no_yarn, force=force, dry_run=dry_run,
+                          target_model=target_model)
     progress = RichProgress(enabled=not as_json and stderr.is_terminal)
     try:
         result = convert_checkpoint(src, out, opts, progress)

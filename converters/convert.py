@@ -16,6 +16,7 @@ from luce.converters.detect import TARGET_KIND, detect_checkpoint, is_target_con
 from luce.converters.drafter_gguf import DraftPlan, plan_drafter, write_drafter
 from luce.converters.output import atomic_output, check_destination
 from luce.converters.safetensors_source import CONFIG_FILE, load_json, open_checkpoint
+from luce.converters.target_vocab import open_target_vocab
 from luce.converters.validate import inspect_gguf
 from luce.errors import LuceError
 
@@ -56,6 +57,7 @@ class ConvertOptions:
     no_yarn: bool = False
     force: bool = False
     dry_run: bool = False
+    target_model: Path | None = None   # target GGUF or HF folder: the tokenizer for --layout llama.cpp
 
 
 def _target_config(src: Path, config: Path | None) -> dict | None:
@@ -77,11 +79,17 @@ def convert_checkpoint(src, out, opts: ConvertOptions | None = None,
     if opts.outtype not in schema.OUTTYPES:
         raise LuceError(f"--outtype {opts.outtype} is for Qwen3.5 targets; drafters take "
                         f"{', '.join(schema.OUTTYPES)}")
+    target_vocab = None
+    if opts.layout == "llama.cpp" and opts.target_model is not None:
+        target_vocab = open_target_vocab(opts.target_model)
     ckpt = open_checkpoint(src, opts.config, opts.aux_heads, use_sidecar=not opts.no_aux_heads)
     try:
         kind = detect_checkpoint(ckpt.config, ckpt.tensors, ckpt.sidecar)
-        plan = plan_drafter(ckpt, kind, opts.layout, opts.outtype, opts.no_yarn)
+        plan = plan_drafter(ckpt, kind, opts.layout, opts.outtype, opts.no_yarn, target_vocab)
         result = ConvertResult(None, kind, plan.variant, {}, list(plan.warnings), plan)
+        if opts.target_model is not None and target_vocab is None:
+            result.warnings.append("--target-model is used only by --layout llama.cpp (the lucebox layout "
+                                   "carries no tokenizer); ignored")
         if opts.dry_run:
             result.summary = plan_summary(plan, None)
             return result

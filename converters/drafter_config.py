@@ -61,6 +61,7 @@ class DraftConfig:
     final_logit_softcapping: float | None = schema.DEFAULT_FINAL_LOGIT_SOFTCAPPING
     markov_rank: int | None = None  # declared in DSpark configs; the weights decide
     sample_from_anchor: bool | None = None
+    causal: bool | None = None      # the checkpoint's explicit in-block direction, if it states one
 
 
 def _first(sources: list[dict], *keys):
@@ -189,14 +190,15 @@ def _yarn(rope: dict, cfg: dict) -> Yarn | None:
 
 def _sliding_window(cfg: dict, dflash_cfg: dict, dc: DraftConfig) -> None:
     layer_types = cfg.get("layer_types")
+    causal = _first([cfg, dflash_cfg], "is_causal")
+    if causal is None:
+        causal = dflash_cfg.get("causal")
+    dc.causal = None if causal is None else bool(causal)
     if not layer_types or SLIDING not in layer_types:
         return
     if len(layer_types) != dc.n_layer:
         raise LuceError(f"config.json: layer_types has {len(layer_types)} entries but num_hidden_layers "
                         f"is {dc.n_layer}")
-    causal = _first([cfg, dflash_cfg], "is_causal")
-    if causal is None:
-        causal = dflash_cfg.get("causal")
     if causal is False:
         # Bidirectional in-block everywhere (DFlash 2 Qwen3.8): the engine must not see a pattern.
         return

@@ -24,6 +24,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from luce.converters import dflash, dflash2, dspark, schema
 from luce.converters.drafter_config import DraftConfig, check_against_shapes, normalise
 from luce.converters.safetensors_source import Checkpoint, SourceTensor
+from luce.converters.target_vocab import TargetVocab, check_mask
 from luce.errors import LuceError
 
 Q = GGMLQuantizationType
@@ -61,6 +62,7 @@ class DraftPlan:
     keys: list[tuple[schema.Key, object]]
     dropped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    target_vocab: TargetVocab | None = None     # llama.cpp layout: the tokenizer to copy
 
     def type_counts(self) -> dict[str, int]:
         return dict(Counter(t.stored.name for t in self.tensors))
@@ -76,6 +78,10 @@ class DraftPlan:
         if "confidence_weight" in roles:
             heads.append("confidence")
         return heads
+
+
+NEEDS_TARGET = ("the llama.cpp layout needs --target-model (the target GGUF or its Hugging Face folder): "
+                "llama.cpp loads a drafter only with the target's tokenizer in it")
 
 
 def _loader(ckpt: Checkpoint, t: SourceTensor):
@@ -146,9 +152,12 @@ def _variant(ckpt: Checkpoint, kind: str, used_sidecar: bool) -> str:
 
 
 def plan_drafter(ckpt: Checkpoint, kind: str, layout: str = "lucebox",
-                 outtype: str = schema.DEFAULT_OUTTYPE, no_yarn: bool = False) -> DraftPlan:
+                 outtype: str = schema.DEFAULT_OUTTYPE, no_yarn: bool = False,
+                 target_vocab: TargetVocab | None = None) -> DraftPlan:
     if layout not in schema.LAYOUTS:
         raise LuceError(f"unknown layout {layout!r}; choose one of {', '.join(schema.LAYOUTS)}")
+    if layout == "llama.cpp" and target_vocab is None:
+        raise LuceError(NEEDS_TARGET)
     if outtype not in schema.OUTTYPES:
         raise LuceError(f"unknown outtype {outtype!r}; choose one of {', '.join(schema.OUTTYPES)}")
     cfg = normalise(ckpt.config, kind, no_yarn=no_yarn)
@@ -199,7 +208,10 @@ def plan_drafter(ckpt: Checkpoint, kind: str, layout: str = "lucebox",
     tensors.sort(key=_order)
     plan = DraftPlan(kind, _variant(ckpt, kind, used_sidecar), layout,
                      schema.ARCH if layout == "lucebox" else schema.UPSTREAM_ARCH,
-                     cfg, n_target, tensors, [], dropped, warnings)
+                     cfg, n_target, tensors, [], dropped, warnings,
+                     target_vocab if layout == "llama.cpp" else None)
+    if plan.target_vocab is not None:
+        check_mask(plan.target_vocab, cfg.mask_token_id)
     plan.keys = drafter_keys(plan, shape)
     return plan
 
@@ -272,16 +284,22 @@ def drafter_keys(plan: DraftPlan, shape: schema.DraftShape) -> list[tuple[schema
         (S.BLOCK_COUNT, c.n_layer), (S.FEED_FORWARD_LENGTH, c.ff),
         (S.HEAD_COUNT, c.n_head), (S.HEAD_COUNT_KV, c.n_head_kv),
         (S.KEY_LENGTH, c.head_dim), (S.VALUE_LENGTH, c.head_dim),
-        (S.VOCAB_SIZE, c.vocab), (S.RMS_EPS, c.eps), (S.ROPE_FREQ_BASE, c.rope_theta),
     ]
+    # Upstream files have no vocab_size: the vocabulary is the tokenizer's (the target's).
+    keys += [] if up else [(S.VOCAB_SIZE, c.vocab)]
+    keys += [(S.RMS_EPS, c.eps), (S.ROPE_FREQ_BASE, c.rope_theta)]
     if c.yarn is not None:
         keys += [(S.ROPE_SCALING_TYPE, S.YARN), (S.ROPE_SCALING_FACTOR, c.yarn.factor),
                  (S.ROPE_SCALING_ORIG_CTX, c.yarn.original_context),
-                 (S.ROPE_BETA_FAST, c.yarn.beta_fast), (S.ROPE_BETA_SLOW, c.yarn.beta_slow)]
+                 (S.UP_ROPE_BETA_FAST if up else S.ROPE_BETA_FAST, c.yarn.beta_fast),
+                 (S.UP_ROPE_BETA_SLOW if up else S.ROPE_BETA_SLOW, c.yarn.beta_slow)]
     if up:
-        keys += [(S.UP_BLOCK_SIZE, c.block_size), (S.UP_MASK_TOKEN_ID, c.mask_token_id)]
+        # The mask id goes in tokenizer.ggml.mask_token_id, written with the target's tokenizer.
+        keys.append((S.UP_BLOCK_SIZE, c.block_size))
         if c.target_layer_ids is not None:
             keys.append((S.UP_TARGET_LAYERS, [i + 1 for i in c.target_layer_ids]))
+        if plan.target_vocab is not None and plan.target_vocab.mrope:
+            keys.append((S.UP_ROPE_SECTIONS, [c.head_dim // 2, 0, 0, 0]))
     else:
         keys += [(S.N_TARGET_LAYERS, plan.n_target_layers), (S.BLOCK_SIZE, c.block_size),
                  (S.MASK_TOKEN_ID, c.mask_token_id)]
@@ -289,8 +307,10 @@ def drafter_keys(plan: DraftPlan, shape: schema.DraftShape) -> list[tuple[schema
             keys.append((S.TARGET_LAYER_IDS, list(c.target_layer_ids)))
     if c.swa_pattern is not None:
         keys += [(S.SLIDING_WINDOW, c.sliding_window), (S.SLIDING_WINDOW_PATTERN, list(c.swa_pattern))]
-        if up:
-            keys.append((S.UP_CAUSAL, True))
+    if up and (c.swa_pattern is not None or c.causal is not None):
+        # With a pattern: the sliding layers are in-block causal. Without one: the checkpoint's own
+        # is_causal, as llama.cpp's converter copies it (false for DFlash 2).
+        keys.append((S.UP_CAUSAL, True if c.swa_pattern is not None else c.causal))
     if plan.kind == "dflash2":
         has_selector = shape.selector_rank > 0
         keys += [(S.UP_CONV_KERNEL_SIZE if up else S.CONV_KERNEL_SIZE, c.conv_kernel),
@@ -313,18 +333,14 @@ def drafter_keys(plan: DraftPlan, shape: schema.DraftShape) -> list[tuple[schema
 
 def _logit_transform_keys(c: DraftConfig, up: bool) -> list[tuple[schema.Key, object]]:
     """The DFlash 2 unary-logit scalars, only where they differ from the defaults (so a drafter
-    without them converts to the same bytes as before they existed). Upstream llama.cpp has no
-    key for them: dropping them would walk on the wrong logits, so that layout refuses."""
+    without them converts to the same bytes as before they existed). llama.cpp applies the same
+    transform from its generic logit_scale / final_logit_softcapping keys."""
     S = schema
     keys = []
     if c.output_multiplier != S.DEFAULT_OUTPUT_MULTIPLIER:
-        keys.append((S.OUTPUT_MULTIPLIER, c.output_multiplier))
+        keys.append((S.UP_LOGIT_SCALE if up else S.OUTPUT_MULTIPLIER, c.output_multiplier))
     if c.final_logit_softcapping != S.DEFAULT_FINAL_LOGIT_SOFTCAPPING:
-        keys.append((S.FINAL_LOGIT_SOFTCAPPING, c.final_logit_softcapping))
-    if keys and up:
-        names = " and ".join(k.template.rsplit(".", 1)[1] for k, _ in keys)
-        raise LuceError(f"this DFlash 2 drafter sets {names}, which the llama.cpp layout cannot store; "
-                        f"convert with --layout lucebox")
+        keys.append((S.UP_FINAL_LOGIT_SOFTCAPPING if up else S.FINAL_LOGIT_SOFTCAPPING, c.final_logit_softcapping))
     return keys
 
 
@@ -358,6 +374,9 @@ def write_drafter(plan: DraftPlan, path, on_tensor: Callable[[PlannedTensor], No
     try:
         for key, value in plan.keys:
             add_key(w, key, plan.arch, value)
+        if plan.target_vocab is not None:
+            plan.target_vocab.add_to(w)
+            add_key(w, schema.TOKENIZER_MASK_TOKEN_ID, plan.arch, plan.config.mask_token_id)
         for t in plan.tensors:
             _add_tensor_info(w, t)
         w.write_header_to_file()

@@ -2,8 +2,9 @@
 
 Two layouts carry the same drafter (spec/engine.md §2.4-2.6 and §2.9):
   lucebox    arch `qwen35-dflash-draft` — the Lucebox engine's format and luce's default.
-  llama.cpp  arch `dflash` — upstream naming: 1-based `target_layers`, flat dflash2 keys,
-             `selector_*` / `markov_*` / `conf_proj` tensors.
+  llama.cpp  arch `dflash` — what llama.cpp's own convert_hf_to_gguf.py writes (0c1e570): 1-based
+             `target_layers`, flat dflash2 keys, `selector_*` / `markov_*` / `conf_proj`
+             tensors, no vocab_size, and the target's tokenizer.* keys (its loader needs them).
 `convert` writes through this module and `inspect` validates through it; a GGUF key or tensor
 name spelled anywhere else is a bug. Generic keys come from gguf-py's `Keys` templates.
 
@@ -95,6 +96,7 @@ DSPARK_CONFIDENCE_ENABLED = _own("dflash.dspark.confidence.enabled", VT.UINT32,
                                  "1 when the confidence head is present")
 
 # ---- llama.cpp (`dflash`) layout: flat keys; also the loader's fallbacks for other archs ------
+# Spelled as llama.cpp's converter writes them (conversion/qwen.py DFlashModel / DSparkModel).
 UP_BLOCK_SIZE = _own("block_size", VT.UINT32, "draft block size B")
 UP_MASK_TOKEN_ID = _own("mask_token_id", VT.UINT32, "mask/noise token id")
 UP_TARGET_LAYERS = _own("target_layers", VT.ARRAY, "1-based target layers (= id + 1)", VT.INT32)
@@ -105,9 +107,20 @@ UP_CONV_GROUP_SIZE = _own("conv_group_size", VT.UINT32, "channels per dynamic gr
 UP_SELECTOR_RANK = _own("selector_rank", VT.UINT32, "selector rank R")
 UP_SELECTOR_TOP_K = _own("selector_top_k", VT.UINT32, "selector candidates")
 UP_HAS_CONFIDENCE = _own("has_confidence_head", VT.BOOL, "DSpark confidence head present")
+UP_LOGIT_SCALE = Key(Keys.LLM.LOGIT_SCALE, VT.FLOAT32, meaning="DFlash 2 unary logit scale m (absent = 1)")
+UP_FINAL_LOGIT_SOFTCAPPING = Key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, VT.FLOAT32,
+                                 meaning="DFlash 2 unary logit soft cap (absent = off)")
+UP_ROPE_BETA_FAST = Key(Keys.Rope.SCALING_YARN_BETA_FAST, VT.FLOAT32, meaning="YaRN beta_fast (default 32)")
+UP_ROPE_BETA_SLOW = Key(Keys.Rope.SCALING_YARN_BETA_SLOW, VT.FLOAT32, meaning="YaRN beta_slow (default 1)")
+# Drafts of an M-RoPE target (qwen35) rope on the temporal section only: [d/2, 0, 0, 0].
+UP_ROPE_SECTIONS = Key(Keys.Rope.DIMENSION_SECTIONS, VT.ARRAY, VT.INT32, "[d/2, 0, 0, 0] for an M-RoPE target")
 
-# Read-only alternatives that the Lucebox loader also honours for the mask token.
+# The mask token of the llama.cpp layout (upstream writes it with the target's tokenizer); the
+# Lucebox loader also honours it in its own layout.
 TOKENIZER_MASK_TOKEN_ID = Key(Keys.Tokenizer.MASK_ID, VT.UINT32, meaning="mask id (highest precedence)")
+TOKENIZER_PREFIX = "tokenizer."     # every key copied from the target for the llama.cpp layout
+TOKENIZER_MODEL = Key(Keys.Tokenizer.MODEL, VT.STRING, meaning="llama.cpp's loader requires it")
+TOKENIZER_TOKENS = Key(Keys.Tokenizer.LIST, VT.ARRAY, VT.STRING, meaning="the target's vocabulary")
 
 DEFAULT_CONV_GROUP_SIZE = 16
 DEFAULT_SELECTOR_TOP_K = 16
@@ -134,9 +147,14 @@ class TensorRole:
     per_layer: bool
     force_f32: bool
     group: str            # trunk | dflash2_conv | selector | dspark
+    legacy: str = ""      # read only: how luce spelled the upstream name before it matched llama.cpp
 
     def name(self, layout: str, bid: int | None = None) -> str:
         return (self.lucebox if layout == "lucebox" else self.upstream).format(bid=bid)
+
+    def read_names(self, bid: int | None = None) -> tuple[str, ...]:
+        """Every name a reader accepts for this role, lucebox first."""
+        return tuple(n.format(bid=bid) for n in (self.lucebox, self.upstream, self.legacy) if n)
 
 
 def _blk(t: MODEL_TENSOR) -> str:
@@ -164,9 +182,11 @@ ROLES: tuple[TensorRole, ...] = (
     _trunk("ffn_up", MODEL_TENSOR.FFN_UP),
     _trunk("ffn_down", MODEL_TENSOR.FFN_DOWN),
     TensorRole("attn_conv_base", "blk.{bid}.attn_conv.base", "blk.{bid}.attn_conv_base", True, True, "dflash2_conv"),
-    TensorRole("attn_conv_proj", "blk.{bid}.attn_conv.proj.weight", "blk.{bid}.attn_conv_proj", True, False, "dflash2_conv"),
+    TensorRole("attn_conv_proj", "blk.{bid}.attn_conv.proj.weight", "blk.{bid}.attn_conv_proj.weight", True, False,
+               "dflash2_conv", legacy="blk.{bid}.attn_conv_proj"),
     TensorRole("ffn_conv_base", "blk.{bid}.ffn_conv.base", "blk.{bid}.ffn_conv_base", True, True, "dflash2_conv"),
-    TensorRole("ffn_conv_proj", "blk.{bid}.ffn_conv.proj.weight", "blk.{bid}.ffn_conv_proj", True, False, "dflash2_conv"),
+    TensorRole("ffn_conv_proj", "blk.{bid}.ffn_conv.proj.weight", "blk.{bid}.ffn_conv_proj.weight", True, False,
+               "dflash2_conv", legacy="blk.{bid}.ffn_conv_proj"),
     TensorRole("selector_hproj", "dflash.selector.hproj.weight", "selector_hidden.weight", False, False, "selector"),
     TensorRole("selector_pred_cb", "dflash.selector.pred_cb", "selector_predecessor.weight", False, False, "selector"),
     TensorRole("selector_succ_cb", "dflash.selector.succ_cb", "selector_successor.weight", False, False, "selector"),

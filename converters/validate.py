@@ -19,6 +19,8 @@ from luce.converters.gguf_reader import FLOAT_TYPES, INTEGER_TYPES, GGUFFile, GG
 from luce.converters.schema import ROLE
 
 ERROR, WARNING = "error", "warning"
+# Frozen copies of the target's embedding / head that some drafters ship (llama.cpp keeps them).
+OWN_EMBEDDING_TENSORS = tuple(TENSOR_NAMES[t] + ".weight" for t in (MODEL_TENSOR.TOKEN_EMBD, MODEL_TENSOR.OUTPUT))
 TARGET_ARCHS = (schema.TARGET_ARCH,)
 # Weight formats the runtime loads (DESIGN.md §4); anything else is refused at load.
 SUPPORTED_TARGET_TYPES = frozenset(GGMLQuantizationType[n] for n in
@@ -206,8 +208,7 @@ def _find_tensors(gf: GGUFFile, n_layer: int | None):
     layers = range(n_layer) if n_layer else range(0)
     for role in schema.ROLES:
         for layer in (layers if role.per_layer else [None]):
-            for layout in schema.LAYOUTS:
-                name = role.name(layout, layer)
+            for name in role.read_names(layer):
                 if name in gf.tensors:
                     found[(role.role, layer)] = gf.tensors[name]
                     claimed.add(name)
@@ -227,6 +228,10 @@ def check_drafter(gf: GGUFFile, report: Report) -> DraftView:
     view.head_dim = k.int(S.KEY_LENGTH.at(a))
     value_len = k.int(S.VALUE_LENGTH.at(a))
     view.vocab = k.int(S.VOCAB_SIZE.at(a))
+    if view.vocab is None and view.layout == "llama.cpp" and S.VOCAB_SIZE.at(a) not in gf.kv:
+        # llama.cpp's converter writes no vocab_size: the vocabulary is the (target's) tokenizer's.
+        tokens = gf.kv.get(S.TOKENIZER_TOKENS.template)
+        view.vocab = len(tokens) if isinstance(tokens, list) else None
     eps = k.float(S.RMS_EPS.at(a))
     _check_hparams(report, view, eps, a, gf.kv)
     if value_len is not None and view.head_dim is not None and value_len != view.head_dim:
@@ -235,7 +240,11 @@ def check_drafter(gf: GGUFFile, report: Report) -> DraftView:
     n_layer = view.n_layer if view.n_layer and view.n_layer <= S.MAX_LAYERS else None
     view.tensors, unknown = _find_tensors(gf, n_layer)
     for name in unknown:
-        report.warn("tensor-unknown", f"tensor {name!r} is not part of the drafter schema")
+        if name in OWN_EMBEDDING_TENSORS:
+            report.warn("own-embedding", f"drafter carries its own {name}; luce drafts with the target's token "
+                                         f"embedding and output head instead")
+        else:
+            report.warn("tensor-unknown", f"tensor {name!r} is not part of the drafter schema")
 
     _check_block_and_mask(k, report, view, a)
     _check_target_layers(k, report, view, a)
@@ -261,6 +270,8 @@ def _check_hparams(report, v: DraftView, eps, arch, kv) -> None:
     for attr, key, bound in bounds:
         value, name = getattr(v, attr), key.at(arch)
         if value is None:
+            if attr == "vocab" and v.layout == "llama.cpp":
+                continue        # optional there; the runtime takes the target's vocabulary
             if name not in kv:
                 report.error("hparam-missing", f"{name} is missing")
         elif not 1 <= value <= bound:
@@ -441,13 +452,14 @@ def _check_logit_transform(k: _Keys, report, v: DraftView, a) -> None:
     """DFlash 2 unary-logit scalars: the runtime refuses a non-finite or non-positive value (a cap
     of 0 divides by zero; a multiplier <= 0 reverses or flattens the candidate order)."""
     S = schema
-    for key, attr in ((S.OUTPUT_MULTIPLIER, "output_multiplier"),
-                      (S.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping")):
-        value = k.float(key.at(a))
+    for key, up_key, attr in ((S.OUTPUT_MULTIPLIER, S.UP_LOGIT_SCALE, "output_multiplier"),
+                              (S.FINAL_LOGIT_SOFTCAPPING, S.UP_FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping")):
+        value = k.float(key.at(a), up_key.at(a))
         if value is None:
             continue
         if not (math.isfinite(value) and value > 0):
-            report.error("logit-scalar-range", f"{key.at(a)}={value} must be finite and > 0")
+            name = key.at(a) if key.at(a) in k.gf.kv else up_key.at(a)
+            report.error("logit-scalar-range", f"{name}={value} must be finite and > 0")
             continue
         setattr(v, attr, value)
 

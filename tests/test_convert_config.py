@@ -9,6 +9,7 @@ import pytest
 from gguf import GGUFReader, GGUFValueType
 
 from fixtures import drafter_checkpoints as ck
+from fixtures.crafted_gguf import write_valid_qwen35
 from luce.converters.convert import ConvertOptions, convert_checkpoint
 from luce.errors import LuceError
 
@@ -210,13 +211,46 @@ def test_bad_logit_scalars_are_refused(tmp_path, field, value):
     assert not (tmp_path / "out.gguf").exists()
 
 
-def test_llama_cpp_layout_refuses_logit_scalars_in_one_line(tmp_path, luce_cmd):
-    src = ck.dflash2_logit_scalars(tmp_path / "src")
+def test_llama_cpp_layout_writes_logit_scalars_under_upstream_keys(tmp_path):
+    """llama.cpp's converter stores output_multiplier as {arch}.logit_scale and the cap as
+    {arch}.final_logit_softcapping (its DFlash graph scales, then soft-caps, as luce does)."""
+    target = write_valid_qwen35(tmp_path / "target.gguf")
     out = tmp_path / "out.gguf"
-    result = luce_cmd("convert", src, "-o", out, "--layout", "llama.cpp")
+    convert_checkpoint(ck.dflash2_logit_scalars(tmp_path / "src"), out,
+                       ConvertOptions(layout="llama.cpp", target_model=target))
+    f = {x.name: x for x in GGUFReader(out).fields.values()}
+    assert f["dflash.logit_scale"].contents() == pytest.approx(ck.MUSE_MULTIPLIER, rel=1e-7)
+    assert f["dflash.final_logit_softcapping"].contents() == ck.MUSE_SOFTCAP
+    assert not any("dflash2" in name for name in f)
+
+
+def test_llama_cpp_layout_without_target_model_is_one_line(tmp_path, luce_cmd):
+    out = tmp_path / "out.gguf"
+    result = luce_cmd("convert", ck.dflash2(tmp_path / "src"), "-o", out, "--layout", "llama.cpp")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and "--target-model" in lines[0] and "tokenizer" in lines[0], lines
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("make_target, message", [
+    (lambda d: (d / "t.gguf").write_bytes(b"GGUF") and d / "t.gguf", "t.gguf"),
+    (lambda d: (d / "hf").mkdir() or d / "hf", "tokenizer.json and config.json"),
+])
+def test_bad_target_model_is_refused_before_writing(tmp_path, luce_cmd, make_target, message):
+    out = tmp_path / "out.gguf"
+    result = luce_cmd("convert", ck.dflash2(tmp_path / "src"), "-o", out, "--layout", "llama.cpp",
+                      "--target-model", make_target(tmp_path))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-    assert len(lines) == 1 and "output_multiplier and final_logit_softcapping" in lines[0], lines
-    assert "--layout lucebox" in lines[0] and not out.exists()
-    # without the scalars the same checkpoint converts to that layout
-    convert_checkpoint(ck.dflash2(tmp_path / "plain"), out, ConvertOptions(layout="llama.cpp"))
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not out.exists()
+
+
+def test_mask_outside_the_target_vocabulary_is_refused(tmp_path):
+    from fixtures.crafted_gguf import TinyQwen35
+    target = write_valid_qwen35(tmp_path / "target.gguf", TinyQwen35(vocab=256))
+    with pytest.raises(LuceError, match="mask_token_id=500 is outside the target's vocabulary of 256"):
+        convert_checkpoint(ck.dflash2(tmp_path / "src"), tmp_path / "out.gguf",
+                           ConvertOptions(layout="llama.cpp", target_model=target))
+    assert not (tmp_path / "out.gguf").exists()

@@ -16,6 +16,7 @@ from gguf.constants import GGMLQuantizationType as Q, GGUFValueType as VT
 from safetensors.torch import load_file
 
 from fixtures import drafter_checkpoints as ck
+from fixtures.crafted_gguf import write_valid_qwen35
 from luce.converters.convert import ConvertOptions, convert_checkpoint
 
 A = "qwen35-dflash-draft."
@@ -194,22 +195,30 @@ def test_sharded_checkpoint_equals_single_file(tmp_path):
 
 
 def test_llama_cpp_layout_names_and_one_based_target_layers(tmp_path):
-    src, reader = _convert(tmp_path, "dflash2", layout="llama.cpp")
+    target = write_valid_qwen35(tmp_path / "target.gguf")
+    src, reader = _convert(tmp_path, "dflash2", layout="llama.cpp", target_model=target)
     f = _fields(reader)
     assert _value(f["general.architecture"]) == "dflash"
     assert list(_value(f["dflash.target_layers"])) == [i + 1 for i in ck.TAPS]
-    assert _value(f["dflash.block_size"]) == ck.BLOCK and _value(f["dflash.mask_token_id"]) == ck.MASK
+    assert _value(f["dflash.block_size"]) == ck.BLOCK and _value(f["tokenizer.ggml.mask_token_id"]) == ck.MASK
     assert _value(f["dflash.conv_kernel_size"]) == ck.CONV_K
     assert _value(f["dflash.selector_top_k"]) == ck.SEL_TOP_K
+    # llama.cpp's converter writes no vocab_size and no dflash.mask_token_id, and copies the
+    # target's tokenizer (here the crafted target's placeholder vocabulary).
+    assert "dflash.vocab_size" not in f and "dflash.mask_token_id" not in f
+    assert _value(f["tokenizer.ggml.model"]) == "gpt2" and len(f["tokenizer.ggml.tokens"].data) == 512
+    assert _value(f["dflash.attention.causal"]) is False      # the checkpoint's is_causal
+    assert list(_value(f["dflash.rope.dimension_sections"])) == [ck.D // 2, 0, 0, 0]
     names = {t.name for t in reader.tensors}
-    assert {"fc.weight", "enc.output_norm.weight", "blk.0.attn_conv_base", "blk.0.ffn_conv_proj",
+    assert {"fc.weight", "enc.output_norm.weight", "blk.0.attn_conv_base", "blk.0.ffn_conv_proj.weight",
             "selector_hidden.weight", "selector_predecessor.weight", "selector_successor.weight"} <= names
     _check_tensors(src, reader, {"fc.weight": "fc.weight",
                                  "candidate_selector.successor_codebook": "selector_successor.weight"})
 
 
 def test_llama_cpp_layout_dspark_names(tmp_path):
-    _, reader = _convert(tmp_path, "dspark_radixark", layout="llama.cpp")
+    target = write_valid_qwen35(tmp_path / "target.gguf")
+    _, reader = _convert(tmp_path, "dspark_radixark", layout="llama.cpp", target_model=target)
     f = _fields(reader)
     assert _value(f["dflash.sample_from_anchor"]) is True and _value(f["dflash.has_confidence_head"]) is True
     assert {"markov_w1.weight", "markov_w2.weight", "conf_proj.weight", "conf_proj.bias"} <= {

@@ -67,7 +67,7 @@ def pairs(tmp_path_factory, tgt):
     def get(name):
         if name not in built:
             drafter = convert_drafter(tmp_path_factory.mktemp(f"dflash_{name}"), _config(name), "dflash", SEEDS[name],
-                                      layout=LAYOUTS.get(name, "lucebox"))
+                                      layout=LAYOUTS.get(name, "lucebox"), target_model=tgt.gguf)
             built[name] = (NativeDrafter(tgt.gguf, drafter.gguf), zlab.build(drafter.cfg, drafter.tensors), drafter)
         return built[name]
 

@@ -109,7 +109,7 @@ def test_upstream_layout_matches_zlab(tmp_path_factory, tgt):
     """The same weights converted to the llama.cpp `dflash` layout (flat keys, 1-based target_layers,
     attn_conv_base / selector_* names) load to the same drafter."""
     drafter = convert_drafter(tmp_path_factory.mktemp("dflash2_upstream"), dflash2_config(), "dflash2", seed=9,
-                              layout="llama.cpp")
+                              layout="llama.cpp", target_model=tgt.gguf)
     z = zlab.build(drafter.cfg, drafter.tensors, dflash2=True)
     feats, block = features(10, seed=10), mask_block(ANCHOR, BLOCK)
     hidden = zlab.forward(z, tgt.embed, feats, block)

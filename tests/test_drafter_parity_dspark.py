@@ -96,7 +96,7 @@ def test_chain_without_confidence_output(pair):
 def test_upstream_layout_matches_nemo(tmp_path_factory, tgt):
     """The same weights in the llama.cpp `dflash` layout (markov_w1 / markov_w2 / conf_proj names)."""
     drafter = convert_drafter(tmp_path_factory.mktemp("dspark_upstream"), dspark_config(True), "dspark", seed=23,
-                              layout="llama.cpp")
+                              layout="llama.cpp", target_model=tgt.gguf)
     model = nemo.build_dspark(drafter.cfg, drafter.tensors, tgt.embed, tgt.lm_head)
     feats, block = features(10, seed=10), mask_block(ANCHOR, BLOCK)
     hidden = nemo.dspark_forward(model, feats, block)

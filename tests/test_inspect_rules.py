@@ -147,10 +147,13 @@ def test_summary_reports_the_logit_scalars(drafters):
 def test_upstream_layout_reads_back_the_same_summary(tmp_path):
     src = ck.dflash2(tmp_path / "src")
     convert_checkpoint(src, tmp_path / "a.gguf")
-    convert_checkpoint(src, tmp_path / "b.gguf", ConvertOptions(layout="llama.cpp"))
-    a, b = inspect_gguf(tmp_path / "a.gguf"), inspect_gguf(tmp_path / "b.gguf")
-    assert a.valid and b.valid, b.findings
-    for key in ("format", "layers", "hidden", "block_size", "mask_token_id", "target_layer_ids", "heads_present"):
+    target = write_valid_qwen35(tmp_path / "target.gguf")
+    convert_checkpoint(src, tmp_path / "b.gguf", ConvertOptions(layout="llama.cpp", target_model=target))
+    a, b = inspect_gguf(tmp_path / "a.gguf"), inspect_gguf(tmp_path / "b.gguf", target)
+    assert a.valid and b.valid and not b.findings, b.findings
+    # no vocab_size in the upstream file: its vocabulary is the target tokenizer's token list
+    for key in ("format", "layers", "hidden", "vocab", "block_size", "mask_token_id", "target_layer_ids",
+                "heads_present"):
         assert a.summary[key] == b.summary[key], key
     assert b.summary["layout"] == "llama.cpp" and b.summary["target_layer_ids"] == ck.TAPS
 

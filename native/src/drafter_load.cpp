@@ -29,7 +29,8 @@ const char *K_KEY_LEN = "attention.key_length", *K_EPS = "attention.layer_norm_r
 const char *K_ROPE_BASE = "rope.freq_base", *K_YARN_FACTOR = "rope.scaling.factor";
 const char *K_YARN_ORIG = "rope.scaling.original_context_length";
 const char *K_YARN_ATTN = "rope.scaling.attn_factor";
-const char *K_YARN_BETA_FAST = "rope.scaling.beta_fast", *K_YARN_BETA_SLOW = "rope.scaling.beta_slow";
+const char *K_YARN_BETA_FAST[] = {"rope.scaling.beta_fast", "rope.scaling.yarn_beta_fast"};
+const char *K_YARN_BETA_SLOW[] = {"rope.scaling.beta_slow", "rope.scaling.yarn_beta_slow"};
 const char *K_SWA = "attention.sliding_window", *K_SWA_PATTERN = "attention.sliding_window_pattern";
 const char *K_CAUSAL = "attention.causal";
 const char *K_BLOCK[] = {"dflash.block_size", "block_size"};
@@ -42,11 +43,13 @@ const char *K_CONV_K[] = {"dflash.dflash2.conv_kernel_size", "conv_kernel_size"}
 const char *K_CONV_G[] = {"dflash.dflash2.conv_group_size", "conv_group_size"};
 const char *K_SEL_RANK[] = {"dflash.dflash2.selector_rank", "selector_rank"};
 const char *K_SEL_TOPK[] = {"dflash.dflash2.selector_top_k", "selector_top_k"};
-const char *K_OUTPUT_MULTIPLIER = "dflash.dflash2.output_multiplier";  // lucebox only (llama.cpp has none)
-const char *K_SOFTCAP = "dflash.dflash2.final_logit_softcapping";
+// DFlash 2 unary-logit scalars: lucebox's own keys, then llama.cpp's generic ones (same transform).
+const char *K_OUTPUT_MULTIPLIER[] = {"dflash.dflash2.output_multiplier", "logit_scale"};
+const char *K_SOFTCAP[] = {"dflash.dflash2.final_logit_softcapping", "final_logit_softcapping"};
 
 struct TensorName {
     const char *lucebox, *upstream;  // {} = layer index
+    const char *legacy = nullptr;    // luce's upstream spelling before it matched llama.cpp's
 };
 const TensorName T_FC{"dflash.fc.weight", "fc.weight"};
 const TensorName T_HIDDEN_NORM{"dflash.hidden_norm.weight", "enc.output_norm.weight"};
@@ -63,9 +66,11 @@ const TensorName T_GATE{"blk.{}.ffn_gate.weight", "blk.{}.ffn_gate.weight"};
 const TensorName T_UP{"blk.{}.ffn_up.weight", "blk.{}.ffn_up.weight"};
 const TensorName T_DOWN{"blk.{}.ffn_down.weight", "blk.{}.ffn_down.weight"};
 const TensorName T_ATTN_CONV_BASE{"blk.{}.attn_conv.base", "blk.{}.attn_conv_base"};
-const TensorName T_ATTN_CONV_PROJ{"blk.{}.attn_conv.proj.weight", "blk.{}.attn_conv_proj"};
+const TensorName T_ATTN_CONV_PROJ{"blk.{}.attn_conv.proj.weight", "blk.{}.attn_conv_proj.weight",
+                                  "blk.{}.attn_conv_proj"};
 const TensorName T_FFN_CONV_BASE{"blk.{}.ffn_conv.base", "blk.{}.ffn_conv_base"};
-const TensorName T_FFN_CONV_PROJ{"blk.{}.ffn_conv.proj.weight", "blk.{}.ffn_conv_proj"};
+const TensorName T_FFN_CONV_PROJ{"blk.{}.ffn_conv.proj.weight", "blk.{}.ffn_conv_proj.weight",
+                                 "blk.{}.ffn_conv_proj"};
 const TensorName T_SEL_HPROJ{"dflash.selector.hproj.weight", "selector_hidden.weight"};
 const TensorName T_SEL_PRED{"dflash.selector.pred_cb", "selector_predecessor.weight"};
 const TensorName T_SEL_SUCC{"dflash.selector.succ_cb", "selector_successor.weight"};
@@ -117,7 +122,9 @@ struct Reader {
     // A tensor by either layout's name, or null.
     const GgufTensor *find(const TensorName &n, int layer = -1) const {
         const GgufTensor *t = f.tensor(layer_name(n.lucebox, layer));
-        return t ? t : f.tensor(layer_name(n.upstream, layer));
+        if (!t) t = f.tensor(layer_name(n.upstream, layer));
+        if (!t && n.legacy) t = f.tensor(layer_name(n.legacy, layer));
+        return t;
     }
     const GgufTensor &need(const TensorName &n, int layer = -1) const {
         const GgufTensor *t = find(n, layer);
@@ -194,8 +201,10 @@ void read_hparams(const Reader &r, DrafterHparams &hp) {
         if (hp.yarn.orig_ctx <= 0)
             fail(LUCE_ERR_FORMAT, "YaRN factor %g without original_context_length: the engine ignores YaRN and "
                  "runs plain RoPE", double(hp.yarn.factor));
-        hp.yarn.beta_fast = float(r.f.get_float(r.key(K_YARN_BETA_FAST), 32.0));
-        hp.yarn.beta_slow = float(r.f.get_float(r.key(K_YARN_BETA_SLOW), 1.0));
+        const char *fast = r.first({K_YARN_BETA_FAST[0], K_YARN_BETA_FAST[1]});
+        const char *slow = r.first({K_YARN_BETA_SLOW[0], K_YARN_BETA_SLOW[1]});
+        hp.yarn.beta_fast = fast ? float(r.f.get_float(r.key(fast))) : 32.f;
+        hp.yarn.beta_slow = slow ? float(r.f.get_float(r.key(slow))) : 1.f;
         hp.yarn.attn_factor = float(r.f.get_float(r.key(K_YARN_ATTN), 0.0));
     }
     const char *anchor = r.first({K_ANCHOR[0], K_ANCHOR[1]});
@@ -319,15 +328,17 @@ void bind_conv(const Reader &r, Drafter &d) {
 // DFlash 2 unary-logit scalars (optional: multiplier 1, cap off). A cap of 0 would divide by zero
 // and a multiplier <= 0 reverses or flattens the candidate order, so both must be finite and > 0.
 void read_logit_transform(const Reader &r, DrafterHparams &hp) {
-    auto positive = [&](const char *suffix, double fallback) {
+    auto positive = [&](const char *suffix) {
         const std::string k = r.key(suffix);
-        const double v = r.f.get_float(k, fallback);
+        const double v = r.f.get_float(k, 0.0);
         if (!(std::isfinite(v) && v > 0.0 && v <= double(FLT_MAX)))
             fail(LUCE_ERR_FORMAT, "%s=%g must be finite and > 0", k.c_str(), v);
         return float(v);
     };
-    hp.output_multiplier = positive(K_OUTPUT_MULTIPLIER, 1.0);
-    hp.final_logit_softcapping = r.f.has(r.key(K_SOFTCAP)) ? positive(K_SOFTCAP, 0.0) : 0.f;
+    const char *mult = r.first({K_OUTPUT_MULTIPLIER[0], K_OUTPUT_MULTIPLIER[1]});
+    const char *cap = r.first({K_SOFTCAP[0], K_SOFTCAP[1]});
+    hp.output_multiplier = mult ? positive(mult) : 1.f;
+    hp.final_logit_softcapping = cap ? positive(cap) : 0.f;
 }
 
 void bind_selector(const Reader &r, Drafter &d, int target_vocab) {
