@@ -247,6 +247,15 @@ def test_bad_target_model_is_refused_before_writing(tmp_path, luce_cmd, make_tar
     assert not out.exists()
 
 
+def test_lucebox_layout_ignores_target_model_and_says_so(tmp_path):
+    target = write_valid_qwen35(tmp_path / "target.gguf")
+    out = tmp_path / "out.gguf"
+    result = convert_checkpoint(ck.dflash2(tmp_path / "src"), out, ConvertOptions(target_model=target))
+    assert any("--target-model is used only by --layout llama.cpp" in w for w in result.warnings)
+    names = {f.name for f in GGUFReader(out).fields.values()}
+    assert not any(n.startswith("tokenizer.") for n in names) and "qwen35-dflash-draft.vocab_size" in names
+
+
 def test_mask_outside_the_target_vocabulary_is_refused(tmp_path):
     from fixtures.crafted_gguf import TinyQwen35
     target = write_valid_qwen35(tmp_path / "target.gguf", TinyQwen35(vocab=256))

@@ -190,3 +190,27 @@ def test_luce_llamacpp_layout_is_the_upstream_schema(files, target, tmp_path, ki
     model = target.gguf_path if from_ == "gguf" else target.hf_dir
     convert_checkpoint(files[kind]["src"], out, ConvertOptions(layout="llama.cpp", target_model=model))
     _assert_same_schema(out, files[kind]["peer"])
+
+
+def test_files_luce_wrote_before_matching_llamacpp_still_load(files, target, tmp_path):
+    """luce's earlier llama.cpp layout: dflash.vocab_size and dflash.mask_token_id, no tokenizer,
+    conv projections without `.weight`. Such files still load, to the same drafter."""
+    from fixtures.gguf_edit import U32, rewrite
+    from luce.converters.gguf_reader import GGUFFile
+
+    new = tmp_path / "new.gguf"
+    convert_checkpoint(files["dflash2"]["src"], new, ConvertOptions(layout="llama.cpp", target_model=target.gguf_path))
+    with GGUFFile.open(new) as gf:
+        tokenizer = [k for k in gf.kv if k.startswith("tokenizer.")]
+        projs = [n for n in gf.tensors if n.endswith("_conv_proj.weight")]
+        renamed = {n.removesuffix(".weight"): np.array(gf.tensor_array(n)) for n in projs}
+    assert len(projs) == 2 * ck.L
+    old = rewrite(new, tmp_path / "old.gguf", drop_kv=tokenizer, drop_tensors=projs, tensors=renamed,
+                  set_kv={"dflash.vocab_size": (ck.V, U32), "dflash.mask_token_id": (ck.MASK, U32)})
+    report = inspect_gguf(old, target.gguf_path)
+    assert report.valid and not report.findings, report.findings
+    feats = np.random.default_rng(13).standard_normal((5, len(ck.TAPS) * ck.H)).astype(np.float32)
+    block = [17] + [ck.MASK] * 7
+    with NativeDrafter(target.gguf_path, old) as a, NativeDrafter(target.gguf_path, new) as b:
+        assert a.info == b.info
+        np.testing.assert_array_equal(a.forward(feats, block), b.forward(feats, block))
