@@ -61,7 +61,7 @@ SUMMARY_ROWS = [("format", "Format"), ("layout", "Layout"), ("layers", "Layers")
                 ("block_size", "Block size"), ("target_layer_ids", "Target layers"),
                 ("mask_token_id", "Mask token"), ("heads", "Heads present"),
                 ("sample_from_anchor", "Sample from anchor"), ("yarn", "YaRN"),
-                ("sliding_window", "Sliding window"), ("tensor_types", "Tensor types"),
+                ("sliding_window", "Sliding window"), ("tokenizer", "Tokenizer"), ("tensor_types", "Tensor types"),
                 ("dropped", "Dropped tensors"), ("output_bytes", "Output size")]
 
 

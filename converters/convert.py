@@ -118,6 +118,8 @@ def plan_summary(plan: DraftPlan, out_size: int | None) -> dict:
         "yarn": (f"factor {c.yarn.factor:g}, original {c.yarn.original_context}" if c.yarn else None),
         "sliding_window": c.sliding_window, "tensor_types": plan.type_counts(),
         "n_tensors": len(plan.tensors), "dropped": plan.dropped, "output_bytes": out_size,
+        "tokenizer": (f"{plan.target_vocab.n_vocab} tokens from {plan.target_vocab.path}"
+                      if plan.target_vocab is not None else None),
     }
 
 
