@@ -114,6 +114,16 @@ UP_ROPE_BETA_FAST = Key(Keys.Rope.SCALING_YARN_BETA_FAST, VT.FLOAT32, meaning="Y
 UP_ROPE_BETA_SLOW = Key(Keys.Rope.SCALING_YARN_BETA_SLOW, VT.FLOAT32, meaning="YaRN beta_slow (default 1)")
 # Drafts of an M-RoPE target (qwen35) rope on the temporal section only: [d/2, 0, 0, 0].
 UP_ROPE_SECTIONS = Key(Keys.Rope.DIMENSION_SECTIONS, VT.ARRAY, VT.INT32, "[d/2, 0, 0, 0] for an M-RoPE target")
+# Upstream features that change the drafter's math and that luce does not implement (other model
+# families' drafters): `inspect` and `generate` refuse a file that uses them rather than draft
+# with other numbers than the checkpoint's.
+UP_VALUE_SCALE = _own("attention.value_scale", VT.FLOAT32, "attention value scale (refused)")
+UP_EMBEDDING_SCALE = Key(Keys.LLM.EMBEDDING_SCALE, VT.FLOAT32, meaning="input embedding scale (refused)")
+UP_HIDDEN_ACT = _own("hidden_activation", VT.STRING, "FFN activation: silu only (others refused)")
+UP_ROPE_DIMENSION_COUNT = Key(Keys.Rope.DIMENSION_COUNT, VT.UINT32,
+                              meaning="rotary dims: head_dim only (partial rotary refused)")
+UP_D2T = "d2t"      # tensor: reduced draft vocabulary -> target ids (refused)
+SILU = "silu"
 
 # The mask token of the llama.cpp layout (upstream writes it with the target's tokenizer); the
 # Lucebox loader also honours it in its own layout.

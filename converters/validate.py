@@ -254,6 +254,7 @@ def check_drafter(gf: GGUFFile, report: Report) -> DraftView:
     conv_k = _check_conv(k, report, view, a)
     _check_selector(k, report, view, a)
     _check_logit_transform(k, report, view, a)
+    _check_unsupported(k, report, view, a)
     dspark = _check_dspark(k, report, view, a)
     _summarise_drafter(gf, report, view, conv_k, dspark)
     return view
@@ -462,6 +463,24 @@ def _check_logit_transform(k: _Keys, report, v: DraftView, a) -> None:
             report.error("logit-scalar-range", f"{name}={value} must be finite and > 0")
             continue
         setattr(v, attr, value)
+
+
+def _check_unsupported(k: _Keys, report, v: DraftView, a) -> None:
+    """llama.cpp's converter writes these for drafters of other families (MiMo, Gemma, reduced-
+    vocabulary DSpark); luce's drafter does not compute them, so it refuses instead of drafting
+    with other numbers than the checkpoint's."""
+    S = schema
+    used = [key.at(a) for key in (S.UP_VALUE_SCALE, S.UP_EMBEDDING_SCALE) if key.at(a) in k.gf.kv]
+    act = k.str(S.UP_HIDDEN_ACT.at(a))
+    if act is not None and act != S.SILU:
+        used.append(f"{S.UP_HIDDEN_ACT.at(a)}={act}")
+    rot = k.int(S.UP_ROPE_DIMENSION_COUNT.at(a))
+    if rot is not None and v.head_dim and rot != v.head_dim:
+        used.append(f"{S.UP_ROPE_DIMENSION_COUNT.at(a)}={rot} (partial rotary, head_dim {v.head_dim})")
+    if S.UP_D2T in k.gf.tensors:
+        used.append(f"tensor {S.UP_D2T} (a reduced draft vocabulary)")
+    if used:
+        report.error("unsupported", "drafter uses what luce does not implement: " + ", ".join(used))
 
 
 def _check_dspark(k: _Keys, report, v: DraftView, a) -> dict | None:

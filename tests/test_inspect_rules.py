@@ -109,6 +109,14 @@ RULES = [
     ("dspark-metadata", "dspark_radixark", dict(set_kv={A + "dflash.dspark.markov_rank": (8, U32)}),
      "dspark-metadata", None),
     ("dspark-anchor", "dspark_radixark", dict(drop_kv=[A + "dflash.sample_from_anchor"]), None, "dspark-anchor"),
+    # what llama.cpp's converter writes for other families' drafters and luce does not compute
+    ("unsupported-value-scale", "zlab_dflash", dict(set_kv={A + "attention.value_scale": (0.5, F32)}),
+     "unsupported", None),
+    ("unsupported-embedding-scale", "zlab_dflash", dict(set_kv={A + "embedding_scale": (8.0, F32)}), "unsupported", None),
+    ("unsupported-activation", "zlab_dflash", dict(set_kv={A + "hidden_activation": ("gelu", STR)}), "unsupported", None),
+    ("unsupported-partial-rotary", "zlab_dflash", dict(set_kv={A + "rope.dimension_count": (8, U32)}),
+     "unsupported", None),
+    ("unsupported-d2t", "zlab_dflash", dict(tensors={"d2t": _z(256)}), "unsupported", None),
 ]
 
 
