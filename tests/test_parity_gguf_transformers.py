@@ -8,11 +8,11 @@ MTP block that must be skipped, per-layer head-count arrays, and every supported
 
 Tolerances, relative to the logit scale max|ref|:
   float weights (F32/F16/BF16): 1e-4 (the issue's bar; fp32 accumulation in a different order).
-  Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL and the 1-3-bit types (Q2_K, Q3_K, IQ1-IQ3): 1e-4 too (the scalar
-  reference multiplies fp32 activations); "mixed" holds all fourteen in one file.
+  Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL: 1e-4 too (the scalar reference multiplies fp32 activations).
   Q5_0/Q5_1, which transformers cannot read, are compared with an F32 copy of the same file,
   each tensor dequantized by gguf.quants (another oracle nobody here wrote).
-  8-bit-activation types (Q8_0, K, IQ4_XS): the quant kernels multiply int8-quantized activations
+  8-bit-activation types (Q8_0, K, IQ4_XS, the 1-3-bit Q2_K/Q3_K/IQ1-IQ3, and "mixed", which
+  holds those and the five above in one file): the quant kernels multiply int8-quantized activations
   (d = max|x|/127 per block, as llama.cpp does), ~0.4% relative error per matmul; through this
   contractive tiny network that is ~1.5% of the logit scale, so 4e-2 holds with margin while a
   layout or mapping bug (O(1) of the scale, see spec pitfall 2) cannot pass.
@@ -71,16 +71,16 @@ VARIANTS = {
     "iq4_nl": (dict(weight_type=Q.IQ4_NL), None, FLOAT_TOL),
     "q5_0": (dict(weight_type=Q.Q5_0), DEQUANTIZED, FLOAT_TOL),
     "q5_1": (dict(weight_type=Q.Q5_1), DEQUANTIZED, FLOAT_TOL),
-    "q2_K": (dict(config=K_QUANT_TINY, weight_type=Q.Q2_K), None, FLOAT_TOL),
-    "q3_K": (dict(config=K_QUANT_TINY, weight_type=Q.Q3_K), None, FLOAT_TOL),
-    "iq2_xxs": (dict(config=K_QUANT_TINY, weight_type=Q.IQ2_XXS), None, FLOAT_TOL),
-    "iq2_xs": (dict(config=K_QUANT_TINY, weight_type=Q.IQ2_XS), None, FLOAT_TOL),
-    "iq2_s": (dict(config=K_QUANT_TINY, weight_type=Q.IQ2_S), None, FLOAT_TOL),
-    "iq3_xxs": (dict(config=K_QUANT_TINY, weight_type=Q.IQ3_XXS), None, FLOAT_TOL),
-    "iq3_s": (dict(config=K_QUANT_TINY, weight_type=Q.IQ3_S), None, FLOAT_TOL),
-    "iq1_s": (dict(config=K_QUANT_TINY, weight_type=Q.IQ1_S), None, FLOAT_TOL),
-    "iq1_m": (dict(config=K_QUANT_TINY, weight_type=Q.IQ1_M), None, FLOAT_TOL),
-    "mixed": (dict(config=K_QUANT_TINY, weight_type=mixed_type), DEQUANTIZED, FLOAT_TOL),
+    "q2_K": (dict(config=K_QUANT_TINY, weight_type=Q.Q2_K), None, QUANT_TOL),
+    "q3_K": (dict(config=K_QUANT_TINY, weight_type=Q.Q3_K), None, QUANT_TOL),
+    "iq2_xxs": (dict(config=K_QUANT_TINY, weight_type=Q.IQ2_XXS), None, QUANT_TOL),
+    "iq2_xs": (dict(config=K_QUANT_TINY, weight_type=Q.IQ2_XS), None, QUANT_TOL),
+    "iq2_s": (dict(config=K_QUANT_TINY, weight_type=Q.IQ2_S), None, QUANT_TOL),
+    "iq3_xxs": (dict(config=K_QUANT_TINY, weight_type=Q.IQ3_XXS), None, QUANT_TOL),
+    "iq3_s": (dict(config=K_QUANT_TINY, weight_type=Q.IQ3_S), None, QUANT_TOL),
+    "iq1_s": (dict(config=K_QUANT_TINY, weight_type=Q.IQ1_S), None, QUANT_TOL),
+    "iq1_m": (dict(config=K_QUANT_TINY, weight_type=Q.IQ1_M), None, QUANT_TOL),
+    "mixed": (dict(config=K_QUANT_TINY, weight_type=mixed_type), DEQUANTIZED, QUANT_TOL),
 }
 
 
@@ -144,10 +144,14 @@ def test_prefill_and_decode_logits(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["f32", "mixed"])
-def test_greedy_generation_matches_transformers(tmp_path, name):
+def test_greedy_generation_matches_transformers(tmp_path, name, monkeypatch):
     """64 greedy tokens equal transformers' generate() on the same GGUF. EOS is an ordinary token
     on both sides (luce: ignore_eos; transformers: no eos_token_id; its min_new_tokens would
-    instead mask EOS out of the argmax)."""
+    instead mask EOS out of the argmax). The mixed file runs luce's exact kernels (fp32
+    activations, LUCE_CPU_KERNELS=exact), as transformers computes: the int8-activation path
+    is held to the logits tolerance above, not to bit-equal argmaxes."""
+    if name == "mixed":
+        monkeypatch.setenv("LUCE_CPU_KERNELS", "exact")
     native_kw, ref_kw, _ = VARIANTS[name]
     path = write_random_qwen35(tmp_path / "g.gguf", seed=5, **native_kw)
     hf = _hf_from_gguf(_dequantized_copy(path, tmp_path / "g_ref.gguf") if ref_kw == DEQUANTIZED else path)

@@ -27,12 +27,12 @@ from luce.errors import LuceError
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import synthetic_qwen35 as synth  # noqa: E402
 
-# The 32-element legacy types, IQ4_NL and the 1-3-bit types run the scalar reference with fp32
-# activations (no int8 kernel yet).
+# The 32-element legacy types and IQ4_NL run the scalar reference with fp32 activations (no int8
+# kernel yet); the 1-3-bit types a scalar kernel over int8 activations (quants.cpp, matmul_rows_lowbit).
 BLOCK32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL]
 LOWBIT = [T.Q2_K, T.Q3_K, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]
 SUPPORTED = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS] + BLOCK32 + LOWBIT
-QUANTIZED = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
+QUANTIZED = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS] + LOWBIT  # over int8 activations
 # libgguf reproduces llama.cpp's quantizers for these (gguf-py cannot quantize them).
 LIBGGUF_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.IQ4_NL] + LOWBIT
 

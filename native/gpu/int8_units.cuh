@@ -131,9 +131,14 @@ struct alignas(16) Unit {  // 16-aligned: copied to shared memory as three 16-by
 // Q8_0 fields are only 2-byte aligned (34-byte blocks): they are fetched as the 4-byte-aligned
 // words around them and shifted into place by decode_unit (`shift` 0 or 16). (Q6_K's 210-byte
 // blocks are rearranged at upload so that its units are word-aligned: quant_blocks.cuh.)
-template <int TYPE>
+template <int TYPE, bool LOWBIT = is_lowbit_type(TYPE)>
 struct RawUnit {  // Q8_0: f16 d; i8 qs[32]
     uint32_t w[9], shift;
+};
+template <int TYPE>
+struct RawUnit<TYPE, true> {  // the 1-3-bit types: their block and the unit in it, read by decode_unit
+    const uint8_t *block;
+    int j;
 };
 template <>
 struct RawUnit<GGML_Q4_K> {  // f16 d, f16 dmin, u8 scales[12]; the 32 bytes of nibbles holding the unit
@@ -235,6 +240,10 @@ __device__ __forceinline__ void fetch_group_unit(const uint8_t *g, int j, RawUni
         const uint2 *q2 = reinterpret_cast<const uint2 *>(g + 8 + 16 * j);  // 8-byte aligned: 8-byte loads
         r.head = *reinterpret_cast<const uint2 *>(g);
         r.lo = q2[0], r.hi = q2[1];
+    } else if constexpr (is_lowbit_type(TYPE)) {
+        // Blocks of 50-110 bytes, mostly only 2-byte aligned: decode_unit reads the bytes it needs
+        // (quants_lowbit.h). No loads in flight ahead of the decode, unlike the types above.
+        r.block = g, r.j = j;
     }
 }
 
@@ -281,6 +290,19 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
         un.s.sc0 = int8_t(r.sc & 0xFF);
         un.s.sc1 = int8_t(r.sc >> 8);
         un.s.d = f16_bits(r.d);
+    } else if constexpr (is_lowbit_type(TYPE)) {
+        // Integer q and scales (quants_lowbit.h, lowbit_unit_int). sc0 / sc1: the halves' scales,
+        // each with its min (Q2_K, 4 bits) in bits 8-11.
+        LowbitIntUnit li;
+        lowbit_unit_int<TYPE, DeviceHalf>(r.block, r.j, li);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            un.q[i] = uint32_t(uint8_t(li.q[4 * i])) | uint32_t(uint8_t(li.q[4 * i + 1])) << 8 |
+                      uint32_t(uint8_t(li.q[4 * i + 2])) << 16 | uint32_t(uint8_t(li.q[4 * i + 3])) << 24;
+        un.s.d = li.d;
+        un.s.dmin = li.dmin;
+        un.s.sc0 = li.scale[0] + li.min[0] * 256;
+        un.s.sc1 = li.scale[1] + li.min[1] * 256;
     } else if constexpr (TYPE == GGML_IQ4_XS) {
         // Sub-block ib, GPU layout (repack_weights): element 2m = low nibble of qs[16ib + m],
         // element 2m + 1 = its high nibble; scale d * (ls - 32), ls = 4 bits of scales_l | 2 bits
@@ -291,6 +313,15 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
         for (int i = 0; i < 4; ++i) lookup8(cb, qs[i], un.q[2 * i], un.q[2 * i + 1]);
     }
 }
+
+// The types whose units subtract a min times the activations' sum (d sc q - dmin m).
+__host__ __device__ constexpr bool has_min(int type) {
+    return type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q2_K;
+}
+
+// The types whose unit's two 16-element halves carry scales of their own: their integer dots are
+// kept apart (mma_unit).
+__host__ __device__ constexpr bool half_scales(int type) { return type == GGML_Q6_K || lowbit_half_scales(type); }
 
 // acc += (this unit . token's quantized activations) from the unit's exact integer dots over its
 // two 16-element halves (lo, hi), in one fixed order of fp32 operations, given the products of
@@ -307,6 +338,11 @@ __device__ __forceinline__ float apply_scaled_dots(const UnitScales &us, float s
         return fmaf(sd, float(lo + hi), acc);
     } else if constexpr (TYPE == GGML_IQ4_XS) {
         return fmaf(sd, float(us.sc0 * (lo + hi)), acc);
+    } else if constexpr (TYPE == GGML_Q2_K) {  // d (sc q . x) - dmin (m sum x), per half
+        acc = fmaf(sd, float((us.sc0 & 0xFF) * lo + (us.sc1 & 0xFF) * hi), acc);
+        return fmaf(-smin, float((us.sc0 >> 8) * sum_lo + (us.sc1 >> 8) * sum_hi), acc);
+    } else if constexpr (is_lowbit_type(TYPE)) {  // d (scale q . x), per half (lowbit_unit_int)
+        return fmaf(sd, float(us.sc0 * lo + us.sc1 * hi), acc);
     } else {  // Q4_K / Q5_K: d sc (q . x) - dmin m (sum x)
         acc = fmaf(sd, float(us.sc0 * (lo + hi)), acc);
         return fmaf(-smin, float(us.sc1 * (sum_lo + sum_hi)), acc);
@@ -317,8 +353,7 @@ __device__ __forceinline__ float apply_scaled_dots(const UnitScales &us, float s
 template <int TYPE>
 __device__ __forceinline__ float apply_dots(const UnitScales &us, int lo, int hi, float dx, int sum_lo, int sum_hi,
                                             float acc) {
-    const bool has_min = TYPE == GGML_Q4_K || TYPE == GGML_Q5_K;
-    return apply_scaled_dots<TYPE>(us, us.d * dx, has_min ? us.dmin * dx : 0.f, lo, hi, sum_lo, sum_hi, acc);
+    return apply_scaled_dots<TYPE>(us, us.d * dx, has_min(TYPE) ? us.dmin * dx : 0.f, lo, hi, sum_lo, sum_hi, acc);
 }
 
 // The summation order of one (row, token) output, fixed by the row's length alone. The row's

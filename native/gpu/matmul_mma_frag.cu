@@ -56,10 +56,9 @@ struct WarpStage {
     UnitScales s[WARP_SLOTS][16];  // unit-major: the 16 lanes storing one unit write 256 contiguous bytes
 };
 
-// Q6_K and the K-quants apply the activations' 16-sums (their zero points); Q8_0 and IQ4_XS do not.
-__host__ __device__ constexpr bool uses_sums(int type) {
-    return type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K;
-}
+// Q6_K and the K-quants apply the activations' 16-sums (their zero points or mins); Q8_0, IQ4_XS
+// and the other 1-3-bit types do not.
+__host__ __device__ constexpr bool uses_sums(int type) { return has_min(type) || type == GGML_Q6_K; }
 // The 256-element types: a group is one weight block and one activation block, so a group's
 // units share d (and dmin) and dx, and every group of a row is whole.
 __host__ __device__ constexpr bool group_is_block(int type) { return block_elems(type) == 256; }
@@ -169,14 +168,14 @@ struct TokenScales {
 template <int TYPE, int NTILES>
 __device__ __forceinline__ void token_scales(const UnitScales &a, const UnitScales &b, const float (&dx)[NTILES][2],
                                              TokenScales<NTILES> &ts) {
-    constexpr bool has_min = TYPE == GGML_Q4_K || TYPE == GGML_Q5_K;
+    constexpr bool with_min = has_min(TYPE);
 #pragma unroll
     for (int j = 0; j < NTILES; ++j)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const UnitScales &s = c < 2 ? a : b;
             ts.d[j][c] = s.d * dx[j][c % 2];
-            ts.dmin[j][c] = has_min ? s.dmin * dx[j][c % 2] : 0.f;
+            ts.dmin[j][c] = with_min ? s.dmin * dx[j][c % 2] : 0.f;
         }
 }
 

@@ -64,12 +64,12 @@ __device__ __forceinline__ void mma_k16(uint32_t a0, uint32_t a1, uint32_t b0, i
 
 // The integer dots of one unit for 16 rows x 8 tokens: A = the rows' fragment words (a0, a1:
 // elements 4 tq.. of rows g, g + 8; a2, a3: elements 16 + 4 tq..), B = the token's (b0, b1).
-// Q6_K keeps each 16-element half's dot apart (lo, hi) for its two sub-scales; the other types
-// leave hi at zero.
+// Q6_K and the 1-3-bit types with a scale per half (half_scales) keep each 16-element half's dot
+// apart (lo, hi); the other types leave hi at zero.
 template <int TYPE>
 __device__ __forceinline__ void mma_unit(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
                                          int (&lo)[4], int (&hi)[4]) {
-    if constexpr (TYPE == GGML_Q6_K) {
+    if constexpr (int8_units::half_scales(TYPE)) {
         mma_k16(a0, a1, b0, lo);
         mma_k16(a2, a3, b1, hi);
     } else {

@@ -74,11 +74,11 @@ __host__ __device__ constexpr int block_bytes(int type) {
 }
 
 // Activation block of the int8 path for weights of `type` (quants.cpp's act_block): 0 for float
-// weights, for the 32-element types other than Q8_0 (Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL) and for the
-// 1-3-bit types, which have no int8 kernel yet: they keep fp32 activations and the exact kernel.
+// weights and for the 32-element types other than Q8_0 (Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL), which have
+// no int8 kernel yet: they keep fp32 activations and the exact kernel.
 __host__ __device__ constexpr int act_block_of(int type) {
     return type == GGML_Q8_0 ? 32 : (type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K ||
-                                     type == GGML_IQ4_XS) ? 256 : 0;
+                                     type == GGML_IQ4_XS || is_lowbit_type(type)) ? 256 : 0;
 }
 
 // IEEE binary16 -> binary32: the hardware conversion, exact for every input (one instruction;

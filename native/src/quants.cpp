@@ -343,7 +343,7 @@ int64_t act_block(int32_t type) {
     switch (type) {
         case GGML_Q8_0: return 32;
         case GGML_Q4_K: case GGML_Q5_K: case GGML_Q6_K: case GGML_IQ4_XS: return 256;
-        default: return 0;
+        default: return is_lowbit_type(type) ? 256 : 0;
     }
 }
 
@@ -416,6 +416,48 @@ static void matmul_rows_q8_acts(int32_t type, const void *w, int64_t n_cols, int
     matmul_rows_reference(type, w, n_cols, row_begin, row_end, xq.data(), n_tok, y, ldy);
 }
 
+// The 1-3-bit types over int8 activations, one unit at a time (scalar): the unit as integers
+// (quants_lowbit.h, lowbit_unit_int), exact integer dots per 16-element half, then one fp32
+// formula, the same as the GPU's int8 kernels apply (native/gpu/int8_units.cuh).
+template <int TYPE>
+static void matmul_rows_lowbit(const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end, const float *x,
+                               int64_t n_tok, float *y, int64_t ldy) {
+    const QuantizedActs a = quantize_acts(x, n_cols, n_tok, 256);
+    const int64_t n_blocks = n_cols / 256, rb = row_bytes(TYPE, n_cols);
+    for (int64_t r = row_begin; r < row_end; ++r) {
+        const uint8_t *row = static_cast<const uint8_t *>(w) + r * rb;
+        for (int64_t t = 0; t < n_tok; ++t) y[t * ldy + r] = 0.0f;
+        for (int64_t b = 0; b < n_blocks; ++b)
+            for (int j = 0; j < 8; ++j) {
+                LowbitIntUnit u;
+                lowbit_unit_int<TYPE, HostHalf>(row + b * lowbit_block_bytes(TYPE), j, u);
+                const int64_t c0 = 256 * b + 32 * j;
+                for (int64_t t = 0; t < n_tok; ++t) {
+                    const int8_t *xq = a.q + t * a.q_stride + c0;
+                    const int16_t *sums = a.sums16 + t * a.s_stride + c0 / 16;
+                    int lo = 0, hi = 0;
+                    for (int i = 0; i < 16; ++i) lo += u.q[i] * xq[i], hi += u.q[16 + i] * xq[16 + i];
+                    const float dx = a.d[t * n_blocks + b];
+                    float acc = y[t * ldy + r];
+                    acc = std::fma(u.d * dx, float(u.scale[0] * lo + u.scale[1] * hi), acc);
+                    y[t * ldy + r] = std::fma(-(u.dmin * dx), float(u.min[0] * sums[0] + u.min[1] * sums[1]), acc);
+                }
+            }
+    }
+}
+
+static bool matmul_rows_lowbit_any(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
+                                   const float *x, int64_t n_tok, float *y, int64_t ldy) {
+    switch (type) {
+#define LUCE_LOWBIT_CASE(T) case T: matmul_rows_lowbit<T>(w, n_cols, row_begin, row_end, x, n_tok, y, ldy); return true;
+        LUCE_LOWBIT_CASE(GGML_Q2_K) LUCE_LOWBIT_CASE(GGML_Q3_K) LUCE_LOWBIT_CASE(GGML_IQ2_XXS)
+        LUCE_LOWBIT_CASE(GGML_IQ2_XS) LUCE_LOWBIT_CASE(GGML_IQ2_S) LUCE_LOWBIT_CASE(GGML_IQ3_XXS)
+        LUCE_LOWBIT_CASE(GGML_IQ3_S) LUCE_LOWBIT_CASE(GGML_IQ1_S) LUCE_LOWBIT_CASE(GGML_IQ1_M)
+#undef LUCE_LOWBIT_CASE
+        default: return false;
+    }
+}
+
 // LUCE_CPU_KERNELS=exact: fp32 activations for every type (no int8 rounding of the activations):
 // the reference another backend is compared against when a difference must be attributed.
 // Slow; for checks, not for use.
@@ -428,6 +470,7 @@ void matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
                  const float *x, int64_t n_tok, float *y, int64_t ldy) {
     if (exact_requested()) return matmul_rows_reference(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);
     if (matmul_rows_simd(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy)) return;
+    if (matmul_rows_lowbit_any(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy)) return;
     if (act_block(type) != 0)
         matmul_rows_q8_acts(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);
     else

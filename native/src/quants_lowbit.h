@@ -210,4 +210,154 @@ LUCE_HOST_DEVICE inline void lowbit_unit(const uint8_t *block, int j, float *w) 
     else if constexpr (TYPE == GGML_IQ1_M) lowbit::iq1_m<Half>(block, j, w);
 }
 
+// ---- the same units as integers, for the int8-activation kernels ------------------------------
+//
+// Element i of the unit = d * scale[i / 16] * q[i] - dmin * min[i / 16], with q int8 and the
+// scales small integers, so a kernel forms exact integer dots of q with int8 activations per
+// 16-element half and applies the float factors once. Every type fits: the IQ scales
+// d (0.5 + s) / 4 and d (0.5 + s) / 2 are d / 8 and d / 4 times the odd integer 2s + 1 (exact:
+// d is an f16 and the factors powers of two); IQ1's grid value g plus delta +-1/8 is (8g +- 1)/8.
+// The products differ from gguf-py's float order only by fp32 rounding (the fast path's
+// contract: its results are held to float64 oracles, not to the scalar reference's bits).
+struct LowbitIntUnit {
+    int8_t q[32];
+    float d, dmin;   // dmin: Q2_K only (0 elsewhere)
+    int scale[2];    // per 16-element half
+    int min[2];      // Q2_K only
+};
+
+namespace lowbit {
+
+template <class Half>
+LUCE_HOST_DEVICE inline void q2_k_int(const uint8_t *b, int j, LowbitIntUnit &u) {
+    u.d = Half::of(u16_at(b + 80)), u.dmin = Half::of(u16_at(b + 82));
+    const uint8_t *qs = b + 16 + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    for (int h = 0; h < 2; ++h) u.scale[h] = b[2 * j + h] & 0xF, u.min[h] = b[2 * j + h] >> 4;
+    for (int l = 0; l < 32; ++l) u.q[l] = int8_t((qs[l] >> shift) & 3);
+}
+
+template <class Half>
+LUCE_HOST_DEVICE inline void q3_k_int(const uint8_t *b, int j, LowbitIntUnit &u) {
+    u.d = Half::of(u16_at(b + 108));
+    const uint8_t *hmask = b, *qs = b + 32 + 32 * (j / 4), *sc = b + 96;
+    const int shift = 2 * (j % 4);
+    for (int h = 0; h < 2; ++h) {
+        const int i = 2 * j + h;
+        const int lo = i < 8 ? sc[i] & 0xF : sc[i - 8] >> 4, hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+        u.scale[h] = (lo | hi << 4) - 32;
+    }
+    for (int l = 0; l < 32; ++l) u.q[l] = int8_t(((qs[l] >> shift) & 3) - ((hmask[l] >> j) & 1 ? 0 : 4));
+}
+
+// Eight grid magnitudes (bytes of `entry`) with their signs (bit e of `signs` set: negative).
+LUCE_HOST_DEVICE inline void signed_bytes8(uint64_t entry, int signs, int8_t *q) {
+    for (int e = 0; e < 8; ++e) q[e] = int8_t((signs >> e) & 1 ? -byte_k(entry, e) : byte_k(entry, e));
+}
+
+template <class Half>
+LUCE_HOST_DEVICE inline void iq2_xxs_int(const uint8_t *b, int j, LowbitIntUnit &u) {
+    u.d = Half::of(u16_at(b)) * 0.125f;
+    const uint32_t grid = u32_at(b + 2 + 8 * j), aux = u32_at(b + 6 + 8 * j);
+    u.scale[0] = u.scale[1] = 2 * int(aux >> 28) + 1;
+    for (int k = 0; k < 4; ++k)
+        signed_bytes8(kIq2xxsGrid[(grid >> (8 * k)) & 0xFF], kIq2Signs[(aux >> (7 * k)) & 127], u.q + 8 * k);
+}
+
+template <class Half>
+LUCE_HOST_DEVICE inline void iq2_xs_int(const uint8_t *b, int j, LowbitIntUnit &u) {
+    u.d = Half::of(u16_at(b)) * 0.125f;
+    for (int h = 0; h < 2; ++h) u.scale[h] = 2 * ((b[66 + j] >> (4 * h)) & 0xF) + 1;
+    for (int k = 0; k < 4; ++k) {
+        const uint32_t v = u16_at(b + 2 + 2 * (4 * j + k));
+        signed_bytes8(kIq2xsGrid[v & 511], kIq2Signs[v >> 9], u.q + 8 * k);
+    }
+}
+
+template <class Half>
+LUCE_HOST_DEVICE inline void iq2_s_int(const uint8_t *b, int j, LowbitIntUnit &u) {
+    u.d = Half::of(u16_at(b)) * 0.125f;
+    for (int h = 0; h < 2; ++h) u.scale[h] = 2 * ((b[74 + j] >> (4 * h)) & 0xF) + 1;
+    for (int k = 0; k < 4; ++k) {
+        const int idx = b[2 + 4 * j + k] | ((b[66 + j] >> (2 * k)) & 3) << 8;
+        signed_bytes8(kIq2sGrid[idx], b[34 + 4 * j + k], u.q + 8 * k);
+    }
+}
+
+template <class Half>
+LUCE_HOST_DEVICE inline void iq3_xxs_int(const uint8_t *b, int j, LowbitIntUnit &u) {
+    u.d = Half::of(u16_at(b)) * 0.25f;
+    const uint32_t aux = u32_at(b + 66 + 4 * j);
+    u.scale[0] = u.scale[1] = 2 * int(aux >> 28) + 1;
+    for (int k = 0; k < 8; ++k) {
+        const uint32_t entry = kIq3xxsGrid[b[2 + 8 * j + k]];
+        const int signs = kIq2Signs[(aux >> (7 * (k / 2))) & 127] >> (4 * (k % 2));
+        for (int e = 0; e < 4; ++e) u.q[4 * k + e] = int8_t((signs >> e) & 1 ? -byte_k(entry, e) : byte_k(entry, e));
+    }
+}
+
+template <class Half>
+LUCE_HOST_DEVICE inline void iq3_s_int(const uint8_t *b, int j, LowbitIntUnit &u) {
+    u.d = Half::of(u16_at(b));
+    u.scale[0] = u.scale[1] = 1 + 2 * ((b[106 + j / 2] >> (4 * (j % 2))) & 0xF);
+    for (int k = 0; k < 8; ++k) {
+        const uint32_t entry = kIq3sGrid[b[2 + 8 * j + k] | ((b[66 + j] >> k) & 1) << 8];
+        const int signs = b[74 + 4 * j + k / 2] >> (4 * (k % 2));
+        for (int e = 0; e < 4; ++e) u.q[4 * k + e] = int8_t((signs >> e) & 1 ? -byte_k(entry, e) : byte_k(entry, e));
+    }
+}
+
+// IQ1: 8 g + 1 for delta +1/8, 8 g - 1 for -1/8 (g = -1, 0, 1: |q| <= 9).
+LUCE_HOST_DEVICE inline void iq1_bytes8(uint64_t entry, bool negative_delta, int8_t *q) {
+    for (int e = 0; e < 8; ++e) q[e] = int8_t(8 * int(int8_t(byte_k(entry, e))) + (negative_delta ? -1 : 1));
+}
+
+template <class Half>
+LUCE_HOST_DEVICE inline void iq1_s_int(const uint8_t *b, int j, LowbitIntUnit &u) {
+    u.d = Half::of(u16_at(b)) * 0.125f;
+    const uint32_t qh = u16_at(b + 34 + 2 * j);
+    u.scale[0] = u.scale[1] = 2 * int((qh >> 12) & 7) + 1;
+    for (int k = 0; k < 4; ++k)
+        iq1_bytes8(kIq1sGrid[b[2 + 4 * j + k] | ((qh >> (3 * k)) & 7) << 8], qh & 0x8000, u.q + 8 * k);
+}
+
+template <class Half>
+LUCE_HOST_DEVICE inline void iq1_m_int(const uint8_t *b, int j, LowbitIntUnit &u) {
+    const uint8_t *qs = b, *qh = b + 32, *sc = b + 48;
+    const uint32_t s0 = u16_at(sc), s1 = u16_at(sc + 2), s2 = u16_at(sc + 4), s3 = u16_at(sc + 6);
+    u.d = Half::of((s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000)) * 0.125f;
+    for (int h = 0; h < 2; ++h) {
+        const int g = 2 * j + h;
+        u.scale[h] = 2 * int((u16_at(sc + 2 * (g / 4)) >> (3 * (g % 4))) & 7) + 1;
+    }
+    for (int k = 0; k < 4; ++k) {
+        const int entry_no = 4 * j + k, h = qh[entry_no / 2] >> (4 * (entry_no % 2));
+        iq1_bytes8(kIq1sGrid[qs[entry_no] | (h & 7) << 8], h & 8, u.q + 8 * k);
+    }
+}
+
+}  // namespace lowbit
+
+// Unit j (0..7) of one 256-element block of TYPE, as integers (LowbitIntUnit).
+template <int TYPE, class Half>
+LUCE_HOST_DEVICE inline void lowbit_unit_int(const uint8_t *block, int j, LowbitIntUnit &u) {
+    u.dmin = 0.0f;
+    u.min[0] = u.min[1] = 0;
+    if constexpr (TYPE == GGML_Q2_K) lowbit::q2_k_int<Half>(block, j, u);
+    else if constexpr (TYPE == GGML_Q3_K) lowbit::q3_k_int<Half>(block, j, u);
+    else if constexpr (TYPE == GGML_IQ2_XXS) lowbit::iq2_xxs_int<Half>(block, j, u);
+    else if constexpr (TYPE == GGML_IQ2_XS) lowbit::iq2_xs_int<Half>(block, j, u);
+    else if constexpr (TYPE == GGML_IQ2_S) lowbit::iq2_s_int<Half>(block, j, u);
+    else if constexpr (TYPE == GGML_IQ3_XXS) lowbit::iq3_xxs_int<Half>(block, j, u);
+    else if constexpr (TYPE == GGML_IQ3_S) lowbit::iq3_s_int<Half>(block, j, u);
+    else if constexpr (TYPE == GGML_IQ1_S) lowbit::iq1_s_int<Half>(block, j, u);
+    else if constexpr (TYPE == GGML_IQ1_M) lowbit::iq1_m_int<Half>(block, j, u);
+}
+
+// The types whose two 16-element halves of a unit have scales of their own, and those with a
+// min (whose kernels need the activations' 16-sums).
+LUCE_HOST_DEVICE constexpr bool lowbit_half_scales(int type) {
+    return type == GGML_Q2_K || type == GGML_Q3_K || type == GGML_IQ2_XS || type == GGML_IQ2_S || type == GGML_IQ1_M;
+}
+
 }  // namespace luce
