@@ -200,6 +200,8 @@ class DraftView:
     markov_vocab: int | None = None
     output_multiplier: float | None = None
     final_logit_softcapping: float | None = None
+    sliding: list[bool] | None = None      # per layer: keeps only the last W context keys
+    causal: bool | None = None             # attention.causal as stored (None: absent)
 
 
 def _find_tensors(gf: GGUFFile, n_layer: int | None):
@@ -352,8 +354,10 @@ def _check_swa(k: _Keys, report, v: DraftView, a) -> None:
     S = schema
     pattern = k.array(S.SLIDING_WINDOW_PATTERN.at(a), (GGUFValueType.BOOL,))
     window = k.int(S.SLIDING_WINDOW.at(a))
+    v.causal = k.bool(S.CAUSAL.at(a))
     if pattern is None:
         return
+    v.sliding = pattern
     if v.n_layer is not None and len(pattern) != v.n_layer:
         report.error("swa-pattern-length", f"sliding_window_pattern has {len(pattern)} entries but block_count "
                                            f"is {v.n_layer}")
@@ -544,10 +548,23 @@ def _summarise_drafter(gf: GGUFFile, report, v: DraftView, conv_k: int, dspark) 
         "yarn": ({"factor": factor, "original_context": gf.kv.get(S.ROPE_SCALING_ORIG_CTX.at(a))}
                  if factor is not None else None),
         "sliding_window": gf.kv.get(S.SLIDING_WINDOW.at(a)),
+        "in_block_causal": _in_block_causal(v),
         "sample_from_anchor": (dspark or {}).get("sample_from_anchor"),
         "output_multiplier": v.output_multiplier, "final_logit_softcapping": v.final_logit_softcapping,
         "tensor_types": _type_histogram(gf), "n_tensors": len(gf.tensors),
     })
+
+
+def _in_block_causal(v: DraftView) -> list[bool] | None:
+    """Per layer: slot j sees block slots 0..j only. The native loader's rule (drafter_load.cpp):
+    without attention.causal a pattern's sliding layers are causal; with it, attention.causal
+    applies to the sliding layers (to every layer when there is no pattern)."""
+    if v.n_layer is None or v.n_layer > schema.MAX_LAYERS:
+        return None
+    sliding = v.sliding if v.sliding is not None and len(v.sliding) == v.n_layer else None
+    if v.causal is None:
+        return list(sliding) if sliding is not None else [False] * v.n_layer
+    return [v.causal and (sliding is None or s) for s in (sliding or [True] * v.n_layer)]
 
 
 def _type_histogram(gf: GGUFFile) -> dict[str, int]:

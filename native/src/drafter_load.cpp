@@ -210,8 +210,9 @@ void read_hparams(const Reader &r, DrafterHparams &hp) {
     const char *anchor = r.first({K_ANCHOR[0], K_ANCHOR[1]});
     hp.sample_from_anchor = anchor && r.get_bool(r.key(anchor), false);
 
-    // Sliding layers restrict context keys to a window and are in-block causal (the converter
-    // writes the pattern only when the checkpoint does not say is_causal: false; spec §1.5).
+    // A layer's window and its in-block direction are separate facts (spec drafters.md §1.5):
+    // sliding layers keep only the last W context keys whatever their direction. Files without
+    // attention.causal read a pattern as "sliding = causal" (Lucebox's meaning).
     hp.sliding.assign(size_t(hp.n_layer), false);
     if (r.f.has(r.key(K_SWA_PATTERN))) {
         hp.sliding = r.f.get_bool_array(r.key(K_SWA_PATTERN), hp.n_layer);
