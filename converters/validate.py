@@ -12,9 +12,9 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from gguf.constants import GGMLQuantizationType, Keys, MODEL_TENSOR, TENSOR_NAMES
+from gguf.constants import Keys, MODEL_TENSOR, TENSOR_NAMES
 
-from luce.converters import schema
+from luce.converters import schema, target_rules
 from luce.converters.gguf_reader import FLOAT_TYPES, INTEGER_TYPES, GGUFFile, GGUFValueType
 from luce.converters.schema import ROLE
 
@@ -22,11 +22,6 @@ ERROR, WARNING = "error", "warning"
 # Frozen copies of the target's embedding / head that some drafters ship (llama.cpp keeps them).
 OWN_EMBEDDING_TENSORS = tuple(TENSOR_NAMES[t] + ".weight" for t in (MODEL_TENSOR.TOKEN_EMBD, MODEL_TENSOR.OUTPUT))
 TARGET_ARCHS = (schema.TARGET_ARCH,)
-# Weight formats the runtime loads (DESIGN.md §4); anything else is refused at load.
-SUPPORTED_TARGET_TYPES = frozenset(GGMLQuantizationType[n] for n in
-                                   ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
-                                    "Q4_K", "Q5_K", "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",
-                                    "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS"))
 
 
 @dataclass
@@ -573,53 +568,43 @@ def _type_histogram(gf: GGUFFile) -> dict[str, int]:
 
 # ---- qwen35 target ---------------------------------------------------------------------------
 
-def _tk(template: str) -> str:
-    return template.format(arch=schema.TARGET_ARCH)
-
-
 def check_target(gf: GGUFFile, report: Report) -> None:
-    k, L, A, T = _Keys(gf, report), Keys.LLM, Keys.Attention, Keys.Tokenizer
-    n_layer = k.int(_tk(L.BLOCK_COUNT))
-    if n_layer is None:
-        report.error("hparam-missing", f"{_tk(L.BLOCK_COUNT)} is missing")
-    elif not 1 <= n_layer <= schema.MAX_LAYERS:
-        report.error("hparam-range", f"{_tk(L.BLOCK_COUNT)}={n_layer} is outside 1..{schema.MAX_LAYERS}")
-        n_layer = None
-    nextn = k.int(_tk(L.NEXTN_PREDICT_LAYERS)) or 0
-    hidden = k.int(_tk(L.EMBEDDING_LENGTH))
-    values = {}
-    for key in (L.FEED_FORWARD_LENGTH, A.HEAD_COUNT, A.HEAD_COUNT_KV):
-        values[key] = k.int_or_layer_array(_tk(key), n_layer)
-    head_dim = k.int(_tk(A.KEY_LENGTH))
-    for name, value in [(_tk(L.EMBEDDING_LENGTH), hidden), (_tk(A.KEY_LENGTH), head_dim),
-                        (_tk(L.FEED_FORWARD_LENGTH), values[L.FEED_FORWARD_LENGTH])]:
-        if value is None and name not in gf.kv:
-            report.error("hparam-missing", f"{name} is missing")
-        elif isinstance(value, int) and not 1 <= value <= schema.MAX_FF:
-            report.error("hparam-range", f"{name}={value} is outside 1..{schema.MAX_FF}")
-    for key in (A.HEAD_COUNT, A.HEAD_COUNT_KV):
-        if values[key] is None and _tk(key) not in gf.kv:
-            report.error("hparam-missing", f"{_tk(key)} is missing")
-    _check_target_heads(report, values[A.HEAD_COUNT], values[A.HEAD_COUNT_KV], n_layer, nextn,
-                        k.int(_tk(L.FULL_ATTENTION_INTERVAL)) or 4)
-    if n_layer is not None:
-        attn_norm = TENSOR_NAMES[MODEL_TENSOR.ATTN_NORM] + ".weight"
-        missing = [i for i in range(n_layer) if attn_norm.format(bid=i) not in gf.tensors]
-        if missing:
-            report.error("tensor-missing", f"block_count is {n_layer} but layer {missing[0]} has no tensors "
-                                           f"({len(missing)} layers missing)")
-    hist = _type_histogram(gf)
-    unsupported = {n: c for n, c in hist.items() if GGMLQuantizationType[n] not in SUPPORTED_TARGET_TYPES}
-    if unsupported:
-        report.error("tensor-type", f"unsupported weight types {unsupported}; supported: "
-                                    f"{', '.join(sorted(t.name for t in SUPPORTED_TARGET_TYPES))}")
-    vocab = _target_vocab(gf, report)
+    """The rules of converters/target_rules.py, which are the native loader's (same order, same
+    message: the first refusal is the reason `luce generate` would give), then the tokenizer's."""
+    hp, vocab = None, None
+    try:
+        hp, vocab = target_rules.check_native(gf)
+    except target_rules.Refused as e:
+        report.error(e.code, str(e))
+    try:
+        target_rules.check_tokenizer(gf, vocab)
+    except target_rules.Refused as e:
+        report.error(e.code, str(e))
+    _summarise_target(gf, report, hp, vocab)
+
+
+def _summarise_target(gf: GGUFFile, report: Report, hp: dict | None, vocab: int | None) -> None:
+    """From the checked hparams when the file passed, else the raw values (a report, not a promise)."""
+    T, R = Keys.Tokenizer, target_rules
+    raw = lambda key: gf.kv.get(key) if gf.kv_type.get(key, (None,))[0] in INTEGER_TYPES else None  # noqa: E731
+    raw_list = lambda key: (gf.kv[key].tolist() if hasattr(gf.kv.get(key), "tolist") else raw(key))  # noqa: E731
+    if hp is not None:
+        per_layer = lambda v: v[0] if len(set(v)) == 1 else v   # noqa: E731
+        attn = [i for i, r in enumerate(hp["recurrent"]) if not r]
+        layers, main = hp["n_layer_total"], hp["n_layer"]
+        hidden, head_dim, ffn = hp["hidden"], hp.get("head_dim"), per_layer(hp["ff"])
+        heads = hp["heads"][attn[0]] if attn else None
+        kv_heads = hp["heads_kv"][attn[0]] if attn else None
+    else:
+        layers, hidden, head_dim = raw(R.K_BLOCK_COUNT), raw(R.K_EMBD), raw(R.K_KEY_LEN)
+        nextn = raw(R.K_NEXTN) or 0
+        main = layers - nextn if isinstance(layers, int) else None
+        ffn, heads, kv_heads = raw_list(R.K_FF), raw_list(R.K_HEAD), raw_list(R.K_HEAD_KV)
     tokens = gf.kv.get(T.LIST)
     report.summary.update({
-        "layers": n_layer, "main_layers": (n_layer - nextn) if n_layer is not None else None,
-        "hidden": hidden, "vocab": vocab, "heads": values[A.HEAD_COUNT], "kv_heads": values[A.HEAD_COUNT_KV],
-        "head_dim": head_dim, "ffn": values[L.FEED_FORWARD_LENGTH],
-        "tensor_types": hist, "n_tensors": len(gf.tensors),
+        "layers": layers, "main_layers": main, "hidden": hidden, "vocab": vocab, "heads": heads,
+        "kv_heads": kv_heads, "head_dim": head_dim, "ffn": ffn,
+        "tensor_types": _type_histogram(gf), "n_tensors": len(gf.tensors),
         "tokenizer": {
             "model": gf.kv.get(T.MODEL), "pre": gf.kv.get(T.PRE),
             "tokens": len(tokens) if isinstance(tokens, list) else None,
@@ -628,32 +613,6 @@ def check_target(gf: GGUFFile, report: Report) -> None:
             "padding_token_id": gf.kv.get(T.PAD_ID), "chat_template": T.CHAT_TEMPLATE in gf.kv,
         },
     })
-
-
-def _check_target_heads(report, heads, kv_heads, n_layer, nextn, interval) -> None:
-    """Attention layers need heads > 0 and heads % kv_heads == 0 (DeltaNet layers may say 0)."""
-    if heads is None or kv_heads is None or n_layer is None:
-        return
-    per_layer = lambda v, i: v[i] if isinstance(v, list) else v   # noqa: E731
-    for i in range(n_layer):
-        is_attention = i >= n_layer - nextn or (i + 1) % interval == 0
-        h, kv = per_layer(heads, i), per_layer(kv_heads, i)
-        if is_attention and (h <= 0 or kv <= 0 or h % kv):
-            report.error("hparam-range", f"layer {i}: head_count {h} / head_count_kv {kv} is not a valid "
-                                         f"attention layout")
-            return
-
-
-def _target_vocab(gf: GGUFFile, report) -> int | None:
-    tokens = gf.kv.get(Keys.Tokenizer.LIST)
-    n_tokens = len(tokens) if isinstance(tokens, list) else None
-    embd = gf.tensors.get(TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD] + ".weight")
-    n_rows = embd.shape[1] if embd is not None and len(embd.shape) == 2 else None
-    if n_tokens is None and n_rows is None:
-        report.error("vocab-missing", "no tokenizer.ggml.tokens and no token_embd.weight: vocab unknown")
-    if n_tokens is not None and n_rows is not None and n_tokens != n_rows:
-        report.error("vocab-mismatch", f"{n_tokens} tokenizer tokens but token_embd has {n_rows} rows")
-    return n_rows if n_rows is not None else n_tokens
 
 
 # ---- the pair --------------------------------------------------------------------------------
