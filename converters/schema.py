@@ -146,8 +146,15 @@ DEFAULT_BETA_SLOW = 1.0
 DEFAULT_CONTEXT_LENGTH = 32768
 YARN = "yarn"
 
-# Loader bounds (spec/engine.md §3).
+# Loader bounds (spec/engine.md §3, plus what luce's runtime allocates): native/src/drafter_load.cpp
+# holds the same numbers under the same names (tests/test_validator_parity_drafter.py compares).
 MAX_LAYERS, MAX_EMBD, MAX_FF, MAX_HEADS, MAX_HEAD_DIM = 1024, 131072, 524288, 1024, 1024
+MAX_TAPS = 64            # target layers tapped
+MAX_BLOCK = 32           # draft block size: the runtime's block buffers are this many rows
+MAX_CONV_K = 16          # DFlash 2 conv taps
+MAX_RANK = 65536         # selector / Markov rank
+MAX_VOCAB = 2**31 - 1
+MAX_CTX = 1 << 24        # sliding window, YaRN original context
 
 
 # ---- tensors ----------------------------------------------------------------------------------

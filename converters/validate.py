@@ -264,7 +264,7 @@ def _check_hparams(report, v: DraftView, eps, arch, kv) -> None:
     bounds = [("hidden", S.EMBEDDING_LENGTH, S.MAX_EMBD), ("n_layer", S.BLOCK_COUNT, S.MAX_LAYERS),
               ("ff", S.FEED_FORWARD_LENGTH, S.MAX_FF), ("n_head", S.HEAD_COUNT, S.MAX_HEADS),
               ("n_head_kv", S.HEAD_COUNT_KV, S.MAX_HEADS), ("head_dim", S.KEY_LENGTH, S.MAX_HEAD_DIM),
-              ("vocab", S.VOCAB_SIZE, 2**31 - 1)]
+              ("vocab", S.VOCAB_SIZE, S.MAX_VOCAB)]
     for attr, key, bound in bounds:
         value, name = getattr(v, attr), key.at(arch)
         if value is None:
@@ -292,6 +292,9 @@ def _check_block_and_mask(k: _Keys, report, v: DraftView, a) -> None:
             report.error("block-size-missing", f"no {S.BLOCK_SIZE.at(a)} (or {S.UP_BLOCK_SIZE.at(a)})")
     elif v.block_size < 2:
         report.error("block-size-range", f"block_size={v.block_size} must be at least 2")
+    elif v.block_size > S.MAX_BLOCK:       # the runtime's block buffers hold MAX_BLOCK rows
+        name = S.BLOCK_SIZE.at(a) if S.BLOCK_SIZE.at(a) in k.gf.kv else S.UP_BLOCK_SIZE.at(a)
+        report.error("block-size-range", f"{name}={v.block_size} is outside 2..{S.MAX_BLOCK}")
     names = [S.MASK_TOKEN_ID.at(a), S.UP_MASK_TOKEN_ID.at(a), S.UP_MASK_TOKEN_ID.at(S.UPSTREAM_ARCH),
              S.TOKENIZER_MASK_TOKEN_ID.template]
     values = {n: k.int(n) for n in names if n in k.gf.kv}
@@ -336,13 +339,24 @@ def _check_target_layers(k: _Keys, report, v: DraftView, a) -> None:
 
 def _check_rope(k: _Keys, report, a) -> None:
     S = schema
-    if k.float(S.ROPE_FREQ_BASE.at(a)) is None:
+    theta = k.float(S.ROPE_FREQ_BASE.at(a))
+    if theta is None and S.ROPE_FREQ_BASE.at(a) not in k.gf.kv:
         report.warn("rope-theta-missing", f"{S.ROPE_FREQ_BASE.at(a)} is missing; the engine uses a default")
+    elif theta is not None and not theta > 1:
+        report.error("hparam-range", f"{S.ROPE_FREQ_BASE.at(a)} must be > 1")
     factor = k.float(S.ROPE_SCALING_FACTOR.at(a))
+    if factor is None or not factor > 1:
+        return                      # plain RoPE: the YaRN keys are not read
     original = k.int(S.ROPE_SCALING_ORIG_CTX.at(a))
-    if factor is not None and factor > 1 and not original:
+    if S.ROPE_SCALING_ORIG_CTX.at(a) in k.gf.kv and original is None:
+        return                      # wrong type, reported
+    if not original or original <= 0:
         report.error("yarn-no-original", f"YaRN factor {factor:g} without original_context_length: the engine "
                                          f"ignores YaRN and runs plain RoPE")
+    elif original > S.MAX_CTX:
+        report.error("hparam-range", f"{S.ROPE_SCALING_ORIG_CTX.at(a)}={original} is outside 1..{S.MAX_CTX}")
+    for pair in ((S.ROPE_BETA_FAST, S.UP_ROPE_BETA_FAST), (S.ROPE_BETA_SLOW, S.UP_ROPE_BETA_SLOW)):
+        k.float(*(key.at(a) for key in pair))       # numbers (a wrong type is reported)
 
 
 def _check_swa(k: _Keys, report, v: DraftView, a) -> None:
@@ -356,8 +370,12 @@ def _check_swa(k: _Keys, report, v: DraftView, a) -> None:
     if v.n_layer is not None and len(pattern) != v.n_layer:
         report.error("swa-pattern-length", f"sliding_window_pattern has {len(pattern)} entries but block_count "
                                            f"is {v.n_layer}")
-    if any(pattern) and not window:
-        report.error("swa-window-missing", "sliding_window_pattern marks sliding layers but sliding_window is missing")
+    if any(pattern) and (not window or window <= 0):
+        if window is not None or S.SLIDING_WINDOW.at(a) not in k.gf.kv:
+            report.error("swa-window-missing", "sliding_window_pattern marks sliding layers but sliding_window is "
+                                               "missing")
+    elif any(pattern) and window > S.MAX_CTX:
+        report.error("hparam-range", f"{S.SLIDING_WINDOW.at(a)}={window} is outside 1..{S.MAX_CTX}")
 
 
 def _shape_ok(report, v: DraftView, role: str, layer, expected) -> bool:
@@ -387,9 +405,9 @@ def _check_trunk_tensors(report, v: DraftView) -> None:
         if fc.shape[1:] != (v.hidden,) or len(fc.shape) != 2:
             report.error("tensor-shape", f"{fc.name} has shape {list(fc.shape)}, expected [N*{v.hidden}, {v.hidden}]")
         elif v.n_target_layers is not None and fc.shape[0] != v.n_target_layers * v.hidden:
-            severity = report.warn if fc.shape[0] % v.hidden == 0 else report.error
-            severity("fc-width", f"{fc.name} width {fc.shape[0]} != n_target_layers {v.n_target_layers} x "
-                                 f"hidden {v.hidden}")
+            # An error even when it divides evenly: the runtime sizes the fused features by the taps.
+            report.error("fc-width", f"{fc.name} width {fc.shape[0]} != n_target_layers {v.n_target_layers} x "
+                                     f"hidden {v.hidden}")
     for (role, layer) in list(v.tensors):
         if schema.ROLE[role].group == "trunk" and role != "fc":
             _shape_ok(report, v, role, layer, schema.expected_shape(role, shape))
@@ -404,6 +422,9 @@ def _check_conv(k: _Keys, report, v: DraftView, a) -> int:
     if not present and kernel <= 0:
         return 0
     missing = [(r, i) for i in range(v.n_layer or 0) for r in S.CONV_ROLES if (r, i) not in v.tensors]
+    if kernel > S.MAX_CONV_K:
+        report.error("conv-incomplete", f"conv_kernel_size={kernel} is outside 1..{S.MAX_CONV_K}")
+        return kernel
     if missing or kernel <= 0:
         what = (f"missing {ROLE[missing[0][0]].name(v.layout, missing[0][1])}" if missing
                 else "conv_kernel_size is not set")
