@@ -270,3 +270,13 @@ def test_inspect_and_generate_agree_on_the_command_line(crafted, name):
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and reason in lines[0], (reason, lines)
+
+
+def test_tokenizer_refuses_mistyped_token_types_on_its_own(crafted):
+    """The tokenizer, used without Engine, refuses token types that are not integers with a
+    LuceError (it used to read "1" as 1 and raise a bare ValueError on other strings)."""
+    from luce.tokenizer import Tokenizer
+    paths, _ = crafted
+    with pytest.raises(LuceError, match="token_type is not a list of integers"):
+        Tokenizer.from_gguf(paths["token_type=strings"])
+    assert Tokenizer.from_gguf(paths["valid"]).n_vocab == 512
