@@ -280,3 +280,23 @@ def test_tokenizer_refuses_mistyped_token_types_on_its_own(crafted):
     with pytest.raises(LuceError, match="token_type is not a list of integers"):
         Tokenizer.from_gguf(paths["token_type=strings"])
     assert Tokenizer.from_gguf(paths["valid"]).n_vocab == 512
+
+
+def test_truncated_targets_are_refused_by_both(tmp_path, crafted):
+    """A target cut anywhere (header, metadata, tensor table, data) is unreadable to inspect (exit 2,
+    one line) and refused by the native loader; neither crashes."""
+    from luce.converters.gguf_reader import GGUFFormatError
+    data = crafted[0]["valid"].read_bytes()
+    cuts = sorted({0, 3, 4, 8, 16, 24, len(data) - 1} | set(np.linspace(25, len(data) - 2, 40).astype(int).tolist()))
+    paths = {}
+    for cut in cuts:
+        paths[str(cut)] = tmp_path / f"cut{cut}.gguf"
+        paths[str(cut)].write_bytes(data[:cut])
+    native = _native_results(paths)
+    for cut, path in paths.items():
+        assert native[cut][0] in (FORMAT, 2), (cut, native[cut])
+        with pytest.raises(GGUFFormatError):
+            inspect_gguf(path)
+    for cut in (str(cuts[1]), str(cuts[len(cuts) // 2]), str(cuts[-1])):
+        result = CliRunner().invoke(cli, ["inspect", str(paths[cut])])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output

@@ -20,7 +20,7 @@ import pytest
 from gguf.constants import GGUFValueType
 
 from fixtures import drafter_checkpoints as ck
-from fixtures.crafted_gguf import write_valid_qwen35
+from fixtures.crafted_gguf import TinyQwen35, write_valid_qwen35
 from fixtures.gguf_edit import ARR, BOOL, F32, STR, U32, rewrite
 from luce.converters import schema
 from luce.converters.convert import ConvertOptions, convert_checkpoint
@@ -147,3 +147,31 @@ def test_many_distinct_reasons(crafted):
     _, _, native = crafted
     reasons = {re.sub(r"-?\d+", "N", m) for s, m in native.values() if s}
     assert len(reasons) >= 40, sorted(reasons)
+
+
+# Pairs: the same drafters against targets they do not fit (hidden size, vocabulary smaller or
+# larger than the codebooks and the Markov head, too few layers for the taps). The native loader
+# binds a drafter to a loaded target; inspect judges the pair with --target.
+TARGETS = {"hidden 128": TinyQwen35(hidden=128), "vocab 256": TinyQwen35(vocab=256),
+           "vocab 1024": TinyQwen35(vocab=1024), "2 layers": TinyQwen35(n_layer=2, interval=2),
+           "8 layers": TinyQwen35(n_layer=8), "same": TinyQwen35()}
+
+
+def test_pairs_agree(tmp_path, crafted):
+    _, paths, _ = crafted
+    drafters = {name: paths[f"{name}:unchanged"] for name in SOURCES}
+    mismatches, refused = [], 0
+    for label, cfg in TARGETS.items():
+        target = write_valid_qwen35(tmp_path / f"target-{label.replace(' ', '_')}.gguf", cfg)
+        proc = subprocess.run([sys.executable, "-c", _CHILD, str(target),
+                               json.dumps({k: str(v) for k, v in drafters.items()})],
+                              capture_output=True, text=True, timeout=300, cwd="/")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        for name, (status, message) in json.loads(proc.stdout).items():
+            refused += status != 0
+            report = inspect_gguf(drafters[name], target)
+            if report.valid != (status == 0):
+                mismatches.append((label, name, [f.message for f in report.findings if f.severity == ERROR][:1],
+                                   message))
+    assert not mismatches, "\n".join(map(str, mismatches))
+    assert 6 <= refused < len(TARGETS) * len(SOURCES), refused      # both verdicts occur
