@@ -175,3 +175,18 @@ def test_pairs_agree(tmp_path, crafted):
                                    message))
     assert not mismatches, "\n".join(map(str, mismatches))
     assert 6 <= refused < len(TARGETS) * len(SOURCES), refused      # both verdicts occur
+
+
+@pytest.mark.parametrize("case", ["dflash2:qwen35-dflash-draft.dflash.block_size=2^32+16",
+                                  "dspark:qwen35-dflash-draft.dflash.dspark.markov_rank=33",
+                                  "dflash-llama.cpp:dflash.target_layers:float"])
+def test_generate_with_a_bad_drafter_prints_inspects_reason(crafted, case):
+    """`luce generate --draft`: exit 1, one `Error:` line holding inspect's first error, no traceback."""
+    from conftest import run_luce
+    target, paths, native = crafted
+    assert native[case][0] != 0
+    reason = next(f.message for f in inspect_gguf(paths[case], target).findings if f.severity == ERROR)
+    done = run_luce("generate", "-m", target, "--draft", paths[case], "--prompt-ids", "1,2", "-n", "1", "-t", "1")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("Error:") and reason in lines[0], (reason, lines)
