@@ -90,7 +90,7 @@ class Refused(Exception):
 
 # ---- typed reads with gguf.cpp's semantics ----------------------------------------------------
 
-class _Meta:
+class Meta:
     def __init__(self, gf: GGUFFile):
         self.gf = gf
 
@@ -177,7 +177,7 @@ def check_weight_types(gf: GGUFFile) -> None:
         raise Refused("tensor-type", f"unsupported weight types: {hist} (supported: {supported})")
 
 
-def read_hparams(m: _Meta) -> dict:
+def read_hparams(m: Meta) -> dict:
     """model.cpp read_hparams: every hyperparameter bounded, per-layer arrays checked."""
     hp: dict = {}
     n_total = bounded(m.get_int(K_BLOCK_COUNT), 1, MAX_LAYERS, K_BLOCK_COUNT)
@@ -227,7 +227,7 @@ def _f32(x: float) -> float:
         return float("inf") if x > 0 else float("-inf")
 
 
-def _attention_hparams(m: _Meta, hp: dict) -> None:
+def _attention_hparams(m: Meta, hp: dict) -> None:
     hp["head_dim"] = d = bounded(m.get_int(K_KEY_LEN), 1, MAX_HEAD_DIM, K_KEY_LEN)
     if m.get_int(K_VALUE_LEN, d) != d:
         raise Refused("unsupported", f"{K_VALUE_LEN} differs from {K_KEY_LEN}")
@@ -241,24 +241,22 @@ def _attention_hparams(m: _Meta, hp: dict) -> None:
         raise Refused("hparam-range", f"{K_ROPE_BASE} must be > 1")
 
 
-def check_rope_sections(m: _Meta, n_rot: int) -> None:
+def check_rope_sections(m: Meta, n_rot: int, key: str = K_ROPE_SECTIONS, n_rot_name: str = K_ROPE_DIM) -> None:
     """M-RoPE sections count rotary pairs: each >= 0, together at most n_rot / 2 (text positions
     are equal on every axis, so luce ropes them as plain NeoX, but a file whose sections do not
-    fit its head describes another model)."""
-    vtype, etype = m.gf.kv_type[K_ROPE_SECTIONS]
+    fit its head describes another model). Drafters in llama.cpp's layout carry them too."""
+    vtype, etype = m.gf.kv_type[key]
     if vtype != VT.ARRAY or etype not in INTEGER_TYPES:
-        raise Refused("key-type", f"key '{K_ROPE_SECTIONS}' must be an integer array")
-    values = m._array(K_ROPE_SECTIONS)
+        raise Refused("key-type", f"key '{key}' must be an integer array")
+    values = m._array(key)
     if len(values) > MAX_ROPE_SECTIONS:
-        raise Refused("hparam-range", f"key '{K_ROPE_SECTIONS}' has {len(values)} entries, at most "
-                                      f"{MAX_ROPE_SECTIONS}")
+        raise Refused("hparam-range", f"key '{key}' has {len(values)} entries, at most {MAX_ROPE_SECTIONS}")
     if any(int(v) < 0 for v in values) or sum(int(v) for v in values) > n_rot // 2:
-        raise Refused("hparam-range", f"{K_ROPE_SECTIONS} = [{', '.join(str(int(v)) for v in values)}] does not "
-                                      f"fit {K_ROPE_DIM} = {n_rot}: sections must be >= 0 and sum to at most "
-                                      f"{n_rot // 2}")
+        raise Refused("hparam-range", f"{key} = [{', '.join(str(int(v)) for v in values)}] does not fit "
+                                      f"{n_rot_name} = {n_rot}: sections must be >= 0 and sum to at most {n_rot // 2}")
 
 
-def _deltanet_hparams(m: _Meta, hp: dict) -> None:
+def _deltanet_hparams(m: Meta, hp: dict) -> None:
     hp["ssm_conv"] = bounded(m.get_int(K_SSM_CONV), 1, MAX_CONV, K_SSM_CONV)
     hp["ssm_dk"] = bounded(m.get_int(K_SSM_STATE), 1, MAX_SSM_DIM, K_SSM_STATE)
     hp["ssm_hk"] = bounded(m.get_int(K_SSM_GROUPS), 1, MAX_HEADS, K_SSM_GROUPS)
@@ -342,7 +340,7 @@ def _bind_layer(gf: GGUFFile, hp: dict, i: int) -> None:
 
 def check_native(gf: GGUFFile) -> tuple[dict, int]:
     """The native loader's rules, in its order: (hparams, vocab) or Refused with its message."""
-    m = _Meta(gf)
+    m = Meta(gf)
     split = m.get_int(K_SPLIT_COUNT, 1)
     if split > 1:
         raise Refused("unsupported", f"{gf.path} is part of a split GGUF ({split} parts); merge it first "

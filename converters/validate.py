@@ -231,6 +231,12 @@ def check_drafter(gf: GGUFFile, report: Report) -> DraftView:
         view.vocab = len(tokens) if isinstance(tokens, list) else None
     eps = k.float(S.RMS_EPS.at(a))
     _check_hparams(report, view, eps, a, gf.kv)
+    if view.head_dim and S.UP_ROPE_SECTIONS.at(a) in gf.kv and view.head_dim % 2 == 0:
+        try:     # the target's rule; the drafter ropes the whole head (partial rotary is refused)
+            target_rules.check_rope_sections(target_rules.Meta(gf), view.head_dim, S.UP_ROPE_SECTIONS.at(a),
+                                             S.KEY_LENGTH.at(a))
+        except target_rules.Refused as e:
+            report.error(e.code, str(e))
     if value_len is not None and view.head_dim is not None and value_len != view.head_dim:
         report.warn("head-dim", f"value_length {value_len} differs from key_length {view.head_dim}")
 
@@ -280,6 +286,9 @@ def _check_hparams(report, v: DraftView, eps, arch, kv) -> None:
             report.error("hparam-missing", f"{S.RMS_EPS.at(arch)} is missing")
     elif not 0 < eps < 1:
         report.error("hparam-range", f"{S.RMS_EPS.at(arch)}={eps} is outside (0, 1)")
+    if v.head_dim and v.head_dim % 2:
+        report.error("hparam-range", f"{S.KEY_LENGTH.at(arch)}={v.head_dim} must be even (RoPE pairs)")
+        v.head_dim = None
     if v.n_head and v.n_head_kv and v.n_head % v.n_head_kv:
         report.error("head-ratio", f"head_count {v.n_head} is not divisible by head_count_kv {v.n_head_kv}")
 

@@ -190,3 +190,15 @@ def test_generate_with_a_bad_drafter_prints_inspects_reason(crafted, case):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert len(lines) == 1 and lines[0].startswith("Error:") and reason in lines[0], (reason, lines)
+
+
+@pytest.mark.parametrize("change", ["long", "huge", "negative", "float", "scalar"])
+def test_drafter_rope_sections_out_of_range(crafted, change):
+    """llama.cpp-layout drafters carry [d/2, 0, 0, 0]; sections that do not fit the head are refused
+    by both, with the target rule's message word for word."""
+    target, paths, native = crafted
+    name = f"dflash-llama.cpp:dflash.rope.dimension_sections:{change}"
+    status, message = native[name]
+    errors = [f.message for f in inspect_gguf(paths[name], target).findings if f.severity == ERROR]
+    assert status != 0 and message in errors, (message, errors)
+    assert native["dflash-llama.cpp:unchanged"][0] == 0

@@ -27,6 +27,7 @@ const char *K_EMBD = "embedding_length", *K_LAYERS = "block_count", *K_FF = "fee
 const char *K_HEAD = "attention.head_count", *K_HEAD_KV = "attention.head_count_kv";
 const char *K_KEY_LEN = "attention.key_length", *K_EPS = "attention.layer_norm_rms_epsilon";
 const char *K_VALUE_LEN = "attention.value_length", *K_VOCAB = "vocab_size";
+const char *K_ROPE_SECTIONS = "rope.dimension_sections";
 const char *K_ROPE_BASE = "rope.freq_base", *K_YARN_FACTOR = "rope.scaling.factor";
 const char *K_YARN_ORIG = "rope.scaling.original_context_length";
 const char *K_YARN_ATTN = "rope.scaling.attn_factor";
@@ -177,6 +178,8 @@ void read_hparams(const Reader &r, DrafterHparams &hp) {
     if (hp.n_head % hp.n_head_kv)
         fail(LUCE_ERR_FORMAT, "head_count %d is not divisible by head_count_kv %d", hp.n_head, hp.n_head_kv);
     if (hp.head_dim % 2) fail(LUCE_ERR_FORMAT, "%s=%d must be even (RoPE pairs)", r.key(K_KEY_LEN).c_str(), hp.head_dim);
+    // The drafter ropes the whole head (partial rotary is refused), so its sections count head_dim / 2 pairs.
+    check_rope_sections(r.f, r.key(K_ROPE_SECTIONS), hp.head_dim, r.key(K_KEY_LEN));
     if (r.f.has(r.key(K_VALUE_LEN))) r.f.get_int(r.key(K_VALUE_LEN));  // an integer (inspect warns if != key_length)
     // The lucebox layout states its vocabulary (Lucebox's loader requires it); llama.cpp's takes the
     // target's. Drafting always uses the target's, so this only has to be sane.

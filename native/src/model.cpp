@@ -96,34 +96,6 @@ void check_weight_types(const GgufFile &f) {
          supported_type_list().c_str());
 }
 
-// M-RoPE sections count rotary pairs: each >= 0, together at most n_rot / 2. Text positions are
-// equal on every axis, so the forward ropes them as plain NeoX and never reads the sections, but a
-// file whose sections do not fit its head describes another model.
-void check_rope_sections(const GgufFile &f, int n_rot) {
-    const GgufValue *v = f.find(KEY_ROPE_SECTIONS);
-    if (!v) return;
-    if (v->type != GgufType::ARRAY || !(v->elem_type == GgufType::U8 || v->elem_type == GgufType::I8 ||
-                                        v->elem_type == GgufType::U16 || v->elem_type == GgufType::I16 ||
-                                        v->elem_type == GgufType::U32 || v->elem_type == GgufType::I32 ||
-                                        v->elem_type == GgufType::U64 || v->elem_type == GgufType::I64))
-        fail(LUCE_ERR_FORMAT, "key '%s' must be an integer array", KEY_ROPE_SECTIONS);
-    if (v->count > uint64_t(MAX_ROPE_SECTIONS))
-        fail(LUCE_ERR_FORMAT, "key '%s' has %llu entries, at most %lld", KEY_ROPE_SECTIONS,
-             (unsigned long long)v->count, (long long)MAX_ROPE_SECTIONS);
-    std::vector<int64_t> s = f.get_int_per_layer(KEY_ROPE_SECTIONS, int64_t(v->count));
-    int64_t sum = 0;
-    bool negative = false;
-    std::string list;
-    for (int64_t x : s) {
-        negative |= x < 0;
-        if (x > 0) sum += std::min<int64_t>(x, n_rot + 1);  // clamped: a sum of four never overflows
-        list += (list.empty() ? "" : ", ") + std::to_string(x);
-    }
-    if (negative || sum > n_rot / 2)
-        fail(LUCE_ERR_FORMAT, "%s = [%s] does not fit %s = %d: sections must be >= 0 and sum to at most %d",
-             KEY_ROPE_SECTIONS, list.c_str(), KEY_ROPE_DIM, n_rot, n_rot / 2);
-}
-
 Hparams read_hparams(const GgufFile &f) {
     Hparams hp;
     hp.n_layer_total = int(bounded(f.get_int(KEY_BLOCK_COUNT), 1, MAX_LAYERS, KEY_BLOCK_COUNT));
@@ -171,7 +143,9 @@ Hparams read_hparams(const GgufFile &f) {
             fail(LUCE_ERR_UNSUPPORTED, "%s differs from %s", KEY_VALUE_LEN, KEY_KEY_LEN);
         hp.n_rot = int(bounded(f.get_int(KEY_ROPE_DIM), 0, hp.head_dim, KEY_ROPE_DIM));
         if (hp.n_rot % 2 != 0) fail(LUCE_ERR_FORMAT, "%s = %d must be even", KEY_ROPE_DIM, hp.n_rot);
-        check_rope_sections(f, hp.n_rot);
+        // Text positions are equal on every axis, so the forward ropes them as plain NeoX and
+        // never reads the sections; a file whose sections do not fit its head is another model.
+        check_rope_sections(f, KEY_ROPE_SECTIONS, hp.n_rot, KEY_ROPE_DIM);
         hp.rope_theta = float(f.get_float(KEY_ROPE_BASE, DEFAULT_ROPE_BASE));
         if (!(hp.rope_theta > 1.f)) fail(LUCE_ERR_FORMAT, "%s must be > 1", KEY_ROPE_BASE);
     }
@@ -318,6 +292,31 @@ void upload_weights(Model &m, const LoadProgress &progress) {
 }
 
 }  // namespace
+
+void check_rope_sections(const GgufFile &f, const std::string &key, int n_rot, const std::string &n_rot_name) {
+    const GgufValue *v = f.find(key);
+    if (!v) return;
+    if (v->type != GgufType::ARRAY || !(v->elem_type == GgufType::U8 || v->elem_type == GgufType::I8 ||
+                                        v->elem_type == GgufType::U16 || v->elem_type == GgufType::I16 ||
+                                        v->elem_type == GgufType::U32 || v->elem_type == GgufType::I32 ||
+                                        v->elem_type == GgufType::U64 || v->elem_type == GgufType::I64))
+        fail(LUCE_ERR_FORMAT, "key '%s' must be an integer array", key.c_str());
+    if (v->count > uint64_t(MAX_ROPE_SECTIONS))
+        fail(LUCE_ERR_FORMAT, "key '%s' has %llu entries, at most %lld", key.c_str(), (unsigned long long)v->count,
+             (long long)MAX_ROPE_SECTIONS);
+    std::vector<int64_t> s = f.get_int_per_layer(key, int64_t(v->count));
+    int64_t sum = 0;
+    bool negative = false;
+    std::string list;
+    for (int64_t x : s) {
+        negative |= x < 0;
+        if (x > 0) sum += std::min<int64_t>(x, n_rot + 1);  // clamped: a sum of four never overflows
+        list += (list.empty() ? "" : ", ") + std::to_string(x);
+    }
+    if (negative || sum > n_rot / 2)
+        fail(LUCE_ERR_FORMAT, "%s = [%s] does not fit %s = %d: sections must be >= 0 and sum to at most %d",
+             key.c_str(), list.c_str(), n_rot_name.c_str(), n_rot, n_rot / 2);
+}
 
 int Hparams::max_n_ff() const { return *std::max_element(n_ff.begin(), n_ff.end()); }
 
