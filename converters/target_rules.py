@@ -18,6 +18,8 @@ Shapes are GGUF order (ne0 first). E hidden, F ffn width, H/Hkv heads, D head_di
 """
 from __future__ import annotations
 
+import struct
+
 from gguf.constants import GGMLQuantizationType, Keys
 
 from luce.converters.gguf_reader import FLOAT_TYPES, INTEGER_TYPES, GGUFFile, GGUFValueType
@@ -220,7 +222,6 @@ def read_hparams(m: Meta) -> dict:
 
 def _f32(x: float) -> float:
     """The value as the loader holds it (a C float)."""
-    import struct
     try:
         return struct.unpack("<f", struct.pack("<f", x))[0]
     except OverflowError:
