@@ -8,9 +8,12 @@ Where published configs disagree (spec/engine.md §2.2, §9; spec/drafters.md §
     `rope_type` or the legacy `type` spelling; `original_max_position_embeddings` comes from the
     rope dict, else the top level; a YaRN factor > 1 without an original context is refused
     (the engine would silently fall back to plain RoPE);
-  - the sliding-window pattern is written only for drafters that are in-block causal: the first
-    of top-level `is_causal`, `dflash_config.is_causal`, `dflash_config.causal` decides, and by
-    default a sliding layer is causal;
+  - a sliding layer's window and its in-block direction are recorded separately: the window
+    comes from `layer_types` + `sliding_window` whatever the direction (the references cut context
+    keys outside it either way, spec/drafters.md §1.5), for bidirectional layers only when
+    `use_sliding_window` is true (as transformers and llama.cpp's converter read it); the direction is the first of top-level
+    `is_causal`, `dflash_config.is_causal`, `dflash_config.causal`, and by default a sliding layer
+    is causal;
   - `aux_hidden_state_layer_ids` (speculators/vLLM) are layer *inputs*, i.e. id + 1.
 Tensor-derived values are cross-checked in `check_against_shapes` (the weights are the truth,
 but a disagreement means the config describes another model, so it is an error naming both).
@@ -199,8 +202,11 @@ def _sliding_window(cfg: dict, dflash_cfg: dict, dc: DraftConfig) -> None:
     if len(layer_types) != dc.n_layer:
         raise LuceError(f"config.json: layer_types has {len(layer_types)} entries but num_hidden_layers "
                         f"is {dc.n_layer}")
-    if causal is False:
-        # Bidirectional in-block everywhere (DFlash 2 Qwen3.8): the engine must not see a pattern.
+    if causal is False and not cfg.get("use_sliding_window"):
+        # A bidirectional sliding layer keeps a window only where the config switches windows on:
+        # transformers' Qwen3Config (so z-lab's reference) and llama.cpp's converter drop
+        # sliding_window otherwise. In-block causal sliding layers always keep theirs (the
+        # Lucebox producer's rule; unchanged).
         return
     window = cfg.get("sliding_window")
     if not window:

@@ -307,10 +307,7 @@ def drafter_keys(plan: DraftPlan, shape: schema.DraftShape) -> list[tuple[schema
             keys.append((S.TARGET_LAYER_IDS, list(c.target_layer_ids)))
     if c.swa_pattern is not None:
         keys += [(S.SLIDING_WINDOW, c.sliding_window), (S.SLIDING_WINDOW_PATTERN, list(c.swa_pattern))]
-    if up and (c.swa_pattern is not None or c.causal is not None):
-        # With a pattern: the sliding layers are in-block causal. Without one: the checkpoint's own
-        # is_causal, as llama.cpp's converter copies it (false for DFlash 2).
-        keys.append((S.UP_CAUSAL, True if c.swa_pattern is not None else c.causal))
+    keys += _causal_key(c, up)
     if plan.kind == "dflash2":
         has_selector = shape.selector_rank > 0
         keys += [(S.UP_CONV_KERNEL_SIZE if up else S.CONV_KERNEL_SIZE, c.conv_kernel),
@@ -329,6 +326,19 @@ def drafter_keys(plan: DraftPlan, shape: schema.DraftShape) -> list[tuple[schema
             if shape.confidence_dim:
                 keys += [(S.DSPARK_CONFIDENCE_DIM, shape.confidence_dim), (S.DSPARK_CONFIDENCE_ENABLED, 1)]
     return keys
+
+
+def _causal_key(c: DraftConfig, up: bool) -> list[tuple[schema.Key, object]]:
+    """`attention.causal`: whether the sliding layers are in-block causal (full layers never are).
+    llama.cpp's layout carries the checkpoint's is_causal as its converter does (true with a
+    pattern when the checkpoint is silent). The lucebox layout writes it only where it departs
+    from that layout's reading of a pattern, "sliding = causal": bidirectional sliding layers
+    (DFlash 2 Qwen3.8), so every other drafter keeps the bytes it had."""
+    if up and (c.swa_pattern is not None or c.causal is not None):
+        return [(schema.CAUSAL, c.causal if c.causal is not None else True)]
+    if not up and c.swa_pattern is not None and c.causal is False:
+        return [(schema.CAUSAL, False)]
+    return []
 
 
 def _logit_transform_keys(c: DraftConfig, up: bool) -> list[tuple[schema.Key, object]]:

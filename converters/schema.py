@@ -65,9 +65,14 @@ ROPE_SCALING_ATTN_FACTOR = Key(Keys.Rope.SCALING_ATTN_FACTOR, VT.FLOAT32,
 # Lucebox spells the betas without gguf-py's `yarn_` prefix.
 ROPE_BETA_FAST = _own("rope.scaling.beta_fast", VT.FLOAT32, "YaRN beta_fast (default 32)")
 ROPE_BETA_SLOW = _own("rope.scaling.beta_slow", VT.FLOAT32, "YaRN beta_slow (default 1)")
+# A layer's context window and its in-block direction are separate facts (spec/drafters.md §1.5):
+# the pattern says which layers keep only the last W context keys; `attention.causal` says whether
+# those sliding layers see block slots 0..j only (absent: true where a pattern is present, the
+# Lucebox reading). Full-attention layers are bidirectional inside the block.
 SLIDING_WINDOW = Key(Keys.Attention.SLIDING_WINDOW, VT.UINT32, meaning="SWA width W")
 SLIDING_WINDOW_PATTERN = Key(Keys.Attention.SLIDING_WINDOW_PATTERN, VT.ARRAY, VT.BOOL,
-                             "one per layer, true = sliding (in-block causal) layer")
+                             "one per layer, true = sliding-window layer")
+CAUSAL = Key(Keys.Attention.CAUSAL, VT.BOOL, meaning="sliding layers are in-block causal (absent = true)")
 
 # ---- lucebox layout: DFlash keys under `{arch}.dflash.` -----------------------------------------
 N_TARGET_LAYERS = _own("dflash.n_target_layers", VT.UINT32, "N taps; fc input = N*H")
@@ -101,7 +106,6 @@ UP_BLOCK_SIZE = _own("block_size", VT.UINT32, "draft block size B")
 UP_MASK_TOKEN_ID = _own("mask_token_id", VT.UINT32, "mask/noise token id")
 UP_TARGET_LAYERS = _own("target_layers", VT.ARRAY, "1-based target layers (= id + 1)", VT.INT32)
 UP_SAMPLE_FROM_ANCHOR = _own("sample_from_anchor", VT.BOOL, "next-token slots (absent = false)")
-UP_CAUSAL = _own("attention.causal", VT.BOOL, "in-block causal attention")
 UP_CONV_KERNEL_SIZE = _own("conv_kernel_size", VT.UINT32, "DFlash 2 conv taps K")
 UP_CONV_GROUP_SIZE = _own("conv_group_size", VT.UINT32, "channels per dynamic group")
 UP_SELECTOR_RANK = _own("selector_rank", VT.UINT32, "selector rank R")
@@ -142,8 +146,15 @@ DEFAULT_BETA_SLOW = 1.0
 DEFAULT_CONTEXT_LENGTH = 32768
 YARN = "yarn"
 
-# Loader bounds (spec/engine.md §3).
+# Loader bounds (spec/engine.md §3, plus what luce's runtime allocates): native/src/drafter_load.cpp
+# holds the same numbers under the same names (tests/test_validator_parity_drafter.py compares).
 MAX_LAYERS, MAX_EMBD, MAX_FF, MAX_HEADS, MAX_HEAD_DIM = 1024, 131072, 524288, 1024, 1024
+MAX_TAPS = 64            # target layers tapped
+MAX_BLOCK = 32           # draft block size: the runtime's block buffers are this many rows
+MAX_CONV_K = 16          # DFlash 2 conv taps
+MAX_RANK = 65536         # selector / Markov rank
+MAX_VOCAB = 2**31 - 1
+MAX_CTX = 1 << 24        # sliding window, YaRN original context
 
 
 # ---- tensors ----------------------------------------------------------------------------------

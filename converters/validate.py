@@ -12,9 +12,9 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from gguf.constants import GGMLQuantizationType, Keys, MODEL_TENSOR, TENSOR_NAMES
+from gguf.constants import Keys, MODEL_TENSOR, TENSOR_NAMES
 
-from luce.converters import schema
+from luce.converters import schema, target_rules
 from luce.converters.gguf_reader import FLOAT_TYPES, INTEGER_TYPES, GGUFFile, GGUFValueType
 from luce.converters.schema import ROLE
 
@@ -22,11 +22,6 @@ ERROR, WARNING = "error", "warning"
 # Frozen copies of the target's embedding / head that some drafters ship (llama.cpp keeps them).
 OWN_EMBEDDING_TENSORS = tuple(TENSOR_NAMES[t] + ".weight" for t in (MODEL_TENSOR.TOKEN_EMBD, MODEL_TENSOR.OUTPUT))
 TARGET_ARCHS = (schema.TARGET_ARCH,)
-# Weight formats the runtime loads (DESIGN.md §4); anything else is refused at load.
-SUPPORTED_TARGET_TYPES = frozenset(GGMLQuantizationType[n] for n in
-                                   ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
-                                    "Q4_K", "Q5_K", "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",
-                                    "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS"))
 
 
 @dataclass
@@ -200,6 +195,8 @@ class DraftView:
     markov_vocab: int | None = None
     output_multiplier: float | None = None
     final_logit_softcapping: float | None = None
+    sliding: list[bool] | None = None      # per layer: keeps only the last W context keys
+    causal: bool | None = None             # attention.causal as stored (None: absent)
 
 
 def _find_tensors(gf: GGUFFile, n_layer: int | None):
@@ -234,6 +231,12 @@ def check_drafter(gf: GGUFFile, report: Report) -> DraftView:
         view.vocab = len(tokens) if isinstance(tokens, list) else None
     eps = k.float(S.RMS_EPS.at(a))
     _check_hparams(report, view, eps, a, gf.kv)
+    if view.head_dim and S.UP_ROPE_SECTIONS.at(a) in gf.kv and view.head_dim % 2 == 0:
+        try:     # the target's rule; the drafter ropes the whole head (partial rotary is refused)
+            target_rules.check_rope_sections(target_rules.Meta(gf), view.head_dim, S.UP_ROPE_SECTIONS.at(a),
+                                             S.KEY_LENGTH.at(a))
+        except target_rules.Refused as e:
+            report.error(e.code, str(e))
     if value_len is not None and view.head_dim is not None and value_len != view.head_dim:
         report.warn("head-dim", f"value_length {value_len} differs from key_length {view.head_dim}")
 
@@ -267,7 +270,7 @@ def _check_hparams(report, v: DraftView, eps, arch, kv) -> None:
     bounds = [("hidden", S.EMBEDDING_LENGTH, S.MAX_EMBD), ("n_layer", S.BLOCK_COUNT, S.MAX_LAYERS),
               ("ff", S.FEED_FORWARD_LENGTH, S.MAX_FF), ("n_head", S.HEAD_COUNT, S.MAX_HEADS),
               ("n_head_kv", S.HEAD_COUNT_KV, S.MAX_HEADS), ("head_dim", S.KEY_LENGTH, S.MAX_HEAD_DIM),
-              ("vocab", S.VOCAB_SIZE, 2**31 - 1)]
+              ("vocab", S.VOCAB_SIZE, S.MAX_VOCAB)]
     for attr, key, bound in bounds:
         value, name = getattr(v, attr), key.at(arch)
         if value is None:
@@ -283,6 +286,9 @@ def _check_hparams(report, v: DraftView, eps, arch, kv) -> None:
             report.error("hparam-missing", f"{S.RMS_EPS.at(arch)} is missing")
     elif not 0 < eps < 1:
         report.error("hparam-range", f"{S.RMS_EPS.at(arch)}={eps} is outside (0, 1)")
+    if v.head_dim and v.head_dim % 2:
+        report.error("hparam-range", f"{S.KEY_LENGTH.at(arch)}={v.head_dim} must be even (RoPE pairs)")
+        v.head_dim = None
     if v.n_head and v.n_head_kv and v.n_head % v.n_head_kv:
         report.error("head-ratio", f"head_count {v.n_head} is not divisible by head_count_kv {v.n_head_kv}")
 
@@ -295,6 +301,9 @@ def _check_block_and_mask(k: _Keys, report, v: DraftView, a) -> None:
             report.error("block-size-missing", f"no {S.BLOCK_SIZE.at(a)} (or {S.UP_BLOCK_SIZE.at(a)})")
     elif v.block_size < 2:
         report.error("block-size-range", f"block_size={v.block_size} must be at least 2")
+    elif v.block_size > S.MAX_BLOCK:       # the runtime's block buffers hold MAX_BLOCK rows
+        name = S.BLOCK_SIZE.at(a) if S.BLOCK_SIZE.at(a) in k.gf.kv else S.UP_BLOCK_SIZE.at(a)
+        report.error("block-size-range", f"{name}={v.block_size} is outside 2..{S.MAX_BLOCK}")
     names = [S.MASK_TOKEN_ID.at(a), S.UP_MASK_TOKEN_ID.at(a), S.UP_MASK_TOKEN_ID.at(S.UPSTREAM_ARCH),
              S.TOKENIZER_MASK_TOKEN_ID.template]
     values = {n: k.int(n) for n in names if n in k.gf.kv}
@@ -339,26 +348,43 @@ def _check_target_layers(k: _Keys, report, v: DraftView, a) -> None:
 
 def _check_rope(k: _Keys, report, a) -> None:
     S = schema
-    if k.float(S.ROPE_FREQ_BASE.at(a)) is None:
+    theta = k.float(S.ROPE_FREQ_BASE.at(a))
+    if theta is None and S.ROPE_FREQ_BASE.at(a) not in k.gf.kv:
         report.warn("rope-theta-missing", f"{S.ROPE_FREQ_BASE.at(a)} is missing; the engine uses a default")
+    elif theta is not None and not theta > 1:
+        report.error("hparam-range", f"{S.ROPE_FREQ_BASE.at(a)} must be > 1")
     factor = k.float(S.ROPE_SCALING_FACTOR.at(a))
+    if factor is None or not factor > 1:
+        return                      # plain RoPE: the YaRN keys are not read
     original = k.int(S.ROPE_SCALING_ORIG_CTX.at(a))
-    if factor is not None and factor > 1 and not original:
+    if S.ROPE_SCALING_ORIG_CTX.at(a) in k.gf.kv and original is None:
+        return                      # wrong type, reported
+    if not original or original <= 0:
         report.error("yarn-no-original", f"YaRN factor {factor:g} without original_context_length: the engine "
                                          f"ignores YaRN and runs plain RoPE")
+    elif original > S.MAX_CTX:
+        report.error("hparam-range", f"{S.ROPE_SCALING_ORIG_CTX.at(a)}={original} is outside 1..{S.MAX_CTX}")
+    for pair in ((S.ROPE_BETA_FAST, S.UP_ROPE_BETA_FAST), (S.ROPE_BETA_SLOW, S.UP_ROPE_BETA_SLOW)):
+        k.float(*(key.at(a) for key in pair))       # numbers (a wrong type is reported)
 
 
 def _check_swa(k: _Keys, report, v: DraftView, a) -> None:
     S = schema
     pattern = k.array(S.SLIDING_WINDOW_PATTERN.at(a), (GGUFValueType.BOOL,))
     window = k.int(S.SLIDING_WINDOW.at(a))
+    v.causal = k.bool(S.CAUSAL.at(a))
     if pattern is None:
         return
+    v.sliding = pattern
     if v.n_layer is not None and len(pattern) != v.n_layer:
         report.error("swa-pattern-length", f"sliding_window_pattern has {len(pattern)} entries but block_count "
                                            f"is {v.n_layer}")
-    if any(pattern) and not window:
-        report.error("swa-window-missing", "sliding_window_pattern marks sliding layers but sliding_window is missing")
+    if any(pattern) and (not window or window <= 0):
+        if window is not None or S.SLIDING_WINDOW.at(a) not in k.gf.kv:
+            report.error("swa-window-missing", "sliding_window_pattern marks sliding layers but sliding_window is "
+                                               "missing")
+    elif any(pattern) and window > S.MAX_CTX:
+        report.error("hparam-range", f"{S.SLIDING_WINDOW.at(a)}={window} is outside 1..{S.MAX_CTX}")
 
 
 def _shape_ok(report, v: DraftView, role: str, layer, expected) -> bool:
@@ -388,9 +414,9 @@ def _check_trunk_tensors(report, v: DraftView) -> None:
         if fc.shape[1:] != (v.hidden,) or len(fc.shape) != 2:
             report.error("tensor-shape", f"{fc.name} has shape {list(fc.shape)}, expected [N*{v.hidden}, {v.hidden}]")
         elif v.n_target_layers is not None and fc.shape[0] != v.n_target_layers * v.hidden:
-            severity = report.warn if fc.shape[0] % v.hidden == 0 else report.error
-            severity("fc-width", f"{fc.name} width {fc.shape[0]} != n_target_layers {v.n_target_layers} x "
-                                 f"hidden {v.hidden}")
+            # An error even when it divides evenly: the runtime sizes the fused features by the taps.
+            report.error("fc-width", f"{fc.name} width {fc.shape[0]} != n_target_layers {v.n_target_layers} x "
+                                     f"hidden {v.hidden}")
     for (role, layer) in list(v.tensors):
         if schema.ROLE[role].group == "trunk" and role != "fc":
             _shape_ok(report, v, role, layer, schema.expected_shape(role, shape))
@@ -405,6 +431,9 @@ def _check_conv(k: _Keys, report, v: DraftView, a) -> int:
     if not present and kernel <= 0:
         return 0
     missing = [(r, i) for i in range(v.n_layer or 0) for r in S.CONV_ROLES if (r, i) not in v.tensors]
+    if kernel > S.MAX_CONV_K:
+        report.error("conv-incomplete", f"conv_kernel_size={kernel} is outside 1..{S.MAX_CONV_K}")
+        return kernel
     if missing or kernel <= 0:
         what = (f"missing {ROLE[missing[0][0]].name(v.layout, missing[0][1])}" if missing
                 else "conv_kernel_size is not set")
@@ -544,10 +573,23 @@ def _summarise_drafter(gf: GGUFFile, report, v: DraftView, conv_k: int, dspark) 
         "yarn": ({"factor": factor, "original_context": gf.kv.get(S.ROPE_SCALING_ORIG_CTX.at(a))}
                  if factor is not None else None),
         "sliding_window": gf.kv.get(S.SLIDING_WINDOW.at(a)),
+        "in_block_causal": _in_block_causal(v),
         "sample_from_anchor": (dspark or {}).get("sample_from_anchor"),
         "output_multiplier": v.output_multiplier, "final_logit_softcapping": v.final_logit_softcapping,
         "tensor_types": _type_histogram(gf), "n_tensors": len(gf.tensors),
     })
+
+
+def _in_block_causal(v: DraftView) -> list[bool] | None:
+    """Per layer: slot j sees block slots 0..j only. The native loader's rule (drafter_load.cpp):
+    without attention.causal a pattern's sliding layers are causal; with it, attention.causal
+    applies to the sliding layers (to every layer when there is no pattern)."""
+    if v.n_layer is None or v.n_layer > schema.MAX_LAYERS:
+        return None
+    sliding = v.sliding if v.sliding is not None and len(v.sliding) == v.n_layer else None
+    if v.causal is None:
+        return list(sliding) if sliding is not None else [False] * v.n_layer
+    return [v.causal and (sliding is None or s) for s in (sliding or [True] * v.n_layer)]
 
 
 def _type_histogram(gf: GGUFFile) -> dict[str, int]:
@@ -556,53 +598,43 @@ def _type_histogram(gf: GGUFFile) -> dict[str, int]:
 
 # ---- qwen35 target ---------------------------------------------------------------------------
 
-def _tk(template: str) -> str:
-    return template.format(arch=schema.TARGET_ARCH)
-
-
 def check_target(gf: GGUFFile, report: Report) -> None:
-    k, L, A, T = _Keys(gf, report), Keys.LLM, Keys.Attention, Keys.Tokenizer
-    n_layer = k.int(_tk(L.BLOCK_COUNT))
-    if n_layer is None:
-        report.error("hparam-missing", f"{_tk(L.BLOCK_COUNT)} is missing")
-    elif not 1 <= n_layer <= schema.MAX_LAYERS:
-        report.error("hparam-range", f"{_tk(L.BLOCK_COUNT)}={n_layer} is outside 1..{schema.MAX_LAYERS}")
-        n_layer = None
-    nextn = k.int(_tk(L.NEXTN_PREDICT_LAYERS)) or 0
-    hidden = k.int(_tk(L.EMBEDDING_LENGTH))
-    values = {}
-    for key in (L.FEED_FORWARD_LENGTH, A.HEAD_COUNT, A.HEAD_COUNT_KV):
-        values[key] = k.int_or_layer_array(_tk(key), n_layer)
-    head_dim = k.int(_tk(A.KEY_LENGTH))
-    for name, value in [(_tk(L.EMBEDDING_LENGTH), hidden), (_tk(A.KEY_LENGTH), head_dim),
-                        (_tk(L.FEED_FORWARD_LENGTH), values[L.FEED_FORWARD_LENGTH])]:
-        if value is None and name not in gf.kv:
-            report.error("hparam-missing", f"{name} is missing")
-        elif isinstance(value, int) and not 1 <= value <= schema.MAX_FF:
-            report.error("hparam-range", f"{name}={value} is outside 1..{schema.MAX_FF}")
-    for key in (A.HEAD_COUNT, A.HEAD_COUNT_KV):
-        if values[key] is None and _tk(key) not in gf.kv:
-            report.error("hparam-missing", f"{_tk(key)} is missing")
-    _check_target_heads(report, values[A.HEAD_COUNT], values[A.HEAD_COUNT_KV], n_layer, nextn,
-                        k.int(_tk(L.FULL_ATTENTION_INTERVAL)) or 4)
-    if n_layer is not None:
-        attn_norm = TENSOR_NAMES[MODEL_TENSOR.ATTN_NORM] + ".weight"
-        missing = [i for i in range(n_layer) if attn_norm.format(bid=i) not in gf.tensors]
-        if missing:
-            report.error("tensor-missing", f"block_count is {n_layer} but layer {missing[0]} has no tensors "
-                                           f"({len(missing)} layers missing)")
-    hist = _type_histogram(gf)
-    unsupported = {n: c for n, c in hist.items() if GGMLQuantizationType[n] not in SUPPORTED_TARGET_TYPES}
-    if unsupported:
-        report.error("tensor-type", f"unsupported weight types {unsupported}; supported: "
-                                    f"{', '.join(sorted(t.name for t in SUPPORTED_TARGET_TYPES))}")
-    vocab = _target_vocab(gf, report)
+    """The rules of converters/target_rules.py, which are the native loader's (same order, same
+    message: the first refusal is the reason `luce generate` would give), then the tokenizer's."""
+    hp, vocab = None, None
+    try:
+        hp, vocab = target_rules.check_native(gf)
+    except target_rules.Refused as e:
+        report.error(e.code, str(e))
+    try:
+        target_rules.check_tokenizer(gf, vocab)
+    except target_rules.Refused as e:
+        report.error(e.code, str(e))
+    _summarise_target(gf, report, hp, vocab)
+
+
+def _summarise_target(gf: GGUFFile, report: Report, hp: dict | None, vocab: int | None) -> None:
+    """From the checked hparams when the file passed, else the raw values (a report, not a promise)."""
+    T, R = Keys.Tokenizer, target_rules
+    raw = lambda key: gf.kv.get(key) if gf.kv_type.get(key, (None,))[0] in INTEGER_TYPES else None  # noqa: E731
+    raw_list = lambda key: (gf.kv[key].tolist() if hasattr(gf.kv.get(key), "tolist") else raw(key))  # noqa: E731
+    if hp is not None:
+        per_layer = lambda v: v[0] if len(set(v)) == 1 else v   # noqa: E731
+        attn = [i for i, r in enumerate(hp["recurrent"]) if not r]
+        layers, main = hp["n_layer_total"], hp["n_layer"]
+        hidden, head_dim, ffn = hp["hidden"], hp.get("head_dim"), per_layer(hp["ff"])
+        heads = hp["heads"][attn[0]] if attn else None
+        kv_heads = hp["heads_kv"][attn[0]] if attn else None
+    else:
+        layers, hidden, head_dim = raw(R.K_BLOCK_COUNT), raw(R.K_EMBD), raw(R.K_KEY_LEN)
+        nextn = raw(R.K_NEXTN) or 0
+        main = layers - nextn if isinstance(layers, int) else None
+        ffn, heads, kv_heads = raw_list(R.K_FF), raw_list(R.K_HEAD), raw_list(R.K_HEAD_KV)
     tokens = gf.kv.get(T.LIST)
     report.summary.update({
-        "layers": n_layer, "main_layers": (n_layer - nextn) if n_layer is not None else None,
-        "hidden": hidden, "vocab": vocab, "heads": values[A.HEAD_COUNT], "kv_heads": values[A.HEAD_COUNT_KV],
-        "head_dim": head_dim, "ffn": values[L.FEED_FORWARD_LENGTH],
-        "tensor_types": hist, "n_tensors": len(gf.tensors),
+        "layers": layers, "main_layers": main, "hidden": hidden, "vocab": vocab, "heads": heads,
+        "kv_heads": kv_heads, "head_dim": head_dim, "ffn": ffn,
+        "tensor_types": _type_histogram(gf), "n_tensors": len(gf.tensors),
         "tokenizer": {
             "model": gf.kv.get(T.MODEL), "pre": gf.kv.get(T.PRE),
             "tokens": len(tokens) if isinstance(tokens, list) else None,
@@ -611,32 +643,6 @@ def check_target(gf: GGUFFile, report: Report) -> None:
             "padding_token_id": gf.kv.get(T.PAD_ID), "chat_template": T.CHAT_TEMPLATE in gf.kv,
         },
     })
-
-
-def _check_target_heads(report, heads, kv_heads, n_layer, nextn, interval) -> None:
-    """Attention layers need heads > 0 and heads % kv_heads == 0 (DeltaNet layers may say 0)."""
-    if heads is None or kv_heads is None or n_layer is None:
-        return
-    per_layer = lambda v, i: v[i] if isinstance(v, list) else v   # noqa: E731
-    for i in range(n_layer):
-        is_attention = i >= n_layer - nextn or (i + 1) % interval == 0
-        h, kv = per_layer(heads, i), per_layer(kv_heads, i)
-        if is_attention and (h <= 0 or kv <= 0 or h % kv):
-            report.error("hparam-range", f"layer {i}: head_count {h} / head_count_kv {kv} is not a valid "
-                                         f"attention layout")
-            return
-
-
-def _target_vocab(gf: GGUFFile, report) -> int | None:
-    tokens = gf.kv.get(Keys.Tokenizer.LIST)
-    n_tokens = len(tokens) if isinstance(tokens, list) else None
-    embd = gf.tensors.get(TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD] + ".weight")
-    n_rows = embd.shape[1] if embd is not None and len(embd.shape) == 2 else None
-    if n_tokens is None and n_rows is None:
-        report.error("vocab-missing", "no tokenizer.ggml.tokens and no token_embd.weight: vocab unknown")
-    if n_tokens is not None and n_rows is not None and n_tokens != n_rows:
-        report.error("vocab-mismatch", f"{n_tokens} tokenizer tokens but token_embd has {n_rows} rows")
-    return n_rows if n_rows is not None else n_tokens
 
 
 # ---- the pair --------------------------------------------------------------------------------

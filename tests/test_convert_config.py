@@ -83,14 +83,31 @@ def test_swa_pattern_for_in_block_causal_drafters(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["top", "dflash_config.is_causal", "dflash_config.causal"])
-def test_no_swa_pattern_when_not_causal(tmp_path, where):
-    cfg = ck.base_config(sliding_window=1024, layer_types=["sliding_attention", "full_attention"])
+def test_bidirectional_sliding_layers_keep_their_window(tmp_path, where):
+    """is_causal false changes the in-block direction, not the window (spec/drafters.md §1.5): the
+    pattern and window are written as for a causal drafter, plus attention.causal = false."""
+    cfg = ck.base_config(sliding_window=1024, layer_types=["sliding_attention", "full_attention"],
+                         use_sliding_window=True)
     if where == "top":
         cfg["is_causal"] = False
     else:
         cfg["dflash_config"][where.split(".")[1]] = False
     src = ck.write_checkpoint(tmp_path / "src", cfg, ck.trunk_tensors(ck._gen(1)))
-    assert not any("sliding_window" in key for key in _keys(tmp_path, src))
+    k = _keys(tmp_path, src)
+    assert k[A + "attention.sliding_window"] == 1024
+    assert list(k[A + "attention.sliding_window_pattern"]) == [True, False]
+    assert k[A + "attention.causal"] is False
+
+
+def test_bidirectional_window_needs_use_sliding_window(tmp_path):
+    """Without use_sliding_window, transformers' Qwen3Config drops sliding_window (so z-lab's
+    reference runs no window) and llama.cpp's converter writes none: neither does luce."""
+    assert not any("sliding_window" in key or "causal" in key for key in _keys(tmp_path, "swa_not_causal"))
+
+
+def test_causal_sliding_drafters_write_no_causal_key(tmp_path):
+    """In-block causal sliding layers keep the lucebox bytes they always had: no attention.causal."""
+    assert A + "attention.causal" not in _keys(tmp_path, "swa_causal")
 
 
 def test_speculators_sample_from_anchor_false_is_kept(tmp_path):

@@ -156,18 +156,8 @@ def test_yarn_rope_matches_hf(pairs, tgt, name):
     assert_close(native.forward(feats, block), want, REL, f"DFlash hidden with {name}")
 
 
-# Known divergence, reported to the lead: for a llama.cpp-layout file the converter writes
-# `dflash.attention.causal = true` next to the SWA pattern (converters/drafter_gguf.py), and the
-# loader reads that key as "every layer in-block causal" (native/src/drafter_load.cpp), so the
-# final full-attention layer of a Qwen3.6-style drafter runs causal in that layout only (the
-# lucebox file of the same checkpoint matches z-lab). Measured: the llama.cpp-layout output equals
-# z-lab with top-level is_causal: true to ~1e-6. strict: XPASS fails the suite once fixed.
-UPSTREAM_CAUSAL_MISMATCH = pytest.mark.xfail(
-    strict=True, reason="llama.cpp layout: converter's attention.causal makes the loader run full layers causal")
-
-
 @pytest.mark.parametrize("name, n_ctx", [("swa_causal", 5), ("swa_causal", 30),
-                                         ("swa_causal_llama_cpp", 30)])  # fixed in drafter_load.cpp (E)
+                                         ("swa_causal_llama_cpp", 30)])
 def test_swa_causal_layer_matches_zlab(pairs, tgt, name, n_ctx):
     """dflash 0.1.0 builds the in-block causal + window mask for sliding layers itself (is_causal
     defaults to 'layer is sliding'); n_ctx 30 > window 12 makes the window cut context keys."""

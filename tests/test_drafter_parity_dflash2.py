@@ -15,6 +15,8 @@ from fixtures.drafter_parity import (BLOCK, TAPS, assert_close, assert_tokens_eq
                                      dflash2_config, features, mask_block, stored_types, target)
 from fixtures.gguf_edit import F32, rewrite
 from fixtures.native_drafter import NativeDrafter
+from luce.converters.schema import ARCH
+from luce.converters.validate import inspect_gguf
 from luce.errors import LuceError
 from oracles import nemo, zlab
 
@@ -94,14 +96,15 @@ def test_random_rows_walk(pair, tgt):
     assert_tokens_equal(tokens, zlab.selector_walk(z, hidden, tgt.lm_head, 123), "DFlash 2 walk on random rows")
 
 
-@pytest.fixture(scope="module")
-def windowed(tmp_path_factory, tgt):
+@pytest.fixture(scope="module", params=["lucebox", "llama.cpp"])
+def windowed(request, tmp_path_factory, tgt):
     """Qwen3.8-DFlash2 style: every layer sliding_attention, is_causal false (bidirectional), with a
-    window (12) shorter than the context so that it cuts context keys."""
+    window (12) shorter than the context so that it cuts context keys; in both layouts."""
     cfg = dflash2_config(use_sliding_window=True, sliding_window=12, layer_types=["sliding_attention"] * 2)
-    drafter = convert_drafter(tmp_path_factory.mktemp("dflash2_swa"), cfg, "dflash2", seed=8)
+    drafter = convert_drafter(tmp_path_factory.mktemp("dflash2_swa"), cfg, "dflash2", seed=8,
+                              layout=request.param, target_model=tgt.gguf if request.param == "llama.cpp" else None)
     native = NativeDrafter(tgt.gguf, drafter.gguf)
-    yield native, zlab.build(drafter.cfg, drafter.tensors, dflash2=True), nemo.build_dflash2(drafter.cfg, drafter.tensors)
+    yield native, zlab.build(drafter.cfg, drafter.tensors, dflash2=True), nemo.build_dflash2(drafter.cfg, drafter.tensors), drafter
     native.close()
 
 
@@ -136,19 +139,51 @@ def test_f16_file_matches_zlab(tmp_path_factory, tgt):
                             "DFlash 2 selector walk, f16 file")
 
 
-# Known divergence, reported to the lead: the converter writes a sliding-window pattern only for
-# in-block causal layers (converters/drafter_config.py::_sliding_window; the lucebox
-# `sliding_window_pattern` means "sliding = causal"), so a bidirectional sliding layer loses its
-# window altogether, while both oracles keep the context window (spec/drafters.md §1.5: the window
-# keeps context keys with position > (a+j) - W). For Qwen3.8-DFlash2 (window 2048) this changes the
-# drafts once the context passes 2048 tokens. strict: an XPASS fails the suite once it is fixed.
-@pytest.mark.xfail(strict=True, reason="bidirectional sliding layers lose their window in the GGUF")
-def test_bidirectional_sliding_window_matches_zlab_and_nemo(windowed, tgt):
-    native, z, nm = windowed
-    feats, block = features(30, seed=30), mask_block(ANCHOR, BLOCK)
+# spec/drafters.md §1.5: a sliding layer keeps context keys with position > (a+j) - W whatever its
+# in-block direction; the file records the window (pattern + sliding_window) and the direction
+# (attention.causal = false) separately, so the bidirectional layers keep their window.
+@pytest.mark.parametrize("n_ctx", [5, 30])
+def test_bidirectional_sliding_window_matches_zlab_and_nemo(windowed, tgt, n_ctx):
+    native, z, nm, _ = windowed
+    assert native.info["kind"] == 1
+    feats, block = features(n_ctx, seed=n_ctx), mask_block(ANCHOR, BLOCK)
     want = zlab.forward(z, tgt.embed, feats, block)
     assert_close(nemo.dflash2_forward(nm, tgt.embed, feats, block), want, REL, "NeMo vs z-lab (oracles disagree)")
-    assert_close(native.forward(feats, block), want, REL, "DFlash 2 hidden, bidirectional SWA, n_ctx 30 > window 12")
+    assert_close(native.forward(feats, block), want, REL, f"DFlash 2 hidden, bidirectional SWA, n_ctx {n_ctx}, window 12")
+
+
+def test_bidirectional_window_is_described(windowed):
+    """inspect reads the two facts the loader reads: window 12 on both layers, neither causal."""
+    report = inspect_gguf(windowed[3].gguf)
+    assert report.valid, [f.message for f in report.findings]
+    assert (report.summary["sliding_window"], report.summary["in_block_causal"]) == (12, [False, False])
+
+
+def test_old_bidirectional_file_loads_as_before(tmp_path, tgt):
+    """A lucebox file written before attention.causal existed (no window keys for bidirectional
+    layers) still loads, and runs as it always did: bidirectional without a window."""
+    cfg = dflash2_config(use_sliding_window=True, sliding_window=12, layer_types=["sliding_attention"] * 2)
+    drafter = convert_drafter(tmp_path, cfg, "dflash2", seed=8)
+    old = rewrite(drafter.gguf, tmp_path / "old.gguf",
+                  drop_kv={f"{ARCH}.attention.{k}" for k in ("causal", "sliding_window", "sliding_window_pattern")})
+    unwindowed = zlab.build(cfg | {"use_sliding_window": False}, drafter.tensors, dflash2=True)
+    feats, block = features(30, seed=30), mask_block(ANCHOR, BLOCK)
+    with NativeDrafter(tgt.gguf, old) as native:
+        assert_close(native.forward(feats, block), zlab.forward(unwindowed, tgt.embed, feats, block), REL,
+                     "DFlash 2 hidden, earlier file without a window")
+
+
+def test_bidirectional_window_is_distinguishable(windowed, tgt):
+    """Fixture strength: past the window, dropping it (the old file's reading) or running the
+    sliding layers causal (Lucebox's reading of a bare pattern) each moves the reference far
+    beyond the tolerance, so the test above pins both the window and the direction."""
+    _, z, _, drafter = windowed
+    feats, block = features(30, seed=30), mask_block(ANCHOR, BLOCK)
+    want = zlab.forward(z, tgt.embed, feats, block)
+    for name, change in [("no window", {"layer_types": ["full_attention"] * 2, "use_sliding_window": False}),
+                         ("causal", {"is_causal": True})]:
+        other = zlab.build(drafter.cfg | change, drafter.tensors, dflash2=True)
+        assert np.abs(zlab.forward(other, tgt.embed, feats, block) - want).max() > 100 * REL, name
 
 
 # spec/drafters.md §2.2: the unary logits are scaled by `output_multiplier`, then soft-capped

@@ -69,10 +69,11 @@ RULES = [
     ("tensor-shape", "zlab_dflash", dict(tensors={"blk.0.attn_q_norm.weight": _z(8)}), "tensor-shape", None),
     ("tensor-unknown", "zlab_dflash", dict(tensors={"extra.weight": _z(4)}), None, "tensor-unknown"),
     ("fc-width-error", "zlab_dflash", dict(tensors={"dflash.fc.weight": _z(64, 96)}), "fc-width", None),
-    # N=4 declared (ids agree) but fc holds 3*H: divides evenly, so the engine trusts the weights
-    ("fc-width-warning", "zlab_dflash", dict(set_kv={A + "dflash.n_target_layers": (4, U32),
-                                                     A + "dflash.target_layer_ids": ([0, 1, 2, 3], ARR, I32)}),
-     None, "fc-width"),
+    # N=4 declared (ids agree) but fc holds 3*H: an error even though it divides evenly (luce's
+    # runtime sizes the fused features by the taps and refuses the file; Lucebox warned)
+    ("fc-width-divisible", "zlab_dflash", dict(set_kv={A + "dflash.n_target_layers": (4, U32),
+                                                       A + "dflash.target_layer_ids": ([0, 1, 2, 3], ARR, I32)}),
+     "fc-width", None),
     ("rope-theta-missing", "zlab_dflash", dict(drop_kv=[A + "rope.freq_base"]), None, "rope-theta-missing"),
     ("yarn-no-original", "zlab_dflash", dict(set_kv={A + "rope.scaling.type": ("yarn", STR),
                                                      A + "rope.scaling.factor": (4.0, F32)}), "yarn-no-original", None),

@@ -5,7 +5,7 @@ into build/peer/llama.cpp (`make test` depends on it). Its convert_hf_to_gguf.py
 subprocess with its own gguf-py; none of its code is in this repository.
 
 1. Read: llama.cpp's converter turns luce's test checkpoints (DFlash, DFlash 2 with and without
-   the unary-logit scalars, DSpark single-file and DeepSpec-native) into `dflash` GGUFs, taking
+   the unary-logit scalars or bidirectional sliding windows, DSpark single-file and DeepSpec-native) into `dflash` GGUFs, taking
    the tokenizer from a tiny Qwen3.5 target's Hugging Face folder (`--target-model-dir`). Each
    file inspects as valid against the target's GGUF, and luce's drafter built from it computes
    bit for bit what luce's own conversion of the same checkpoint computes (hidden states and the
@@ -38,7 +38,7 @@ from luce.converters.validate import inspect_gguf
 
 PEER = Path(__file__).resolve().parents[1] / "build" / "peer" / "llama.cpp"
 # fixture name -> checkpoint block size
-KINDS = {"zlab_dflash": 8, "dflash2": 8, "dflash2_logit_scalars": 8, "dspark_radixark": 7, "dspark_deepspec": 7}
+KINDS = {"zlab_dflash": 8, "dflash2": 8, "dflash2_swa": 8, "dflash2_logit_scalars": 8, "dspark_radixark": 7, "dspark_deepspec": 7}
 # Multiplier 8 and cap 5 (not Muse-Glimmer's 0.196 / 20) change these random weights' walk, so
 # that reading the scalars shows in the tokens.
 WRITERS = {**{k: ck.FIXTURES[k] for k in KINDS},

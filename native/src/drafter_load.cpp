@@ -26,6 +26,8 @@ const char *ARCHS[] = {"qwen35-dflash-draft", "dflash", "dflash-draft", "gemma4-
 const char *K_EMBD = "embedding_length", *K_LAYERS = "block_count", *K_FF = "feed_forward_length";
 const char *K_HEAD = "attention.head_count", *K_HEAD_KV = "attention.head_count_kv";
 const char *K_KEY_LEN = "attention.key_length", *K_EPS = "attention.layer_norm_rms_epsilon";
+const char *K_VALUE_LEN = "attention.value_length", *K_VOCAB = "vocab_size";
+const char *K_ROPE_SECTIONS = "rope.dimension_sections";
 const char *K_ROPE_BASE = "rope.freq_base", *K_YARN_FACTOR = "rope.scaling.factor";
 const char *K_YARN_ORIG = "rope.scaling.original_context_length";
 const char *K_YARN_ATTN = "rope.scaling.attn_factor";
@@ -43,6 +45,9 @@ const char *K_CONV_K[] = {"dflash.dflash2.conv_kernel_size", "conv_kernel_size"}
 const char *K_CONV_G[] = {"dflash.dflash2.conv_group_size", "conv_group_size"};
 const char *K_SEL_RANK[] = {"dflash.dflash2.selector_rank", "selector_rank"};
 const char *K_SEL_TOPK[] = {"dflash.dflash2.selector_top_k", "selector_top_k"};
+const char *K_DSPARK_ENABLED = "dflash.dspark.enabled", *K_DSPARK_RANK = "dflash.dspark.markov_rank";
+const char *K_DSPARK_VOCAB = "dflash.dspark.vocab_size", *K_DSPARK_CONF_DIM = "dflash.dspark.confidence_dim";
+const char *UPSTREAM_ARCH = "dflash";
 // DFlash 2 unary-logit scalars: lucebox's own keys, then llama.cpp's generic ones (same transform).
 const char *K_OUTPUT_MULTIPLIER[] = {"dflash.dflash2.output_multiplier", "logit_scale"};
 const char *K_SOFTCAP[] = {"dflash.dflash2.final_logit_softcapping", "final_logit_softcapping"};
@@ -79,11 +84,13 @@ const TensorName T_MARKOV_W2{"dflash.dspark.markov.w2", "markov_w2.weight"};
 const TensorName T_CONF_W{"dflash.dspark.confidence.weight", "conf_proj.weight"};
 const TensorName T_CONF_B{"dflash.dspark.confidence.bias", "conf_proj.bias"};
 
-// Defaults and bounds (schema.py; spec engine.md §3).
+// Defaults and bounds: schema.py holds the same numbers for `luce inspect` under the same names
+// (tests/test_validator_parity_drafter.py reads them out of this file and compares).
 constexpr int DEFAULT_CONV_GROUP = 16, DEFAULT_TOP_K = 16, MAX_TOP_K = 256;
 constexpr double DEFAULT_ROPE_THETA = 1e7;  // Qwen3.5-family drafters (spec drafters.md §1.4)
 constexpr int64_t MAX_LAYERS = 1024, MAX_EMBD = 131072, MAX_FF = 524288, MAX_HEADS = 1024,
-                  MAX_HEAD_DIM = 1024, MAX_TAPS = 64, MAX_BLOCK = 32, MAX_CONV_K = 16, MAX_RANK = 65536;
+                  MAX_HEAD_DIM = 1024, MAX_TAPS = 64, MAX_BLOCK = 32, MAX_CONV_K = 16, MAX_RANK = 65536,
+                  MAX_VOCAB = INT32_MAX, MAX_CTX = 1 << 24;
 
 std::string layer_name(const char *tmpl, int layer) {
     std::string s(tmpl);
@@ -171,6 +178,12 @@ void read_hparams(const Reader &r, DrafterHparams &hp) {
     if (hp.n_head % hp.n_head_kv)
         fail(LUCE_ERR_FORMAT, "head_count %d is not divisible by head_count_kv %d", hp.n_head, hp.n_head_kv);
     if (hp.head_dim % 2) fail(LUCE_ERR_FORMAT, "%s=%d must be even (RoPE pairs)", r.key(K_KEY_LEN).c_str(), hp.head_dim);
+    // The drafter ropes the whole head (partial rotary is refused), so its sections count head_dim / 2 pairs.
+    check_rope_sections(r.f, r.key(K_ROPE_SECTIONS), hp.head_dim, r.key(K_KEY_LEN));
+    if (r.f.has(r.key(K_VALUE_LEN))) r.f.get_int(r.key(K_VALUE_LEN));  // an integer (inspect warns if != key_length)
+    // The lucebox layout states its vocabulary (Lucebox's loader requires it); llama.cpp's takes the
+    // target's. Drafting always uses the target's, so this only has to be sane.
+    const int64_t vocab = r.arch != UPSTREAM_ARCH || r.f.has(r.key(K_VOCAB)) ? r.req_int(K_VOCAB, 1, MAX_VOCAB) : 0;
     if (!r.f.has(r.key(K_EPS))) fail(LUCE_ERR_FORMAT, "%s is missing", r.key(K_EPS).c_str());
     hp.rms_eps = float(r.f.get_float(r.key(K_EPS)));
     if (!(hp.rms_eps > 0.f && hp.rms_eps < 1.f))
@@ -178,9 +191,9 @@ void read_hparams(const Reader &r, DrafterHparams &hp) {
 
     const char *block = r.first({K_BLOCK[0], K_BLOCK[1]});
     if (!block) fail(LUCE_ERR_FORMAT, "no %s (or %s)", r.key(K_BLOCK[0]).c_str(), r.key(K_BLOCK[1]).c_str());
-    hp.block_size = int(r.f.get_int(r.key(block)));
-    if (hp.block_size < 2) fail(LUCE_ERR_FORMAT, "block_size=%d must be at least 2", hp.block_size);
-    bounded(hp.block_size, 2, MAX_BLOCK, r.key(block));
+    const int64_t block_size = r.f.get_int(r.key(block));
+    if (block_size < 2) fail(LUCE_ERR_FORMAT, "block_size=%lld must be at least 2", (long long)block_size);
+    hp.block_size = int(bounded(block_size, 2, MAX_BLOCK, r.key(block)));  // the block buffers' size
 
     // Mask id: the first present of these wins (the order converters/validate.py uses).
     std::vector<std::string> mask_keys = {r.key(K_MASK[0]), r.key(K_MASK[1]), K_MASK_UPSTREAM, K_MASK_TOKENIZER};
@@ -192,15 +205,18 @@ void read_hparams(const Reader &r, DrafterHparams &hp) {
             break;
         }
     if (!have_mask) fail(LUCE_ERR_FORMAT, "no mask token id (%s)", r.key(K_MASK[0]).c_str());
+    if (vocab && hp.mask_token_id >= vocab)
+        fail(LUCE_ERR_FORMAT, "mask_token_id=%d is outside vocab_size %lld", hp.mask_token_id, (long long)vocab);
 
     hp.rope_theta = float(r.f.get_float(r.key(K_ROPE_BASE), DEFAULT_ROPE_THETA));
     if (!(hp.rope_theta > 1.f)) fail(LUCE_ERR_FORMAT, "%s must be > 1", r.key(K_ROPE_BASE).c_str());
     hp.yarn.factor = float(r.f.get_float(r.key(K_YARN_FACTOR), 1.0));
     if (hp.yarn.factor > 1.f) {
-        hp.yarn.orig_ctx = int(r.f.get_int(r.key(K_YARN_ORIG), 0));
-        if (hp.yarn.orig_ctx <= 0)
+        const int64_t orig = r.f.get_int(r.key(K_YARN_ORIG), 0);
+        if (orig <= 0)
             fail(LUCE_ERR_FORMAT, "YaRN factor %g without original_context_length: the engine ignores YaRN and "
                  "runs plain RoPE", double(hp.yarn.factor));
+        hp.yarn.orig_ctx = int(bounded(orig, 1, MAX_CTX, r.key(K_YARN_ORIG)));
         const char *fast = r.first({K_YARN_BETA_FAST[0], K_YARN_BETA_FAST[1]});
         const char *slow = r.first({K_YARN_BETA_SLOW[0], K_YARN_BETA_SLOW[1]});
         hp.yarn.beta_fast = fast ? float(r.f.get_float(r.key(fast))) : 32.f;
@@ -210,15 +226,17 @@ void read_hparams(const Reader &r, DrafterHparams &hp) {
     const char *anchor = r.first({K_ANCHOR[0], K_ANCHOR[1]});
     hp.sample_from_anchor = anchor && r.get_bool(r.key(anchor), false);
 
-    // Sliding layers restrict context keys to a window and are in-block causal (the converter
-    // writes the pattern only when the checkpoint does not say is_causal: false; spec §1.5).
+    // A layer's window and its in-block direction are separate facts (spec drafters.md §1.5):
+    // sliding layers keep only the last W context keys whatever their direction. Files without
+    // attention.causal read a pattern as "sliding = causal" (Lucebox's meaning).
     hp.sliding.assign(size_t(hp.n_layer), false);
     if (r.f.has(r.key(K_SWA_PATTERN))) {
         hp.sliding = r.f.get_bool_array(r.key(K_SWA_PATTERN), hp.n_layer);
         bool any = std::find(hp.sliding.begin(), hp.sliding.end(), true) != hp.sliding.end();
-        hp.sliding_window = int(r.f.get_int(r.key(K_SWA), 0));
-        if (any && hp.sliding_window <= 0)
+        const int64_t window = r.f.get_int(r.key(K_SWA), 0);
+        if (any && window <= 0)
             fail(LUCE_ERR_FORMAT, "sliding_window_pattern marks sliding layers but sliding_window is missing");
+        if (any) hp.sliding_window = int(bounded(window, 1, MAX_CTX, r.key(K_SWA)));
     }
     // Upstream's attention.causal: with a pattern it says whether the sliding layers are causal
     // (full layers stay bidirectional, as in the checkpoint); without one it applies to all layers.
@@ -296,20 +314,22 @@ void bind_trunk(const Reader &r, Drafter &d) {
 void bind_conv(const Reader &r, Drafter &d) {
     DrafterHparams &hp = d.hp;
     const char *kk = r.first({K_CONV_K[0], K_CONV_K[1]});
-    int kernel = kk ? int(r.f.get_int(r.key(kk))) : 0;
+    const int64_t kernel64 = kk ? r.f.get_int(r.key(kk)) : 0;
+    const int kernel = int(std::clamp<int64_t>(kernel64, -1, MAX_CONV_K + 1));  // bounded below
     bool any = false;
     for (int i = 0; i < hp.n_layer && !any; ++i)
         any = r.find(T_ATTN_CONV_BASE, i) || r.find(T_ATTN_CONV_PROJ, i) || r.find(T_FFN_CONV_BASE, i) ||
               r.find(T_FFN_CONV_PROJ, i);
     if (!any && kernel <= 0) return;
     if (kernel <= 0) fail(LUCE_ERR_FORMAT, "DFlash 2 conv tensors/metadata incomplete: conv_kernel_size is not set");
-    bounded(kernel, 1, MAX_CONV_K, "conv_kernel_size");
+    bounded(kernel64, 1, MAX_CONV_K, "conv_kernel_size");
     const char *kg = r.first({K_CONV_G[0], K_CONV_G[1]});
-    int group = kg ? int(r.f.get_int(r.key(kg))) : DEFAULT_CONV_GROUP;
+    const int64_t group = kg ? r.f.get_int(r.key(kg)) : DEFAULT_CONV_GROUP;
     if (group <= 0 || hp.n_embd % group)
-        fail(LUCE_ERR_FORMAT, "conv_group_size=%d must be positive and divide embedding_length %d", group, hp.n_embd);
+        fail(LUCE_ERR_FORMAT, "conv_group_size=%lld must be positive and divide embedding_length %d", (long long)group,
+             hp.n_embd);
     hp.conv_kernel = kernel;
-    hp.conv_group = group;
+    hp.conv_group = int(group);
     const int64_t E = hp.n_embd, G = E / group;
     for (int i = 0; i < hp.n_layer; ++i) {
         DrafterLayer &L = d.layers[size_t(i)];
@@ -361,25 +381,37 @@ void bind_selector(const Reader &r, Drafter &d, int target_vocab) {
     if (Vcb < target_vocab)
         fail(LUCE_ERR_INVALID_ARGUMENT, "selector codebook vocab %lld < target vocab %d", (long long)Vcb, target_vocab);
     const char *tk = r.first({K_SEL_TOPK[0], K_SEL_TOPK[1]});
-    int top_k = tk ? int(r.f.get_int(r.key(tk))) : DEFAULT_TOP_K;
+    const int64_t top_k = tk ? r.f.get_int(r.key(tk)) : DEFAULT_TOP_K;
     if (top_k < 1 || top_k > MAX_TOP_K || top_k > Vcb || top_k > target_vocab)
-        fail(LUCE_ERR_FORMAT, "selector_top_k=%d must be in 1..%d and <= codebook vocab %lld", top_k, MAX_TOP_K,
-             (long long)Vcb);
+        fail(LUCE_ERR_FORMAT, "selector_top_k=%lld must be in 1..%d and <= codebook vocab %lld", (long long)top_k,
+             MAX_TOP_K, (long long)Vcb);
     d.sel_hproj = matrix(*h, hp.n_embd, R);
     d.sel_pred = matrix(*p, R, Vcb);
     d.sel_succ = matrix(*s, R, Vcb);
     hp.selector_rank = int(R);
-    hp.selector_top_k = top_k;
+    hp.selector_top_k = int(top_k);
 }
 
 void bind_dspark(const Reader &r, Drafter &d, int target_vocab) {
     DrafterHparams &hp = d.hp;
     const GgufTensor *w1 = r.find(T_MARKOV_W1), *w2 = r.find(T_MARKOV_W2);
     const GgufTensor *cw = r.find(T_CONF_W), *cb = r.find(T_CONF_B);
-    if (!w1 && !w2 && !cw && !cb) return;
+    const bool enabled = r.f.get_int(r.key(K_DSPARK_ENABLED), 0) != 0;
+    if (!enabled && !w1 && !w2 && !cw && !cb) return;
     if (!w1 || !w2) fail(LUCE_ERR_FORMAT, "incomplete DSpark Markov tensors: need both markov w1 and w2");
     const int64_t R = w1->ne[0], V = w1->ne[1];
     bounded(R, 1, MAX_RANK, "Markov rank");
+    // The metadata, when present, must describe these tensors (inspect's dspark-metadata rule).
+    auto agrees = [&](const char *suffix, int64_t expected, const char *what) {
+        const std::string k = r.key(suffix);
+        if (!r.f.has(k)) return;
+        const int64_t declared = r.f.get_int(k);
+        if (declared != expected)
+            fail(LUCE_ERR_FORMAT, "%s=%lld but the %s %lld", k.c_str(), (long long)declared, what,
+                 (long long)expected);
+    };
+    agrees(K_DSPARK_RANK, R, "Markov tensors say");
+    agrees(K_DSPARK_VOCAB, V, "Markov tensors say");
     if (V != target_vocab)
         fail(LUCE_ERR_INVALID_ARGUMENT, "Markov head vocab %lld != target vocab %d", (long long)V, target_vocab);
     d.markov_w1 = matrix(*w1, R, V);
@@ -395,6 +427,7 @@ void bind_dspark(const Reader &r, Drafter &d, int target_vocab) {
         d.conf_w = vec(*cw, {C, 1});
         d.conf_b = vec(*cb, {1})[0];
         hp.confidence_dim = int(C);
+        agrees(K_DSPARK_CONF_DIM, C, "confidence weight says");
     }
 }
 

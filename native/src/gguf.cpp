@@ -371,14 +371,15 @@ std::vector<int64_t> GgufFile::get_int_per_layer(const std::string &key, int64_t
 std::vector<bool> GgufFile::get_bool_array(const std::string &key, int64_t n) const {
     const GgufValue *v = find(key);
     if (!v) fail(LUCE_ERR_FORMAT, "missing metadata key '%s'", key.c_str());
-    if (v->type != GgufType::ARRAY || (v->elem_type != GgufType::BOOL && !is_integer(v->elem_type)))
+    // BOOL elements only: an integer array here is another key's data (inspect refuses it too).
+    if (v->type != GgufType::ARRAY || v->elem_type != GgufType::BOOL)
         fail(LUCE_ERR_FORMAT, "key '%s' must be a bool array", key.c_str());
     if (v->count != uint64_t(n))
         fail(LUCE_ERR_FORMAT, "key '%s': per-layer array has %llu entries, expected %lld", key.c_str(),
              (unsigned long long)v->count, (long long)n);
     std::vector<bool> out(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i)
-        out[size_t(i)] = v->elem_type == GgufType::BOOL ? v->data[i] != 0 : array_int(*v, uint64_t(i), key) != 0;
+        out[size_t(i)] = v->data[i] != 0;
     return out;
 }
 

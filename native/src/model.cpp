@@ -35,6 +35,7 @@ const char *KEY_EPS = "qwen35.attention.layer_norm_rms_epsilon";
 const char *KEY_RECURRENT = "qwen35.attention.recurrent_layers";
 const char *KEY_INTERVAL = "qwen35.full_attention_interval";
 const char *KEY_ROPE_DIM = "qwen35.rope.dimension_count";
+const char *KEY_ROPE_SECTIONS = "qwen35.rope.dimension_sections";
 const char *KEY_ROPE_BASE = "qwen35.rope.freq_base";
 const char *KEY_SSM_CONV = "qwen35.ssm.conv_kernel";
 const char *KEY_SSM_STATE = "qwen35.ssm.state_size";
@@ -48,7 +49,9 @@ constexpr int64_t DEFAULT_INTERVAL = 4;       // llama.cpp's default when the ke
 constexpr double DEFAULT_ROPE_BASE = 10000.0;
 
 // Bounds on hyperparameters: generous for any real model, small enough that nothing sized by
-// them can be a huge allocation (llama.cpp caps layers at 512 too).
+// them can be a huge allocation (llama.cpp caps layers at 512 too). converters/target_rules.py
+// holds the same rules for `luce inspect` (same names, same messages, same order);
+// tests/test_validator_parity.py keeps the two in step.
 constexpr int64_t MAX_LAYERS = 512;
 constexpr int64_t MAX_EMBD = 1 << 16;
 constexpr int64_t MAX_HEADS = 1024;
@@ -58,6 +61,7 @@ constexpr int64_t MAX_VOCAB = 1 << 22;
 constexpr int64_t MAX_CTX = 1 << 24;
 constexpr int64_t MAX_CONV = 64;
 constexpr int64_t MAX_SSM_DIM = 1024;
+constexpr int64_t MAX_ROPE_SECTIONS = 4;  // llama.cpp reads at most four M-RoPE sections
 
 int64_t bounded(int64_t v, int64_t lo, int64_t hi, const char *what) {
     if (v < lo || v > hi)
@@ -139,6 +143,9 @@ Hparams read_hparams(const GgufFile &f) {
             fail(LUCE_ERR_UNSUPPORTED, "%s differs from %s", KEY_VALUE_LEN, KEY_KEY_LEN);
         hp.n_rot = int(bounded(f.get_int(KEY_ROPE_DIM), 0, hp.head_dim, KEY_ROPE_DIM));
         if (hp.n_rot % 2 != 0) fail(LUCE_ERR_FORMAT, "%s = %d must be even", KEY_ROPE_DIM, hp.n_rot);
+        // Text positions are equal on every axis, so the forward ropes them as plain NeoX and
+        // never reads the sections; a file whose sections do not fit its head is another model.
+        check_rope_sections(f, KEY_ROPE_SECTIONS, hp.n_rot, KEY_ROPE_DIM);
         hp.rope_theta = float(f.get_float(KEY_ROPE_BASE, DEFAULT_ROPE_BASE));
         if (!(hp.rope_theta > 1.f)) fail(LUCE_ERR_FORMAT, "%s must be > 1", KEY_ROPE_BASE);
     }
@@ -285,6 +292,31 @@ void upload_weights(Model &m, const LoadProgress &progress) {
 }
 
 }  // namespace
+
+void check_rope_sections(const GgufFile &f, const std::string &key, int n_rot, const std::string &n_rot_name) {
+    const GgufValue *v = f.find(key);
+    if (!v) return;
+    if (v->type != GgufType::ARRAY || !(v->elem_type == GgufType::U8 || v->elem_type == GgufType::I8 ||
+                                        v->elem_type == GgufType::U16 || v->elem_type == GgufType::I16 ||
+                                        v->elem_type == GgufType::U32 || v->elem_type == GgufType::I32 ||
+                                        v->elem_type == GgufType::U64 || v->elem_type == GgufType::I64))
+        fail(LUCE_ERR_FORMAT, "key '%s' must be an integer array", key.c_str());
+    if (v->count > uint64_t(MAX_ROPE_SECTIONS))
+        fail(LUCE_ERR_FORMAT, "key '%s' has %llu entries, at most %lld", key.c_str(), (unsigned long long)v->count,
+             (long long)MAX_ROPE_SECTIONS);
+    std::vector<int64_t> s = f.get_int_per_layer(key, int64_t(v->count));
+    int64_t sum = 0;
+    bool negative = false;
+    std::string list;
+    for (int64_t x : s) {
+        negative |= x < 0;
+        if (x > 0) sum += std::min<int64_t>(x, n_rot + 1);  // clamped: a sum of four never overflows
+        list += (list.empty() ? "" : ", ") + std::to_string(x);
+    }
+    if (negative || sum > n_rot / 2)
+        fail(LUCE_ERR_FORMAT, "%s = [%s] does not fit %s = %d: sections must be >= 0 and sum to at most %d",
+             key.c_str(), list.c_str(), n_rot_name.c_str(), n_rot, n_rot / 2);
+}
 
 int Hparams::max_n_ff() const { return *std::max_element(n_ff.begin(), n_ff.end()); }
 

@@ -84,6 +84,11 @@ struct Model {
     int32_t eos_token_id = -1;       // tokenizer.ggml.eos_token_id, -1 if absent
 };
 
+// M-RoPE sections (`key`, optional): an integer array of at most 4 entries, each >= 0, summing to
+// at most n_rot / 2 rotary pairs. Targets and llama.cpp-layout drafters carry them; both sides of
+// the validator (converters/target_rules.py) apply this rule. Throws luce::Error (FORMAT).
+void check_rope_sections(const GgufFile &f, const std::string &key, int n_rot, const std::string &n_rot_name);
+
 // Opens, validates and binds a qwen35 GGUF. Throws luce::Error (FORMAT / UNSUPPORTED / IO).
 // device is a luce_device: on LUCE_DEVICE_GPU the GPU backend is opened (gpu_loader.h) and every
 // weight uploaded once, in its encoding (LUCE_ERR_DEVICE if that is not possible).

@@ -148,6 +148,11 @@ class Engine:
         info = ffi.new("luce_model_info *")
         check(lib().luce_model_get_info(self._model, info))
         self.info = ModelInfo._from_native(info)
+        try:
+            self._check_tokenizer_arrays()
+        except LuceError:
+            self.close()
+            raise
         sess = ffi.new("luce_session **")
         try:
             check(lib().luce_session_create(self._model, int(ctx_size), KV_CACHE_TYPES[kv_cache], sess))
@@ -162,6 +167,18 @@ class Engine:
             except BaseException:
                 self.close()
                 raise
+
+    def _check_tokenizer_arrays(self) -> None:
+        """The target rules only Python applies (converters/target_rules.py; the native loader
+        does not read the tokenizer): `luce inspect` refuses the same files for the same reason."""
+        from luce.converters.gguf_reader import GGUFFile
+        from luce.converters.target_rules import Refused, check_tokenizer
+
+        with GGUFFile.open(self.path) as f:
+            try:
+                check_tokenizer(f, self.info.n_vocab)
+            except Refused as e:
+                raise LuceError(f"{self.path}: {e}", status=lib().LUCE_ERR_FORMAT) from None
 
     def _load_drafter(self, path: Path) -> None:
         """Validate the drafter and the pair with `luce inspect`'s rules (the first error finding

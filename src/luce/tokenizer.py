@@ -68,6 +68,11 @@ def unicode_to_byte() -> dict[str, int]:
     return {ch: b for b, ch in byte_to_unicode().items()}
 
 
+def _is_int(value) -> bool:
+    """An integer element (numpy's included), not a bool, string or float."""
+    return hasattr(value, "__index__") and not isinstance(value, bool) and type(value).__name__ != "bool_"
+
+
 class Tokenizer:
     """Encode/decode with the vocabulary of one qwen35 GGUF."""
 
@@ -115,6 +120,8 @@ class Tokenizer:
             raise LuceError(f"{source}: {Keys.Tokenizer.LIST} is missing or not a list of strings")
         if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
             raise LuceError(f"{source}: {Keys.Tokenizer.MERGES} is missing or not a list of strings")
+        if types is not None and (isinstance(types, (str, bytes)) or not all(_is_int(t) for t in types)):
+            raise LuceError(f"{source}: {Keys.Tokenizer.TOKEN_TYPE} is not a list of integers")
         types = [int(t) for t in types] if types is not None else [int(TokenType.NORMAL)] * len(tokens)
 
         def token_id(key):
