@@ -74,7 +74,9 @@ PURE_MIXES = {
 # per-tensor choice for that ftype; `-small-<type>` keeps the DeltaNet alpha/beta projections in
 # that type, as third-party files do; `ud-q4_k_xl` is an unsloth-"UD"-style dynamic mix.
 RECIPE_MIXES = ("lq-iq4_xs", "lq-q4_k_m", "lq-q8_0", "lq-iq4_xs-small-f32", "lq-iq4_xs-small-bf16",
-                "lq-iq4_xs-small-q8_0", "ud-q4_k_xl")
+                "lq-iq4_xs-small-q8_0", "ud-q4_k_xl",
+                # the 16-24 GB cards' files: 4-bit legacy, 3- and 2-bit K, 3-, 2- and 1-bit IQ
+                "lq-q4_0", "lq-q3_k_m", "lq-q2_k", "lq-iq3_xxs", "lq-iq2_xxs", "lq-iq2_m", "lq-iq1_m")
 MIXES = tuple(PURE_MIXES) + RECIPE_MIXES
 
 

@@ -168,9 +168,10 @@ def fixture_models(root: Path) -> tuple[list[tuple[str, Path, bool]], list[str]]
     models, notes = [], []
     # The pure mixes at the synthetic 'tiny' shape: every K type and IQ4_XS on real layouts; then
     # the recipes users download (quant_recipes.py): llama-quantize's Q4_K_M, the unsloth-style mix,
-    # IQ4_XS with F32 / BF16 small DeltaNet projections (the float kernel of few-row matrices).
+    # IQ4_XS with F32 / BF16 small DeltaNet projections (the float kernel of few-row matrices), and
+    # the low-bit recipes (Q4_0, Q2_K, IQ3_XXS, IQ2_XXS, IQ1_M bodies with their bumped roles).
     for mix in ("iq4_xs", "q4_k", "q8_0", "f16", "lq-q4_k_m", "ud-q4_k_xl", "lq-iq4_xs-small-f32",
-                "lq-iq4_xs-small-bf16"):
+                "lq-iq4_xs-small-bf16", "lq-q4_0", "lq-q2_k", "lq-iq3_xxs", "lq-iq2_xxs", "lq-iq1_m"):
         path = synth.write(root / f"synthetic-tiny-{mix}.gguf", synth.SHAPES["tiny"], mix, seed=1, log=None)
         models.append((f"synthetic tiny {mix}", path, mix != "f16"))
     # Random-but-sane weights (spec §2.2 shape): float types, Q8_0, tied head, MTP block.
