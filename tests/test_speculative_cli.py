@@ -61,6 +61,8 @@ def test_stats_block_names_tau_and_acceptance(pair, luce_cmd):
                  "-n", 20, "--ignore-eos", "-t", 1)
     assert r.returncode == 0, r.stderr
     assert "tau" in r.stderr and "acceptance" in r.stderr and "rollback" in r.stderr
+    # The adaptive policy's line: its measured step-cost ratio, expected and achieved speedups.
+    assert "policy" in r.stderr and "x plain" in r.stderr and "achieved" in r.stderr
 
 
 @pytest.mark.parametrize("args,message", [

@@ -408,7 +408,8 @@ class Engine:
 
 SPEC_STATS = ("spec_steps", "plain_steps", "n_drafted", "n_accepted", "full_accept_steps",
               "zero_accept_steps", "max_accepted", "block_size", "tau", "acceptance", "draft_seconds",
-              "verify_seconds", "rollback_seconds")
+              "verify_seconds", "rollback_seconds", "plain_step_seconds", "spec_step_seconds",
+              "step_cost_ratio", "expected_speedup", "achieved_speedup")
 
 
 def _stats_dict(st, speculative: bool = False) -> dict:
