@@ -10,7 +10,7 @@ import pytest
 from luce.binding import check, ffi, lib
 from luce.errors import LuceError
 
-CAL_PLAIN, CAL_SPEC = 3, 2
+CAL_PLAIN, CAL_SPEC = 3, 1
 
 
 def trace(plain, spec, committed, n, adaptive=True):

@@ -109,8 +109,8 @@ def test_adaptive_policy_falls_back_to_plain_decoding_losslessly(pair, plain):
     assert g.tokens == plain["short"][:120]
     s = g.stats
     # A random drafter commits ~1 token per spec step, which never pays: after calibration (3 plain
-    # steps, 2 spec steps) decoding is plain, with rare probes.
-    assert s["plain_steps"] >= 60 and s["spec_steps"] >= 2, s
+    # steps, 1 spec step) decoding is plain, with rare probes (tests/test_spec_policy.py bounds them).
+    assert s["plain_steps"] >= 60 and s["spec_steps"] >= 1, s
     assert s["step_cost_ratio"] > 0 and s["plain_step_seconds"] > 0 and s["spec_step_seconds"] > 0
 
 
@@ -119,7 +119,7 @@ def test_adaptive_policy_also_falls_back_in_sampled_runs(pair, plain):
     the sampler greedy: the tokens must be the plain greedy ones, plain steps and probes included."""
     g = _spec(pair, "dflash", "short", 120, temperature=0.8, top_k=1, seed=4)
     assert g.tokens == plain["short"][:120]
-    assert g.stats["plain_steps"] >= 60 and g.stats["spec_steps"] >= 2
+    assert g.stats["plain_steps"] >= 60 and g.stats["spec_steps"] >= 1
 
 
 @pytest.mark.parametrize("name", ["dflash", "dflash2", "dspark"])
@@ -132,7 +132,7 @@ def test_adaptive_policy_is_lossless_whatever_it_chooses(pair, plain, name):
         g = _spec(pair, name, "short", 240, oracle_tokens=_corrupt(ref, 13, 5), draft_block_size=block)
         assert g.tokens == ref, (name, block)
         s = g.stats
-        assert s["plain_steps"] >= 3 and s["spec_steps"] >= 2, s
+        assert s["plain_steps"] >= 3 and s["spec_steps"] >= 1, s
         assert s["step_cost_ratio"] == pytest.approx(s["spec_step_seconds"] / s["plain_step_seconds"])
     no_adaptive = _spec(pair, name, "short", 240, oracle_tokens=_corrupt(ref, 13, 5), adaptive=False)
     assert no_adaptive.tokens == ref and no_adaptive.stats["plain_steps"] <= 1

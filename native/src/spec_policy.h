@@ -37,7 +37,7 @@ public:
     double gain() const { return ratio() > 0 ? tokens_.value / ratio() : 0.0; }
     int probe_interval() const;
 
-    static constexpr int CAL_PLAIN = 3, CAL_SPEC = 2;
+    static constexpr int CAL_PLAIN = 3, CAL_SPEC = 1;
     static constexpr double HYSTERESIS = 0.05, PROBE_BUDGET = 0.05;
     static constexpr int MIN_PROBE_INTERVAL = 8, MAX_PROBE_INTERVAL = 2048;
 
