@@ -15,11 +15,14 @@ bool SpecPolicy::speculate_next() const {
     if (!adaptive_) return true;
     if (plain_.n < CAL_PLAIN) return false;
     if (spec_.n < CAL_SPEC) return true;
-    return speculating_ || plain_left_ == 0;  // plain wins: only probes speculate
+    if (speculating_) return spec_run_ < PLAIN_CHECK_EVERY;  // else a plain step re-measures its cost
+    return plain_left_ == 0;                                 // plain wins: only probes speculate
 }
 
 void SpecPolicy::after_plain(double seconds) {
-    plain_.add(seconds, TIME_ALPHA);
+    const bool check = calibrated() && speculating_;  // a rare sample of an old estimate: weigh it
+    plain_.add(seconds, check ? PROBE_ALPHA : TIME_ALPHA);
+    spec_run_ = 0;
     if (plain_left_ > 0) --plain_left_;
 }
 
@@ -27,6 +30,7 @@ void SpecPolicy::after_spec(int committed, double seconds) {
     const bool probe = calibrated() && !speculating_;
     spec_.add(seconds, TIME_ALPHA);
     tokens_.add(committed, probe ? PROBE_ALPHA : TOKENS_ALPHA);
+    ++spec_run_;
     if (!adaptive_ || !calibrated()) return;
     const double g = gain();
     if (speculating_ && g < 1.0) speculating_ = false;

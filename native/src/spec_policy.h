@@ -14,6 +14,10 @@
 //     a probe's loss against plain steps (spec_seconds - tokens x plain_seconds) is at most
 //     PROBE_BUDGET of the time between probes. The probe's acceptance weighs 0.5: the estimate
 //     before it is old.
+//   - While speculation wins, one plain step every PLAIN_CHECK_EVERY spec steps keeps the plain
+//     cost current: three calibration steps can be off (a busy CPU, a cold cache), and a plain
+//     cost measured too high would otherwise keep speculation on for the whole run. Like a
+//     probe's tokens, a check's time weighs 0.5.
 // Output does not depend on the choices: a plain step commits what a spec step would have
 // (speculative.cpp header), so the policy only moves speed.
 #pragma once
@@ -39,7 +43,7 @@ public:
 
     static constexpr int CAL_PLAIN = 3, CAL_SPEC = 1;
     static constexpr double HYSTERESIS = 0.05, PROBE_BUDGET = 0.05;
-    static constexpr int MIN_PROBE_INTERVAL = 8, MAX_PROBE_INTERVAL = 2048;
+    static constexpr int MIN_PROBE_INTERVAL = 8, MAX_PROBE_INTERVAL = 2048, PLAIN_CHECK_EVERY = 32;
 
 private:
     // Mean of the first 1/alpha samples, then an EMA: early samples are not pulled towards 0.
@@ -56,6 +60,7 @@ private:
     Decayed plain_, spec_, tokens_;
     bool speculating_ = true;
     int plain_left_ = 0;  // plain steps before the next probe (while plain wins)
+    int spec_run_ = 0;    // spec steps since the last plain step (while speculation wins)
 };
 
 }  // namespace luce
