@@ -130,7 +130,7 @@ def print_stats(stats: dict) -> None:
         table.add_row("time split", "", f"draft {stats['draft_seconds']:.3f}s verify {stats['verify_seconds']:.3f}s "
                                         f"rollback {stats['rollback_seconds']:.3f}s")
         table.add_row("policy", policy_choice(stats), policy_ratio(stats))
-        if stats["step_cost_ratio"]:
+        if stats["step_cost_ratio"] and stats["adaptive"]:
             table.add_row("speedup", "", f"expected {stats['expected_speedup']:.2f}x, "
                                          f"achieved {stats['achieved_speedup']:.2f}x")
     if "peak_memory_bytes" in stats:
@@ -141,8 +141,10 @@ def print_stats(stats: dict) -> None:
 
 def policy_choice(stats: dict) -> str:
     """What the adaptive policy ended up doing, in words."""
+    if not stats["adaptive"]:
+        return "speculate always"
     if not stats["step_cost_ratio"]:
-        return "speculate always" if stats["plain_steps"] <= 1 else "calibrating"
+        return "calibrating"
     return "speculate" if stats["expected_speedup"] >= 1 else "plain, probing"
 
 
@@ -150,7 +152,9 @@ def policy_ratio(stats: dict) -> str:
     """The measured cost of a spec step in plain steps (the expected speedup of speculating is
     tokens per spec step over it; the achieved one is against the same measured plain step)."""
     if not stats["step_cost_ratio"]:
-        return "step costs not measured" if stats["plain_steps"] <= 1 else ""
+        return "step costs not measured" if stats["spec_steps"] else "run too short to draft"
+    if not stats["adaptive"]:
+        return f"spec step {stats['step_cost_ratio']:.2f}x plain (one plain step measured)"
     return f"spec step {stats['step_cost_ratio']:.2f}x plain"
 
 
