@@ -116,8 +116,9 @@ bench-gpu: peer-gpu
 
 # The main job on bundled data (models/reference, docs/models.md): convert the committed DFlash 2
 # checkpoint (the same bytes as the committed dflash2-q8_0.gguf), check it against the committed
-# target, then generate from a held-out HumanEval prompt with and without the drafter (identical
-# text; stats on stderr).
+# target, then generate from a held-out HumanEval prompt without the drafter, with it always
+# drafting, and with it under the adaptive policy, which measures both step costs here and drafts
+# only where that pays (identical text; stats on stderr).
 REF        := models/reference
 DEMO_DRAFT := models/work/reference-dflash2-q8_0.gguf
 DEMO_PROMPT = $$($(PY) -c "import json; print(json.loads(open('$(REF)/prompts/code.jsonl').readline())['prompt'])")
@@ -129,6 +130,8 @@ demo: runtime
 	$(VENV)/bin/luce generate -m $(REF)/target-q8_0.gguf -p "$(DEMO_PROMPT)" -n 96 --device cpu
 	$(VENV)/bin/luce generate -m $(REF)/target-q8_0.gguf --draft $(DEMO_DRAFT) -p "$(DEMO_PROMPT)" \
 	  -n 96 --device cpu --no-adaptive
+	$(VENV)/bin/luce generate -m $(REF)/target-q8_0.gguf --draft $(DEMO_DRAFT) -p "$(DEMO_PROMPT)" \
+	  -n 96 --device cpu
 
 # The committed drafter GGUFs: `luce convert --outtype q8_0` of each committed checkpoint, written
 # beside it as models/reference/<kind>-q8_0.gguf. Conversion is deterministic (same bytes every

@@ -66,7 +66,7 @@ class IntList(click.ParamType):
               help="With --draft: block rows to sweep (list; 0 = the checkpoint value).")
 @click.option("--verify", "verify_modes", default="chain", show_default=True, metavar="chain,tree",
               help="With --draft: verification modes to sweep (chain, tree).")
-@click.option("--no-adaptive", is_flag=True, help="With --draft: never fall back to plain-decode bursts.")
+@click.option("--no-adaptive", is_flag=True, help="With --draft: always draft (no measured fallback to plain decoding).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), metavar="FILE.jsonl",
               help="With --draft: decode after every prompt of this set (one JSON string or "
                    "{\"prompt\": ...} per line) instead of one random prompt; e.g. "

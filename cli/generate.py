@@ -129,10 +129,33 @@ def print_stats(stats: dict) -> None:
                       f"acceptance {100 * stats['acceptance']:5.1f} %")
         table.add_row("time split", "", f"draft {stats['draft_seconds']:.3f}s verify {stats['verify_seconds']:.3f}s "
                                         f"rollback {stats['rollback_seconds']:.3f}s")
+        table.add_row("policy", policy_choice(stats), policy_ratio(stats))
+        if stats["step_cost_ratio"] and stats["adaptive"]:
+            table.add_row("speedup", "", f"expected {stats['expected_speedup']:.2f}x, "
+                                         f"achieved {stats['achieved_speedup']:.2f}x")
     if "peak_memory_bytes" in stats:
         where = "on the GPU" if stats["memory_on"] == "device" else "host, weights mapped"
         table.add_row("peak memory", f"{stats['peak_memory_bytes'] / 2**20:.1f} MiB", where)
     stderr.print(table)
+
+
+def policy_choice(stats: dict) -> str:
+    """What the adaptive policy ended up doing, in words."""
+    if not stats["adaptive"]:
+        return "speculate always"
+    if not stats["step_cost_ratio"]:
+        return "calibrating"
+    return "speculate" if stats["expected_speedup"] >= 1 else "plain, probing"
+
+
+def policy_ratio(stats: dict) -> str:
+    """The measured cost of a spec step in plain steps (the expected speedup of speculating is
+    tokens per spec step over it; the achieved one is against the same measured plain step)."""
+    if not stats["step_cost_ratio"]:
+        return "step costs not measured" if stats["spec_steps"] else "run too short to draft"
+    if not stats["adaptive"]:
+        return f"spec step {stats['step_cost_ratio']:.2f}x plain (one plain step measured)"
+    return f"spec step {stats['step_cost_ratio']:.2f}x plain"
 
 
 class Stream:
@@ -195,7 +218,7 @@ class Stream:
 @click.option("--ddtree-budget", type=click.IntRange(1, 63), default=DEFAULT_DDTREE_BUDGET, show_default=True,
               help="DDTree nodes per verify step.")
 @click.option("--no-adaptive", is_flag=True,
-              help="Always draft (never fall back to bursts of plain decoding when acceptance is low).")
+              help="Always draft (never fall back to plain decoding when drafting does not pay on this device).")
 @click.option("--dspark-confidence-threshold", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0,
               show_default=True, help="DSpark: cut the chain at the first confidence below this (0: off).")
 @click.option("--verify-cap", type=click.IntRange(min=0), default=DEFAULT_VERIFY_CAP, show_default=True,

@@ -54,6 +54,7 @@ def test_draft_output_equals_transformers_greedy(tiny, pair, drafter, block, tre
     record = json.loads(result.stdout)
     assert record["tokens"] == reference
     assert record["stats"]["spec_steps"] > 0 and record["stats"]["block_size"] == (block or CKPT[drafter])
+    assert record["stats"]["adaptive"] is False
 
 
 def test_stats_block_names_tau_and_acceptance(pair, luce_cmd):
@@ -61,6 +62,11 @@ def test_stats_block_names_tau_and_acceptance(pair, luce_cmd):
                  "-n", 20, "--ignore-eos", "-t", 1)
     assert r.returncode == 0, r.stderr
     assert "tau" in r.stderr and "acceptance" in r.stderr and "rollback" in r.stderr
+    # The adaptive policy's line: its measured step-cost ratio, expected and achieved speedups.
+    assert "policy" in r.stderr and "x plain" in r.stderr and "achieved" in r.stderr
+    always = luce_cmd("generate", "-m", pair.target, "--draft", pair.drafters["dspark"], "--prompt-ids", "1,2,3",
+                      "-n", 20, "--ignore-eos", "-t", 1, "--no-adaptive")
+    assert always.returncode == 0 and "speculate always" in always.stderr and "achieved" not in always.stderr
 
 
 @pytest.mark.parametrize("args,message", [

@@ -195,7 +195,7 @@ typedef struct {
     int32_t n_stop_ids;
     /* Speculative decoding (used only when luce_generate gets a drafter; zero = defaults). */
     int32_t draft_block_size;  /* block rows B: 0 = the drafter's checkpoint value, else 2..2x it (max 32) */
-    int32_t no_adaptive;       /* 1 = never fall back to bursts of plain decoding */
+    int32_t no_adaptive;       /* 1 = always speculate (no measured plain steps, no fallback) */
     float dspark_confidence_threshold; /* DSpark: cut the chain at the first confidence below it; 0 = off */
     int32_t verify_cap_from;   /* committed tokens from which the verify width is capped to max(8, B/2);
                                   0 = default (8192), < 0 = never */
@@ -216,7 +216,7 @@ typedef struct {
     int32_t stopped_by_eos;    /* an end-of-generation id ended the loop (it is not in the output) */
     /* Speculative decoding (zero without a drafter). */
     int32_t spec_steps;        /* draft + verify steps */
-    int32_t plain_steps;       /* single-token steps (adaptive bursts, or no room left to draft) */
+    int32_t plain_steps;       /* single-token steps (the adaptive policy's, or no room left to draft) */
     int32_t n_drafted;         /* proposals verified by the target */
     int32_t n_accepted;        /* proposals accepted */
     int32_t full_accept_steps; /* spec steps that accepted every proposal */
@@ -228,6 +228,13 @@ typedef struct {
     double draft_seconds;      /* drafter: context projection, block forward, heads */
     double verify_seconds;     /* target forward over the verify block */
     double rollback_seconds;   /* DeltaNet state restore after a partial accept */
+    /* The adaptive policy's measurements (spec_policy.h; 0 where not measured). */
+    double plain_step_seconds; /* decayed mean of a plain step in this loop */
+    double spec_step_seconds;  /* decayed mean of a draft + verify step */
+    double step_cost_ratio;    /* spec_step_seconds / plain_step_seconds */
+    double expected_speedup;   /* tokens/s of a spec step over a plain step's: decayed tokens per
+                                  spec step / step_cost_ratio (> 1: speculation pays) */
+    double achieved_speedup;   /* decode tok/s x plain_step_seconds */
 } luce_generate_stats;
 
 /* Called with newly committed tokens as they are produced; return nonzero to stop early
@@ -267,6 +274,14 @@ luce_status luce_sample(const float *logits, int32_t n, float temperature, int32
    speculative decoding's rejection sampling uses it. */
 luce_status luce_sample_probs(const float *logits, int32_t n, float temperature, int32_t top_k, float top_p,
                               float *probs);
+
+/* ---- test hook: the adaptive speculation policy (spec_policy.h) ------------------------------ */
+
+/* Runs the policy over a synthetic decode of n_steps steps: before step i it chooses
+   (choices_out[i] = 1 speculate, 0 plain); a plain step then takes plain_seconds[i], a spec step
+   spec_seconds[i] and commits committed[i] tokens (>= 1). adaptive = 0 is --no-adaptive. */
+luce_status luce_spec_policy_trace(int32_t adaptive, const double *plain_seconds, const double *spec_seconds,
+                                   const int32_t *committed, int32_t n_steps, int32_t *choices_out);
 
 /* LUCE_CDEF_END */
 

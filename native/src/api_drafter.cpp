@@ -1,6 +1,7 @@
 // api_drafter.cpp — the drafter part of the C ABI (luce_drafter_*): load/bind, info, and the two
 // stateless test hooks the parity tests drive (one forward, one candidate chain). The hooks take
-// host arrays and copy them to and from backend memory, so they run on either backend.
+// host arrays and copy them to and from backend memory, so they run on either backend. Last, the
+// hook that runs the adaptive speculation policy over synthetic step costs (luce_spec_policy_trace).
 #include <algorithm>
 #include <cstring>
 
@@ -8,6 +9,7 @@
 #include "drafter.h"
 #include "errors.h"
 #include "luce.h"
+#include "spec_policy.h"
 
 
 using luce::fail;
@@ -114,5 +116,26 @@ LUCE_API luce_status luce_drafter_chain(luce_drafter *drafter, const float *hidd
         be.upload(rows.p, hidden, bytes);
         luce::DraftHeads heads(d, std::max(n_rows, 1));
         luce::draft_chain(d, heads, static_cast<const float *>(rows.p), n_rows, anchor, tokens_out, confidence_out);
+    });
+}
+
+LUCE_API luce_status luce_spec_policy_trace(int32_t adaptive, const double *plain_seconds,
+                                            const double *spec_seconds, const int32_t *committed,
+                                            int32_t n_steps, int32_t *choices_out) {
+    return guard([&] {
+        if (n_steps < 0) fail(LUCE_ERR_INVALID_ARGUMENT, "n_steps must be >= 0, got %d", int(n_steps));
+        if (n_steps == 0) return;
+        require(plain_seconds, "plain_seconds");
+        require(spec_seconds, "spec_seconds");
+        require(committed, "committed");
+        require(choices_out, "choices_out");
+        luce::SpecPolicy policy(adaptive != 0);
+        for (int32_t i = 0; i < n_steps; ++i) {
+            if (!(plain_seconds[i] > 0) || !(spec_seconds[i] > 0) || committed[i] < 1)
+                fail(LUCE_ERR_INVALID_ARGUMENT, "step %d: times must be > 0 and committed >= 1", int(i));
+            choices_out[i] = policy.speculate_next();
+            if (choices_out[i]) policy.after_spec(committed[i], spec_seconds[i]);
+            else policy.after_plain(plain_seconds[i]);
+        }
     });
 }

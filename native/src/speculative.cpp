@@ -21,11 +21,10 @@
 // Greedy output therefore equals plain greedy decoding token for token: every committed token is
 // the target's argmax given the committed prefix.
 //
-// Adaptive policy (spec engine.md §4.8): an EMA of accepted drafts per step (alpha 0.1, 0.5 on
-// the probe after a burst, start 2 x threshold) against threshold = 0.8 x (ratio - 1), ratio = the
-// measured spec-step / plain-step time (1.9 until both are measured). Below it, decoding runs
-// bursts of 40 plain steps (features still captured), then probes with one spec step. Sampled
-// runs too, where upstream turns the policy off: a plain step draws from p like any other.
+// Adaptive policy (spec engine.md §4.8): spec_policy.h chooses plain or speculative for each step
+// from the step costs measured in this run and the decayed tokens per spec step. Plain steps still
+// capture features for the drafter context. Sampled runs too, where upstream turns the policy off:
+// a plain step draws from p like any other.
 #include "speculative.h"
 
 #include <algorithm>
@@ -38,6 +37,7 @@
 #include "errors.h"
 #include "generate.h"
 #include "sampling.h"
+#include "spec_policy.h"
 
 namespace luce {
 
@@ -46,8 +46,6 @@ namespace {
 constexpr int MAX_DRAFT_BLOCK = 32;          // CLI hard cap on B (spec engine.md §3)
 constexpr int DEFAULT_VERIFY_CAP_FROM = 8192;  // committed tokens (spec engine.md §4.9)
 constexpr int VERIFY_CAP_MIN = 8;
-constexpr double DEFAULT_STEP_RATIO = 1.9, EMA_ALPHA = 0.1, PROBE_ALPHA = 0.5, THRESHOLD_SLACK = 0.8;
-constexpr int BURST_STEPS = 40;
 constexpr int DEFAULT_DDTREE_BUDGET = 22;
 constexpr int DDTREE_WIDE_K = 8;  // candidates per node when the budget exceeds the depth, else 1
 
@@ -227,29 +225,6 @@ void compact_kv(Session &s, int start, const std::vector<int32_t> &path) {
     }
 }
 
-struct AdaptivePolicy {
-    bool enabled;
-    double ratio = DEFAULT_STEP_RATIO, spec_time = 0, plain_time = 0, ema;
-    int burst_left = 0;
-    bool probing = false;
-
-    explicit AdaptivePolicy(bool on) : enabled(on), ema(2 * threshold()) {}
-    double threshold() const { return THRESHOLD_SLACK * (ratio - 1.0); }
-    static void mix(double &avg, double x) { avg = avg == 0 ? x : 0.9 * avg + 0.1 * x; }
-    void after_spec(int accepted, double seconds) {
-        mix(spec_time, seconds);
-        if (spec_time > 0 && plain_time > 0) ratio = spec_time / plain_time;
-        const double a = probing ? PROBE_ALPHA : EMA_ALPHA;
-        ema = (1 - a) * ema + a * accepted;
-        probing = false;
-        if (enabled && ema < threshold()) burst_left = BURST_STEPS;
-    }
-    void after_plain(double seconds) {
-        mix(plain_time, seconds);
-        if (burst_left > 0 && --burst_left == 0) probing = true;
-    }
-};
-
 // Counts one speculative step: `drafted` proposals verified, `accepted` of them kept out of a
 // block of q. Times are taken at the step's start, after drafting, after verifying and after
 // rolling back; appending the committed context to the drafter (until now) counts as drafting.
@@ -264,6 +239,16 @@ void record_spec_step(luce_generate_stats &st, int drafted, int accepted, int q,
     st.draft_seconds += (t_drafted - t_start) + (now_seconds() - t_rolled);
     st.verify_seconds += t_verified - t_drafted;
     st.rollback_seconds += t_rolled - t_verified;
+}
+
+// What the policy measured, and the speed achieved against its plain step.
+void record_policy(luce_generate_stats &st, const SpecPolicy &policy) {
+    st.plain_step_seconds = policy.plain_seconds();
+    st.spec_step_seconds = policy.spec_seconds();
+    st.step_cost_ratio = policy.ratio();
+    st.expected_speedup = policy.gain();
+    st.achieved_speedup = st.decode_seconds > 0 && st.n_generated > 1
+                              ? policy.plain_seconds() * (st.n_generated - 1) / st.decode_seconds : 0.0;
 }
 
 // How many candidates each sampled proposal row keeps, ranked on the backend (0: whole rows come
@@ -319,7 +304,7 @@ struct SpecLoop {
     TopKRows draft_top_k;  // the drafter's proposal rows' candidates (sampled DFlash, DSpark)
     Rng rng;
     ChainSampling chain_sampling;
-    AdaptivePolicy policy;
+    SpecPolicy policy;
     luce_generate_stats st{};
     luce_status status = LUCE_OK;
 
@@ -422,7 +407,7 @@ struct SpecLoop {
         return p.max_tokens > 0 ? choose(0) : -1;
     }
 
-    // One token, features still captured (adaptive bursts, and the last token of the budget).
+    // One token, features still captured (the policy's plain steps, and the last token of the budget).
     bool plain_step(int32_t &anchor, double t0) {
         run_target(&anchor, 1, 0);
         draft_append_context(d, ctx, taps, 1);
@@ -483,7 +468,7 @@ struct SpecLoop {
         const double t_rolled = now_seconds();
         draft_append_context(d, ctx, taps, n + 1);
         record_spec_step(st, q, n, q, t0, t_drafted, t_verified, t_rolled);
-        policy.after_spec(n, now_seconds() - t0);
+        policy.after_spec(n + 1, now_seconds() - t0);
         tokens[size_t(n + 1)] = bonus;
         anchor = bonus;
         return emit(tokens.data() + 1, n + 1);
@@ -552,21 +537,21 @@ struct SpecLoop {
         const double t_rolled = now_seconds();
         draft_append_context(d, ctx, taps, n + 1);
         record_spec_step(st, T - 1, n, q, t0, t_drafted, t_verified, t_rolled);
-        policy.after_spec(n, now_seconds() - t0);
+        policy.after_spec(n + 1, now_seconds() - t0);
         for (int i = 1; i <= n; ++i) tokens[size_t(i)] = nodes[size_t(path[size_t(i)])].token;
         tokens[size_t(n + 1)] = bonus;
         anchor = bonus;
         return emit(tokens.data() + 1, n + 1);
     }
 
-    // One step at the anchor's position: plain when nothing can be drafted or a burst runs,
+    // One step at the anchor's position: plain when nothing can be drafted or the policy says so,
     // else draft the block and verify it as a chain or a tree.
     bool step(int32_t &anchor) {
         const int remaining = p.max_tokens - st.n_generated;
         int q = std::min(q_max, remaining - 1);
         if (cap_from > 0 && s.n_past >= cap_from) q = std::min(q, std::max(VERIFY_CAP_MIN, B / 2) - 1);
         const double t0 = now_seconds();
-        if (q <= 0 || policy.burst_left > 0) return plain_step(anchor, t0);
+        if (q <= 0 || !policy.speculate_next()) return plain_step(anchor, t0);
         block[0] = anchor;
         draft_forward(d, ctx, block.data(), B, hidden);
         return p.ddtree ? tree_step(anchor, q, t0) : chain_step(anchor, q, t0);
@@ -609,6 +594,7 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     st.decode_seconds = now_seconds() - t1;
     st.tau = st.spec_steps ? double(st.n_accepted + st.spec_steps) / st.spec_steps : 0.0;
     st.acceptance = st.n_drafted ? double(st.n_accepted) / st.n_drafted : 0.0;
+    record_policy(st, run.policy);
     if (stats) *stats = st;
     if (run.status == LUCE_ERR_CANCELLED) set_last_error("generation stopped by the token callback");
     return run.status;

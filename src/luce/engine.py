@@ -396,9 +396,11 @@ class Engine:
             if tail:
                 on_text(tail)
         tokens = [out_tokens[i] for i in range(stats.n_generated)]
+        speculative_run = drafter != ffi.NULL
         return Generation(text=self.tokenizer.decode(tokens) if tokens else "", tokens=tokens,
                           prompt_tokens=len(ids),
-                          stats=_stats_dict(stats, drafter != ffi.NULL) | self._memory_stats())
+                          stats=_stats_dict(stats, speculative_run) | self._memory_stats()
+                          | ({"adaptive": bool(adaptive)} if speculative_run else {}))
 
     def _memory_stats(self) -> dict:
         """The stats' memory fields: the backend's peak so far, and where that memory is."""
@@ -408,7 +410,8 @@ class Engine:
 
 SPEC_STATS = ("spec_steps", "plain_steps", "n_drafted", "n_accepted", "full_accept_steps",
               "zero_accept_steps", "max_accepted", "block_size", "tau", "acceptance", "draft_seconds",
-              "verify_seconds", "rollback_seconds")
+              "verify_seconds", "rollback_seconds", "plain_step_seconds", "spec_step_seconds",
+              "step_cost_ratio", "expected_speedup", "achieved_speedup")
 
 
 def _stats_dict(st, speculative: bool = False) -> dict:
