@@ -14,35 +14,14 @@ import pytest
 from gguf.constants import GGMLQuantizationType as Q
 
 from fixtures.crafted_gguf import CRAFTED, CRAFTED_QWEN35, KV, VT, qwen35_gguf_parts, write_gguf
+from fixtures.native_child import load_models_in_child
 from fixtures.random_qwen35_gguf import SPEC_TINY, write_random_qwen35
 from luce import Engine, LuceError
 
 FORMAT, IO, UNSUPPORTED, DEVICE, INVALID, CONTEXT_FULL = 3, 2, 4, 7, 1, 6
 
-# Loads each file in a child process whose address space is capped: a loader that trusted a
-# crafted count and tried to allocate for it would fail with OUT_OF_MEMORY (or die) instead of
-# FORMAT, and a loader that looped would hit the timeout.
-_CHILD = r"""
-import json, resource, sys
-resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))
-from luce.binding import ffi, lib
-L = lib()
-out = {}
-for name, path in json.loads(sys.argv[1]).items():
-    m = ffi.new("luce_model **")
-    params = ffi.new("luce_model_params *", {"device": 0, "n_threads": 1, "gpu_index": 0})
-    status = L.luce_model_load(path.encode(), params, m)
-    out[name] = [status, ffi.string(L.luce_last_error()).decode()]
-    L.luce_model_free(m[0])
-print(json.dumps(out))
-"""
-
-
 def _load_in_child(paths: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(paths)], capture_output=True,
-                          text=True, timeout=120, cwd="/")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return load_models_in_child(paths, timeout=120)
 
 
 @pytest.fixture(scope="module")

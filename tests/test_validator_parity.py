@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from gguf.constants import GGMLQuantizationType, Keys
 
 from conftest import run_luce
 from fixtures.crafted_gguf import KV, VT, Tensor, qwen35_gguf_parts, write_gguf
+from fixtures.native_child import load_models_in_child
 from luce import Engine, LuceError
 from luce.cli.main import cli
 from luce.converters import target_rules as R
@@ -189,29 +188,8 @@ def _cases() -> dict[str, object]:
 CASES = _cases()
 VALID = {name for name in CASES if name == "valid" or "(valid" in name}
 
-# Loads each file with luce_model_load in a child process whose address space is capped: a loader
-# that trusted a crafted size would die or report OUT_OF_MEMORY there instead of FORMAT.
-_CHILD = r"""
-import json, resource, sys
-resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))
-from luce.binding import ffi, lib
-L = lib()
-out = {}
-for name, path in json.loads(sys.argv[1]).items():
-    m = ffi.new("luce_model **")
-    params = ffi.new("luce_model_params *", {"device": 0, "n_threads": 1, "gpu_index": 0})
-    status = L.luce_model_load(path.encode(), params, m)
-    out[name] = [status, ffi.string(L.luce_last_error()).decode()]
-    L.luce_model_free(m[0])
-print(json.dumps(out))
-"""
-
-
 def _native_results(paths: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps({k: str(v) for k, v in paths.items()})],
-                          capture_output=True, text=True, timeout=300, cwd="/")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    return load_models_in_child(paths)
 
 
 @pytest.fixture(scope="module")
