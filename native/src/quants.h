@@ -2,8 +2,8 @@
 //
 // The types real Qwen3.5-family GGUFs use are kept in their GGUF encoding and consumed here
 // directly; no whole-model dequantization. F32/F16/BF16, Q8_0, Q4_K/Q5_K/Q6_K and IQ4_XS have
-// SIMD kernels over int8 activations; Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL and the 1-3-bit types
-// (quants_lowbit.h) run the scalar reference for now.
+// SIMD kernels over int8 activations; the 1-3-bit types (quants_lowbit.h) a scalar kernel over
+// int8 activations; Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL the scalar reference (fp32 activations) for now.
 // Layouts follow ggml exactly (spec/qwen35.md §4).
 // Every function accumulates in fp32. Callers validate sizes; these kernels trust n/rows/cols.
 #pragma once
