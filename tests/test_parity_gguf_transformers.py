@@ -145,7 +145,8 @@ def test_prefill_and_decode_logits(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["f32", "mixed"])
 def test_greedy_generation_matches_transformers(tmp_path, name, monkeypatch):
-    """64 greedy tokens equal transformers' generate() on the same GGUF. EOS is an ordinary token
+    """64 greedy tokens equal transformers' generate() on the same GGUF, on the mixed file also
+    with a drafter. EOS is an ordinary token
     on both sides (luce: ignore_eos; transformers: no eos_token_id; its min_new_tokens would
     instead mask EOS out of the argmax). The mixed file runs luce's exact kernels (fp32
     activations, LUCE_CPU_KERNELS=exact), as transformers computes: the int8-activation path
@@ -164,3 +165,22 @@ def test_greedy_generation_matches_transformers(tmp_path, name, monkeypatch):
         gen = eng.generate(prompt_ids=prompt, max_tokens=64, ignore_eos=True)
     assert gen.tokens == ref
     assert gen.prompt_tokens == len(prompt) and gen.stats["generated_tokens"] == 64
+    if name == "mixed":
+        _assert_speculative_equals(path, prompt, ref, tmp_path)
+
+
+def _assert_speculative_equals(path, prompt, ref, tmp_path):
+    """With a DFlash drafter of the target's width, speculative steps at two block sizes (forced:
+    no adaptive fallback to plain steps) give the same 64 tokens: every weight type is also read
+    by the verify pass, which runs the target on a block of tokens at once."""
+    from fixtures import drafter_checkpoints as ck
+    from luce.converters.convert import ConvertOptions, convert_checkpoint
+
+    drafter = tmp_path / "drafter.gguf"
+    convert_checkpoint(ck.zlab_dflash(tmp_path / "ckpt", hidden=K_QUANT_TINY.hidden), drafter, ConvertOptions())
+    with Engine(path, threads=2, ctx_size=256, draft=drafter) as eng:
+        for block in (4, ck.BLOCK):
+            gen = eng.generate(prompt_ids=prompt, max_tokens=64, ignore_eos=True, draft_block_size=block,
+                               adaptive=False)
+            assert gen.tokens == ref, block
+            assert gen.stats["spec_steps"] > 0 and gen.stats["block_size"] == block
