@@ -22,6 +22,7 @@
 
 #include "quants.h"
 #include "quants_kernels.h"
+#include "quants_lowbit.h"
 
 namespace luce {
 namespace avx2 {
@@ -270,6 +271,205 @@ void q8_0_tile(const Tile &t) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The 1-3-bit types (quants_lowbit.h): each 32-element unit decoded to int8 codes q with a small
+// integer scale per 16-element half (lowbit_unit_int, the decoder the scalar path and the GPU
+// share), then the same integer dot as IQ4_XS: |q| <= 62 and scales <= 32 in magnitude keep
+// maddubs below 2^15 and a block's sum far below 2^31. One FMA per block applies d * d_act; Q2_K's
+// mins come off the per-16 activation sums, as Q4_K's do.
+
+struct F16cHalf {
+    static float of(uint32_t h) { return _cvtsh_ss(uint16_t(h)); }
+};
+
+// 32 magnitudes with their signs: element i negated where bit i of `signs` is set.
+inline __m256i apply_signs(__m256i magnitudes, uint32_t signs) {
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(signs)),
+                                              _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                                                 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+    const __m256i negative = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    return _mm256_sign_epi8(magnitudes, _mm256_or_si256(negative, _mm256_set1_epi8(1)));
+}
+
+inline uint32_t iq2_sign_word(uint32_t aux) {  // four 7-bit indices of kIq2Signs -> 32 sign bits
+    return uint32_t(kIq2Signs[aux & 127]) | uint32_t(kIq2Signs[(aux >> 7) & 127]) << 8 |
+           uint32_t(kIq2Signs[(aux >> 14) & 127]) << 16 | uint32_t(kIq2Signs[(aux >> 21) & 127]) << 24;
+}
+
+inline uint32_t u32_le(const uint8_t *p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// IQ1: 8 g + 1, or 8 g - 1 where the entry's delta is negative (g = -1, 0, 1).
+inline __m256i iq1_codes(__m256i g, __m256i minus) {
+    const __m256i g2 = _mm256_add_epi8(g, g), g4 = _mm256_add_epi8(g2, g2);
+    return _mm256_add_epi8(_mm256_add_epi8(g4, g4), _mm256_or_si256(minus, _mm256_set1_epi8(1)));
+}
+
+// Unit j of a block as int8 codes, the two half scales and (Q2_K) the two half mins: the numbers
+// lowbit_unit_int gives (tests hold every SIMD level to gguf.quants), with the grid lookups,
+// signs and bit fields vectorized.
+template <int TYPE>
+inline __m256i unit_codes(const uint8_t *b, int j, int &s0, int &s1, int *mins) {
+    using namespace lowbit;
+    if constexpr (TYPE == GGML_IQ2_XXS) {
+        const uint32_t grid = u32_le(b + 2 + 8 * j), aux = u32_le(b + 6 + 8 * j);
+        s0 = s1 = 2 * int(aux >> 28) + 1;
+        const __m256i mag = _mm256_setr_epi64x(int64_t(kIq2xxsGrid[grid & 0xFF]), int64_t(kIq2xxsGrid[(grid >> 8) & 0xFF]),
+                                               int64_t(kIq2xxsGrid[(grid >> 16) & 0xFF]), int64_t(kIq2xxsGrid[grid >> 24]));
+        return apply_signs(mag, iq2_sign_word(aux));
+    } else if constexpr (TYPE == GGML_IQ2_XS) {
+        uint32_t v[4];
+        for (int k = 0; k < 4; ++k) v[k] = u16_at(b + 2 + 2 * (4 * j + k));
+        s0 = 2 * (b[66 + j] & 0xF) + 1, s1 = 2 * (b[66 + j] >> 4) + 1;
+        const __m256i mag = _mm256_setr_epi64x(int64_t(kIq2xsGrid[v[0] & 511]), int64_t(kIq2xsGrid[v[1] & 511]),
+                                               int64_t(kIq2xsGrid[v[2] & 511]), int64_t(kIq2xsGrid[v[3] & 511]));
+        const uint32_t signs = uint32_t(kIq2Signs[v[0] >> 9]) | uint32_t(kIq2Signs[v[1] >> 9]) << 8 |
+                               uint32_t(kIq2Signs[v[2] >> 9]) << 16 | uint32_t(kIq2Signs[v[3] >> 9]) << 24;
+        return apply_signs(mag, signs);
+    } else if constexpr (TYPE == GGML_IQ2_S) {
+        const int qh = b[66 + j];
+        s0 = 2 * (b[74 + j] & 0xF) + 1, s1 = 2 * (b[74 + j] >> 4) + 1;
+        const uint8_t *qs = b + 2 + 4 * j;
+        const __m256i mag = _mm256_setr_epi64x(
+            int64_t(kIq2sGrid[qs[0] | (qh & 3) << 8]), int64_t(kIq2sGrid[qs[1] | ((qh >> 2) & 3) << 8]),
+            int64_t(kIq2sGrid[qs[2] | ((qh >> 4) & 3) << 8]), int64_t(kIq2sGrid[qs[3] | ((qh >> 6) & 3) << 8]));
+        return apply_signs(mag, u32_le(b + 34 + 4 * j));
+    } else if constexpr (TYPE == GGML_IQ3_XXS) {
+        const uint32_t aux = u32_le(b + 66 + 4 * j);
+        s0 = s1 = 2 * int(aux >> 28) + 1;
+        const uint8_t *qs = b + 2 + 8 * j;
+        const __m256i mag = _mm256_setr_epi32(int(kIq3xxsGrid[qs[0]]), int(kIq3xxsGrid[qs[1]]), int(kIq3xxsGrid[qs[2]]),
+                                              int(kIq3xxsGrid[qs[3]]), int(kIq3xxsGrid[qs[4]]), int(kIq3xxsGrid[qs[5]]),
+                                              int(kIq3xxsGrid[qs[6]]), int(kIq3xxsGrid[qs[7]]));
+        return apply_signs(mag, iq2_sign_word(aux));
+    } else if constexpr (TYPE == GGML_IQ3_S) {
+        s0 = s1 = 1 + 2 * ((b[106 + j / 2] >> (4 * (j % 2))) & 0xF);
+        const uint8_t *qs = b + 2 + 8 * j;
+        const int qh = b[66 + j];
+        int idx[8];
+        for (int k = 0; k < 8; ++k) idx[k] = qs[k] | ((qh >> k) & 1) << 8;
+        const __m256i mag = _mm256_setr_epi32(int(kIq3sGrid[idx[0]]), int(kIq3sGrid[idx[1]]), int(kIq3sGrid[idx[2]]),
+                                              int(kIq3sGrid[idx[3]]), int(kIq3sGrid[idx[4]]), int(kIq3sGrid[idx[5]]),
+                                              int(kIq3sGrid[idx[6]]), int(kIq3sGrid[idx[7]]));
+        return apply_signs(mag, u32_le(b + 74 + 4 * j));
+    } else if constexpr (TYPE == GGML_IQ1_S) {
+        const uint32_t qh = u16_at(b + 34 + 2 * j);
+        s0 = s1 = 2 * int((qh >> 12) & 7) + 1;
+        const uint8_t *qs = b + 2 + 4 * j;
+        const __m256i g = _mm256_setr_epi64x(
+            int64_t(kIq1sGrid[qs[0] | (qh & 7) << 8]), int64_t(kIq1sGrid[qs[1] | ((qh >> 3) & 7) << 8]),
+            int64_t(kIq1sGrid[qs[2] | ((qh >> 6) & 7) << 8]), int64_t(kIq1sGrid[qs[3] | ((qh >> 9) & 7) << 8]));
+        return iq1_codes(g, _mm256_set1_epi8(qh & 0x8000 ? -1 : 0));
+    } else if constexpr (TYPE == GGML_IQ1_M) {
+        const uint8_t *qs = b + 4 * j, *sc = b + 48;
+        const uint32_t qh = u16_at(b + 32 + 2 * j);  // four nibbles: 3 high index bits + delta sign
+        const uint32_t scales = u16_at(sc + 2 * (j / 2)) >> (6 * (j % 2));
+        s0 = 2 * int(scales & 7) + 1, s1 = 2 * int((scales >> 3) & 7) + 1;
+        const __m256i g = _mm256_setr_epi64x(
+            int64_t(kIq1sGrid[qs[0] | (qh & 7) << 8]), int64_t(kIq1sGrid[qs[1] | ((qh >> 4) & 7) << 8]),
+            int64_t(kIq1sGrid[qs[2] | ((qh >> 8) & 7) << 8]), int64_t(kIq1sGrid[qs[3] | ((qh >> 12) & 7) << 8]));
+        const __m256i minus = _mm256_setr_epi64x(qh & 0x8 ? -1 : 0, qh & 0x80 ? -1 : 0, qh & 0x800 ? -1 : 0,
+                                                 qh & 0x8000 ? -1 : 0);
+        return iq1_codes(g, minus);
+    } else if constexpr (TYPE == GGML_Q2_K) {
+        s0 = b[2 * j] & 0xF, s1 = b[2 * j + 1] & 0xF;
+        mins[0] = b[2 * j] >> 4, mins[1] = b[2 * j + 1] >> 4;
+        const __m256i qs = load256(b + 16 + 32 * (j / 4));
+        return _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * (j % 4))), _mm256_set1_epi8(3));
+    } else {
+        static_assert(TYPE == GGML_Q3_K, "every 1-3-bit type has a decoder");
+        const uint8_t *sc = b + 96;
+        int half[2];
+        for (int h = 0; h < 2; ++h) {
+            const int i = 2 * j + h;
+            const int lo = i < 8 ? sc[i] & 0xF : sc[i - 8] >> 4, hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+            half[h] = (lo | hi << 4) - 32;
+        }
+        s0 = half[0], s1 = half[1];
+        const __m256i qs = load256(b + 32 + 32 * (j / 4)), hmask = load256(b);
+        const __m256i low = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * (j % 4))), _mm256_set1_epi8(3));
+        const __m256i bit = _mm256_set1_epi8(char(1 << j));
+        const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), _mm256_setzero_si256());
+        return _mm256_sub_epi8(low, _mm256_and_si256(clear, _mm256_set1_epi8(4)));  // -4 where bit j is clear
+    }
+}
+
+// The per-block factors: d in the units' integer form (lowbit_unit_int's u.d) and Q2_K's dmin.
+template <int TYPE>
+inline void block_factors(const uint8_t *b, float &d, float &dmin) {
+    if constexpr (TYPE == GGML_IQ2_XXS || TYPE == GGML_IQ2_XS || TYPE == GGML_IQ2_S || TYPE == GGML_IQ1_S) {
+        d = f16(b) * 0.125f, dmin = 0.0f;
+    } else if constexpr (TYPE == GGML_IQ3_XXS) {
+        d = f16(b) * 0.25f, dmin = 0.0f;
+    } else if constexpr (TYPE == GGML_IQ3_S) {
+        d = f16(b), dmin = 0.0f;
+    } else if constexpr (TYPE == GGML_IQ1_M) {
+        LowbitIntUnit u;  // d is spread over the four scale words
+        lowbit::iq1_m_int<F16cHalf>(b, 0, u);
+        d = u.d, dmin = 0.0f;
+    } else if constexpr (TYPE == GGML_Q2_K) {
+        d = f16(b + 80), dmin = f16(b + 82);
+    } else {
+        d = f16(b + 108), dmin = 0.0f;
+    }
+}
+
+template <int TYPE, int NT>
+void lowbit_tile(const Tile &t) {
+    constexpr int64_t kBlockBytes = lowbit_block_bytes(TYPE);
+    const int64_t nb = t.n_cols / 256;
+    for (int64_t r = t.r0; r < t.r1; ++r) {
+        __m256 acc[NT];
+        for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+        const uint8_t *row = t.w + r * t.row_bytes;
+        for (int64_t i = t.c0 / 256; i < t.c1 / 256; ++i) {
+            const uint8_t *b = row + i * kBlockBytes;
+            __m256i q[8], aq[8], scv[8];
+            int mins[16] = {};
+            float d, dmin;
+            block_factors<TYPE>(b, d, dmin);
+            for (int j = 0; j < 8; ++j) {
+                int s0, s1;
+                q[j] = unit_codes<TYPE>(b, j, s0, s1, mins + 2 * j);
+                aq[j] = _mm256_sign_epi8(q[j], q[j]);
+                scv[j] = scale_pair(int16_t(s0), int16_t(s1));
+            }
+            for (int k = 0; k < NT; ++k) {
+                const int64_t tok = t.t0 + k;
+                const int8_t *xq = t.a->q + tok * t.a->q_stride + i * 256;
+                __m256i sumi = _mm256_setzero_si256();
+                for (int j = 0; j < 8; ++j) {
+                    const __m256i p = _mm256_maddubs_epi16(aq[j], _mm256_sign_epi8(load256(xq + 32 * j), q[j]));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scv[j]));
+                }
+                const float dx = t.a->d[tok * nb + i];
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc[k]);
+                if constexpr (TYPE == GGML_Q2_K) {
+                    const int16_t *sums = t.a->sums16 + tok * t.a->s_stride + i * 16;
+                    int summ = 0;
+                    for (int g = 0; g < 16; ++g) summ += mins[g] * sums[g];
+                    acc[k] = _mm256_add_ps(acc[k], _mm256_setr_ps(-(dmin * dx) * float(summ), 0, 0, 0, 0, 0, 0, 0));
+                }
+            }
+        }
+        store_tile<NT>(t, r, acc);
+    }
+}
+
+template <int NT> void q2_k_tile(const Tile &t) { lowbit_tile<GGML_Q2_K, NT>(t); }
+template <int NT> void q3_k_tile(const Tile &t) { lowbit_tile<GGML_Q3_K, NT>(t); }
+template <int NT> void iq2_xxs_tile(const Tile &t) { lowbit_tile<GGML_IQ2_XXS, NT>(t); }
+template <int NT> void iq2_xs_tile(const Tile &t) { lowbit_tile<GGML_IQ2_XS, NT>(t); }
+template <int NT> void iq2_s_tile(const Tile &t) { lowbit_tile<GGML_IQ2_S, NT>(t); }
+template <int NT> void iq3_xxs_tile(const Tile &t) { lowbit_tile<GGML_IQ3_XXS, NT>(t); }
+template <int NT> void iq3_s_tile(const Tile &t) { lowbit_tile<GGML_IQ3_S, NT>(t); }
+template <int NT> void iq1_s_tile(const Tile &t) { lowbit_tile<GGML_IQ1_S, NT>(t); }
+template <int NT> void iq1_m_tile(const Tile &t) { lowbit_tile<GGML_IQ1_M, NT>(t); }
+
+// ---------------------------------------------------------------------------------------------
 // F32 / F16 / BF16: 8 weights -> fp32 lanes, FMA with fp32 activations. Tail (< 8) scalar.
 
 template <int32_t Type>
@@ -340,7 +540,12 @@ const TileFn *tiles_for(int32_t type) {
     static const TileFn f32[] = LUCE_TILES(f32_tile), f16_[] = LUCE_TILES(f16_tile),
                         bf16[] = LUCE_TILES(bf16_tile), q8_0[] = LUCE_TILES(q8_0_tile),
                         q4_k[] = LUCE_TILES(q4_k_tile), q5_k[] = LUCE_TILES(q5_k_tile),
-                        q6_k[] = LUCE_TILES(q6_k_tile), iq4_xs[] = LUCE_TILES(iq4_xs_tile);
+                        q6_k[] = LUCE_TILES(q6_k_tile), iq4_xs[] = LUCE_TILES(iq4_xs_tile),
+                        q2_k[] = LUCE_TILES(q2_k_tile), q3_k[] = LUCE_TILES(q3_k_tile),
+                        iq2_xxs[] = LUCE_TILES(iq2_xxs_tile), iq2_xs[] = LUCE_TILES(iq2_xs_tile),
+                        iq2_s[] = LUCE_TILES(iq2_s_tile), iq3_xxs[] = LUCE_TILES(iq3_xxs_tile),
+                        iq3_s[] = LUCE_TILES(iq3_s_tile), iq1_s[] = LUCE_TILES(iq1_s_tile),
+                        iq1_m[] = LUCE_TILES(iq1_m_tile);
     switch (type) {
         case GGML_F32: return f32;
         case GGML_F16: return f16_;
@@ -350,6 +555,15 @@ const TileFn *tiles_for(int32_t type) {
         case GGML_Q5_K: return q5_k;
         case GGML_Q6_K: return q6_k;
         case GGML_IQ4_XS: return iq4_xs;
+        case GGML_Q2_K: return q2_k;
+        case GGML_Q3_K: return q3_k;
+        case GGML_IQ2_XXS: return iq2_xxs;
+        case GGML_IQ2_XS: return iq2_xs;
+        case GGML_IQ2_S: return iq2_s;
+        case GGML_IQ3_XXS: return iq3_xxs;
+        case GGML_IQ3_S: return iq3_s;
+        case GGML_IQ1_S: return iq1_s;
+        case GGML_IQ1_M: return iq1_m;
         default: return nullptr;
     }
 }

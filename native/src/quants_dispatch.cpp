@@ -51,7 +51,9 @@ bool matmul_rows_simd(int32_t type, const void *w, int64_t n_cols, int64_t row_b
                       int64_t row_end, const float *x, int64_t n_tok, float *y, int64_t ldy) {
 #if defined(__x86_64__)
     switch (kernel_level()) {
-        case kAvx512: return avx512::matmul_rows(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);
+        case kAvx512:
+            if (avx512::matmul_rows(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy)) return true;
+            [[fallthrough]];  // a type with no AVX-512 kernel (the 1-3-bit ones) runs the AVX2 one
         case kAvx2: return avx2::matmul_rows(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);
         case kScalar: break;
     }
