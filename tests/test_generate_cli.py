@@ -231,7 +231,7 @@ def test_usage_errors_exit_2(not_a_gguf, args, message):
 
 
 def test_without_a_model_the_bundled_reference_target_runs():
-    """Issue 5: `luce generate` without -m uses the reference target shipped in the wheel and says
+    """`luce generate` without -m uses the reference target shipped in the wheel and says
     so; its tokens are those of the committed GGUF run explicitly."""
     import luce
 

@@ -185,7 +185,7 @@ def test_every_kernel_waits_for_its_inputs_before_anything_else():
 
 
 def test_hip_path_compiles_and_links_for_gfx1030(tmp_path):
-    """Issue 6: the HIP path must not rot without an AMD GPU. Debian's hipcc (ROCm 5.2; `make
+    """The HIP path must not rot without an AMD GPU. Debian's hipcc (ROCm 5.2; `make
     test` installs it where it can: root on Debian, as on a CI machine) compiles every GPU source
     for gfx1030 (RDNA2, wave32 like the RDNA3/4 parts users run) and links libluce_gpu.so
     against the HIP runtime, exporting the backend's entry point."""

@@ -1,4 +1,4 @@
-"""The native loader against bad input: crafted GGUFs (helper A's fixtures, shared with the
+"""The native loader against bad input: crafted GGUFs (fixtures/crafted_gguf.py, shared with the
 Python reader's tests), missing / non-GGUF files, wrong architecture, unsupported weight types,
 and bad calls. Each must end in ONE clear error line with the right status, never a crash, a
 hang or a huge allocation."""

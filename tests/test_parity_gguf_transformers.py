@@ -7,7 +7,7 @@ every weight type with its own code. Models are tiny random qwen35 GGUFs
 MTP block that must be skipped, per-layer head-count arrays, and every supported weight type.
 
 Tolerances, relative to the logit scale max|ref|:
-  float weights (F32/F16/BF16): 1e-4 (the issue's bar; fp32 accumulation in a different order).
+  float weights (F32/F16/BF16): 1e-4 (fp32 accumulation in a different order).
   Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL: 1e-4 too (the scalar reference multiplies fp32 activations).
   Q5_0/Q5_1, which transformers cannot read, are compared with an F32 copy of the same file,
   each tensor dequantized by gguf.quants (another oracle nobody here wrote).

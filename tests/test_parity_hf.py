@@ -2,7 +2,7 @@
 luce's converter turned into the GGUF the runtime loads (tests/fixtures/tiny_qwen35.py, spec
 §2.2 shapes: both layer kinds, HK = 2 != HV = 6, tied and untied heads, an MTP block).
 
-The bar (issue 3): max |diff| <= 1e-4 of the logit scale for the prefill (600 tokens: one chunk
+The bar: max |diff| <= 1e-4 of the logit scale for the prefill (600 tokens: one chunk
 of 512 and a short one, or 64-token chunks when every row's logits are wanted) and for every
 single-token decode step, and greedy generation of 64 tokens equal to transformers' greedy
 generate().

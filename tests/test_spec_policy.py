@@ -41,7 +41,7 @@ def test_speculates_when_it_pays():
 
 
 def test_decodes_plainly_when_speculation_cannot_pay():
-    # The CPU case: a spec step costs 14 plain steps and commits 5.3 tokens (0.38x).
+    # The CPU reference pair's case: a spec step costs 14 plain steps and commits 5.3 tokens (0.38x).
     n = 5000
     choices = trace(0.5e-3, 7e-3, 5, n)
     spec_after = choices[CAL_PLAIN + CAL_SPEC:]

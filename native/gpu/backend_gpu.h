@@ -3,7 +3,7 @@
 // Built into libluce_gpu.so, which libluce dlopens only when a GPU is asked for
 // (native/src/gpu_loader.cpp); its one exported entry point is luce_gpu_open below.
 // All work is enqueued on one stream and nothing synchronises inside a forward step except
-// download() and argmax(): the shape a captured graph needs (next increment).
+// download() and argmax(): the shape a captured graph needs (run_graphed, backend.h).
 #pragma once
 
 #include <cstddef>

@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(64) gated_delta_net_reg_kernel(
 // takes tokens w, w + PREFILL_WARPS), the next chunk's inputs are loaded while this one runs, and
 // token u's output sum shares a pass over the column with token u + 1's kv sum (143.6 us per 256
 // tokens, H200, 2026-12-04). A unified kernel of this design for every step, history and tree
-// mode included, measured slower at decode and verify widths (benchmarks.md, session 16): the
+// mode included, measured slower at decode and verify widths (H200, 2026-12-04): the
 // history rows it writes are 16-byte pieces per lane group, not the register kernel's 64 bytes.
 //
 // The fp32 sums are ordered differently from the register kernel's (rows in 8 parts, two

@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(WIDE_NORM_THREADS) rmsnorm_kernel(const float 
 // row's chunks of NORM_CHUNK values w, w + n_warps, ..., lane l their values l + k * LUCE_WARP,
 // held in registers from the add to the quantization: quantize_values_warp's lane mapping, so
 // an activation block of NORM_CHUNK values is quantized straight from them (other block sizes
-// read the output back). On an H200 (2026-12-03) the earlier strided 1024-thread form, which read
+// read the output back). On an H200 (2026-12-03) a strided 1024-thread form, which read
 // x back after the add and the output back for the quantization, took ~11 us per decode step's
 // call: a chain of three round trips to L2 on one SM.
 //

@@ -142,7 +142,7 @@ luce_status luce_session_snapshot(const luce_session *session, luce_snapshot **o
 luce_status luce_session_restore(luce_session *session, const luce_snapshot *snapshot);
 void luce_snapshot_free(luce_snapshot *snapshot);
 
-/* ---- drafter (issue 4) --------------------------------------------------------------------- */
+/* ---- drafter -------------------------------------------------------------------------- */
 
 typedef struct luce_drafter luce_drafter;
 

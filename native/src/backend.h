@@ -2,13 +2,13 @@
 //
 // The model code (model_forward.cpp, attention.cpp, deltanet.cpp) calls only these; a backend
 // implements them over its own memory. `cpu` (backend_cpu.cpp) is the reference: plain loops,
-// fp32 accumulation, a persistent thread pool. The GPU backend (issue 6) implements the same
+// fp32 accumulation, a persistent thread pool. The GPU backend (native/gpu) implements the same
 // interface in CUDA/HIP and captures a whole step as a graph, which is why:
 //   - every buffer argument is backend memory obtained from alloc();
 //   - per-step values that change between steps (positions) travel in buffers (`pos`), never
 //     as host scalars baked into a launch; the only host scalar that varies is the token count T;
 //   - attention derives each query's visible keys from pos (causal: key j visible iff j <= pos[t]),
-//     and takes an optional mask so tree verification (issue 4) can pass ancestor-only visibility.
+//     and takes an optional mask so tree verification can pass ancestor-only visibility.
 //
 // Layout conventions: activations are row-major [T][features]; a weight is row-major [out][in]
 // (GGUF ne = [in, out]) in any supported ggml encoding and is never dequantized wholesale.
@@ -156,7 +156,7 @@ public:
         kv_store(kv, k, v, slot, T, n_head_kv, head_dim);
     }
     // out[t][h] = softmax(q[t][h] . K[h/(H/Hkv)][j] / sqrt(D)) V over visible keys j. Visible:
-    // j <= pos[t] when mask is null; otherwise mask[t * n_ctx + j] != 0 (tree verify, issue 4).
+    // j <= pos[t] when mask is null; otherwise mask[t * n_ctx + j] != 0 (tree verify).
     virtual void attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask,
                            int T, int n_head, int n_head_kv, int head_dim, float *out) = 0;
 
@@ -171,7 +171,7 @@ public:
     //   conv [T][CD] = [q (HK*DK) | k (HK*DK) | v (HV*DV)], b/a [T][HV] raw projections,
     //   ssm_a [HV] (= -exp(A_log)), dt_bias [HV], state [HV][DK][DV] fp32, out [T][HV][DV].
     // state_history, when not null, receives the state after each token ([T][HV][DK][DV]) so a
-    // verify step can roll back to any accepted prefix (issue 4); null for plain decoding.
+    // verify step can roll back to any accepted prefix; null for plain decoding.
     // Tree mode (parent != null; needs state_history): token t starts from the state after
     // parent[t] (the state before the step when -1) instead of after t-1.
     virtual void gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,

@@ -14,7 +14,7 @@
 
 namespace luce {
 
-// Tokens per forward step outside a prompt's prefill: decode uses T = 1, verify (issue 4) T =
+// Tokens per forward step outside a prompt's prefill: decode uses T = 1, verify T =
 // block size, a DDTree step its nodes. It also bounds the logits rows one step returns, and graph
 // keys (forward.cpp) hold T in 7 bits.
 constexpr int MAX_STEP = 64;
@@ -63,7 +63,7 @@ struct StepBuffers {
     uint8_t *tree_mask = nullptr;
 };
 
-// Hidden-state capture for drafters (issue 4): layer outputs (residual stream after layer il,
+// Hidden-state capture for drafters: layer outputs (residual stream after layer il,
 // before the final norm) for every position of a step, written as out[t][slot][E].
 struct HiddenCapture {
     const int32_t *layer_ids = nullptr;  // ascending main-layer indices
@@ -106,7 +106,7 @@ struct Session {
 
     void reset();  // empty context, zero state
 
-    // Rollback (issue 4). Attention needs only n_past lowered (keys past it are never visible);
+    // Rollback. Attention needs only n_past lowered (keys past it are never visible);
     // DeltaNet state cannot be trimmed, so it is restored: either from a snapshot taken before
     // the step (then the accepted tokens are replayed), or, later, from the per-position states
     // Backend::gated_delta_net(state_history) can write during verify.

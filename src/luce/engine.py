@@ -296,7 +296,7 @@ class Engine:
     def hidden_states(self, token_ids: Sequence[int], layers: Sequence[int]) -> np.ndarray:
         """Outputs of the given main layers (residual stream before the final norm) at every
         position of `token_ids`, from an empty context: [n, len(layers), n_embd] float32.
-        This is what drafters are fed (issue 4); layers must increase strictly."""
+        This is what drafters are fed; layers must increase strictly."""
         ids = self._ids_array(token_ids)
         layer_ids = np.ascontiguousarray(list(layers), dtype=np.int32)
         session = self._live_session()

@@ -1,7 +1,7 @@
 """One seeded set of fp32 drafter weights in the published checkpoint naming, shared by every oracle
 and by `luce convert`, so both sides of a parity test run the very same numbers.
 
-Scales are chosen so that every part visibly moves the output (helper A's fixtures use 0.05,
+Scales are chosen so that every part visibly moves the output (drafter_checkpoints.py's generic fixtures use 0.05,
 which leaves attention almost uniform and the heads nearly inert):
   matrices ~ N(0, 1/fan_in)     keeps activations O(1) through the stack
   norm weights ~ 1 + N(0, 0.2)  plain RMSNorm multipliers (not zero-centred)
