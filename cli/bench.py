@@ -83,7 +83,7 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
       luce bench -m model.gguf --draft drafter.gguf --temp 0.7 --top-k 20 --top-p 0.95
     """
     from luce import bench
-    from luce.cli.generate import read_prompts_jsonl
+    from luce.batch import read_prompt_jobs
 
     sampling = bench.Sampling(temperature, top_k, top_p, seed)
     if sampling.label and peer != "none":
@@ -104,7 +104,7 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
         tests = bench.tests_from([], n_gen)
         if not tests:
             raise click.BadParameter("nothing to measure: -n is 0", param_hint="-n")
-        prompt_set = read_prompts_jsonl(prompts_file) if prompts_file else None
+        prompt_set = [job.prompt for job in read_prompt_jobs(prompts_file)] if prompts_file else None
         rows = bench.bench_speculative(model, draft, tests, n_prompt[0], threads, block_sizes, modes,
                                        not no_adaptive, device, repetitions, not no_warmup, seed, prompt_set,
                                        sampling)

@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from luce.batch import ResultLog, read_prompt_jobs
 from luce.engine import DEFAULT_CTX_SIZE, DEFAULT_MAX_TOKENS, DEVICES
 from luce.errors import LuceError
 
@@ -77,33 +79,6 @@ def read_prompt_file(path: str) -> str:
     except UnicodeDecodeError:
         raise LuceError(f"prompt file {path} is not UTF-8 text") from None
     return text[:-1] if text.endswith("\n") else text
-
-
-def read_prompts_jsonl(path: str) -> list[str]:
-    """One prompt per non-blank line: a JSON string or an object with a "prompt" string."""
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as e:
-        raise LuceError(f"cannot read {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise LuceError(f"{path} is not UTF-8 text") from None
-    prompts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise LuceError(f"{path}:{number}: not valid JSON ({e.msg})") from None
-        prompt = item.get("prompt") if isinstance(item, dict) else item
-        if not isinstance(prompt, str):
-            raise LuceError(f'{path}:{number}: expected a JSON string or an object with a "prompt" string')
-        if not prompt:
-            raise LuceError(f"{path}:{number}: the prompt is empty")
-        prompts.append(prompt)
-    if not prompts:
-        raise LuceError(f"{path}: no prompts")
-    return prompts
 
 
 # ------------------------------------------------------------------------------------------
@@ -189,7 +164,9 @@ class Stream:
 @click.option("--prompts", "prompts_file", metavar="FILE.jsonl",
               help='Batch: one prompt per line (a JSON string or {"prompt": ...}).')
 @click.option("--output", "output_file", metavar="FILE.jsonl", type=click.Path(dir_okay=False, writable=True),
-              help="With --prompts: write one JSON result per line here, in order, as each finishes.")
+              help="With --prompts: append one JSON result per line here as each finishes (never overwritten).")
+@click.option("--resume", is_flag=True,
+              help="With --output: continue an interrupted batch, skipping the prompts whose ids it holds.")
 @click.option("--prompt-ids", metavar="1,2,3", help="Raw prompt token ids (debugging, parity checks).")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=DEFAULT_MAX_TOKENS, show_default=True,
               help="Most tokens to generate.")
@@ -223,7 +200,7 @@ class Stream:
               show_default=True, help="DSpark: cut the chain at the first confidence below this (0: off).")
 @click.option("--verify-cap", type=click.IntRange(min=0), default=DEFAULT_VERIFY_CAP, show_default=True,
               help="From this many committed tokens, verify at most max(8, block/2) rows (0: never cap).")
-def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, max_tokens, temperature, top_k,
+def command(model, prompt, prompt_file, prompts_file, output_file, resume, prompt_ids, max_tokens, temperature, top_k,
             top_p, seed, ignore_eos, chat, device, threads, ctx_size, as_json, draft, draft_block_size, ddtree,
             ddtree_budget, no_adaptive, dspark_confidence_threshold, verify_cap):
     """Generate text with a qwen35 target model, plain or speculative (--draft).
@@ -246,6 +223,8 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
                                + (f" (got {', '.join(sources)})" if sources else ""))
     if output_file is not None and prompts_file is None:
         raise click.UsageError("--output goes with --prompts")
+    if resume and output_file is None:
+        raise click.UsageError("--resume continues an --output file; give --prompts FILE --output FILE")
     if chat and prompt_ids is not None:
         raise click.UsageError("--chat renders text prompts; it cannot apply to --prompt-ids")
     if model is None:
@@ -264,7 +243,7 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
     if prompt_ids is not None:
         jobs = [{"prompt_ids": parse_prompt_ids(prompt_ids)}]
     elif prompts_file is not None:
-        jobs = [{"prompt": p} for p in read_prompts_jsonl(prompts_file)]
+        jobs = read_prompt_jobs(prompts_file)
     else:
         text = prompt if prompt is not None else read_prompt_file(prompt_file)
         if not text:
@@ -277,10 +256,12 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
         settings.update(draft_block_size=draft_block_size, ddtree=ddtree, ddtree_budget=ddtree_budget,
                         adaptive=not no_adaptive, dspark_confidence_threshold=dspark_confidence_threshold,
                         verify_cap_from=verify_cap if verify_cap > 0 else -1)
+    # an --output that would lose results is refused before the model load, too
+    log = ResultLog(output_file, resume=resume) if output_file is not None else None
     try:
         with open_engine(model, device, threads, ctx_size, draft) as engine:
             if prompts_file is not None:
-                run_batch(engine, jobs, settings, output_file, as_json)
+                run_batch(engine, jobs, settings, log, as_json)
                 if not as_json:
                     note_cpu_fallback(engine)
             elif as_json:
@@ -296,31 +277,72 @@ def command(model, prompt, prompt_file, prompts_file, output_file, prompt_ids, m
         # stdout is pointed at /dev/null so Python's exit-time flush does not fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(141)  # 128 + SIGPIPE, what a shell reports for a tool killed by the pipe
-
-
-def run_batch(engine, jobs: list[dict], settings: dict, output_file: str | None, as_json: bool) -> None:
-    """Generate each prompt in order; each result line is written and flushed as it finishes, so an
-    interrupted run keeps every finished result. A prompt the engine refuses (e.g. longer than the
-    context) gets an {"error": ...} line; the run goes on and exits 1 at the end."""
-    try:
-        out = open(output_file, "w", encoding="utf-8") if output_file else sys.stdout
-    except OSError as e:
-        raise LuceError(f"cannot write {output_file}: {e.strerror or e}") from None
-    failed = 0
-    try:
-        for index, job in enumerate(jobs):
-            try:
-                record = {"index": index} | result_record(engine.generate(**job, **settings))
-            except LuceError as e:
-                record, failed = {"index": index, "error": str(e)}, failed + 1
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            out.flush()
-            if output_file and not as_json:
-                stderr.print(f"[{index + 1}/{len(jobs)}] " + (f"error: {record['error']}" if "error" in record else
-                             f"{record['stats']['generated_tokens']} tokens, "
-                             f"{record['stats']['decode_tok_s']:.1f} tok/s"))
     finally:
-        if out is not sys.stdout:
-            out.close()
+        if log is not None:
+            log.close()
+
+
+def run_batch(engine, jobs, settings: dict, log: ResultLog | None, as_json: bool) -> None:
+    """Generate each prompt in order. With --output (log) every result is appended to the log as
+    it finishes (an interrupted run keeps every finished result; --resume skips them), with
+    progress on stderr; without it the lines stream to stdout. A prompt the engine refuses (e.g.
+    longer than the context) gets an {"error": ...} line; the run goes on and exits 1 at the end."""
+    todo = [job for job in jobs if log is None or job.id not in log.done]
+    if len(todo) < len(jobs) and not as_json:
+        click.echo(f"resuming {log.path}: {len(jobs) - len(todo)} of {len(jobs)} prompts already answered", err=True)
+    failed = 0
+    with BatchProgress(len(todo), enabled=log is not None and not as_json) as progress:
+        for job in todo:
+            record = generate_record(engine, job, settings)
+            failed += "error" in record
+            if log is not None:
+                log.write(record)
+            else:
+                sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+            progress.advance(record)
     if failed:
-        raise LuceError(f"{failed} of {len(jobs)} prompts failed (see their error lines)")
+        raise LuceError(f"{failed} of {len(todo)} prompts failed (see their error lines)")
+
+
+def generate_record(engine, job, settings: dict) -> dict:
+    head = {"id": job.id, "index": job.index}
+    try:
+        return head | result_record(engine.generate(prompt=job.prompt, **settings))
+    except LuceError as e:
+        return head | {"error": str(e)}
+
+
+class BatchProgress:
+    """Prompts done, generated tok/s and ETA on stderr: a live bar on a terminal, one plain line
+    per prompt otherwise (logs, CI)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.done, self.tokens = total, enabled, 0, 0
+        self.bar = None
+        if enabled and stderr.is_terminal:
+            self.bar = Progress(TextColumn("{task.completed}/{task.total} prompts"), BarColumn(),
+                                TextColumn("{task.fields[tok_s]:.1f} tok/s"), TimeRemainingColumn(),
+                                console=stderr)
+            self.task = self.bar.add_task("batch", total=total, tok_s=0.0)
+        self.start = time.perf_counter()
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+
+    def advance(self, record: dict) -> None:
+        self.done += 1
+        self.tokens += record.get("stats", {}).get("generated_tokens", 0)
+        tok_s = self.tokens / max(time.perf_counter() - self.start, 1e-9)
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, tok_s=tok_s)
+        elif self.enabled:
+            what = (f"error: {record['error']}" if "error" in record else
+                    f"{record['stats']['generated_tokens']} tokens, {record['stats']['decode_tok_s']:.1f} tok/s")
+            click.echo(f"[{self.done}/{self.total}] id {record['id']}: {what} ({tok_s:.1f} tok/s overall)", err=True)

@@ -126,6 +126,7 @@ def test_batch_writes_one_line_per_prompt_in_order(tiny, tmp_path):
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["index"] for line in lines] == [0, 1, 2]
+    assert [line["id"] for line in lines] == [1, 7, 4]  # the line's "id", else its line number
     for line, prompt in zip(lines, prompts):
         single = one_json(run("-m", gguf, "-p", prompt, "-n", 4, "--ignore-eos", "--json"))
         assert line["tokens"] == single["tokens"] and line["text"] == single["text"]
@@ -167,6 +168,67 @@ def test_interrupted_batch_keeps_finished_lines(tiny, tmp_path, monkeypatch):
     assert result.exit_code != 0
     lines = out.read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["index"] == 0
+
+
+def test_resume_answers_every_prompt_exactly_once(tiny, tmp_path, monkeypatch):
+    """A run killed during prompt 2, with a half-written line left behind (a crash mid-write),
+    then --resume: the half line is cut off, prompt 1 is not run again, and every prompt has one
+    result equal to a fresh run's."""
+    from luce.engine import Engine
+
+    _, gguf, _ = tiny
+    src, out = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    src.write_text('{"id": "a", "prompt": "one"}\n{"id": "b", "prompt": "two"}\n"three"\n')
+    real_generate, prompts_run = Engine.generate, []
+
+    def generate_logged(self, *args, **kwargs):
+        prompts_run.append(kwargs["prompt"])
+        if prompts_run == ["one", "two"]:
+            raise KeyboardInterrupt
+        return real_generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", generate_logged)
+    assert run("-m", gguf, "--prompts", src, "--output", out, "-n", 3, "--ignore-eos").exit_code != 0
+    out.write_bytes(out.read_bytes() + b'{"id": "b", "text": "tw')
+    resumed = run("-m", gguf, "--prompts", src, "--output", out, "-n", 3, "--ignore-eos", "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert "1 of 3 prompts already answered" in resumed.stderr
+    assert prompts_run == ["one", "two", "two", "three"]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["a", "b", 3]
+    fresh = tmp_path / "fresh.jsonl"
+    assert run("-m", gguf, "--prompts", src, "--output", fresh, "-n", 3, "--ignore-eos").exit_code == 0
+    assert [line["tokens"] for line in lines] == [json.loads(x)["tokens"] for x in fresh.read_text().splitlines()]
+    n_run = len(prompts_run)
+    again = run("-m", gguf, "--prompts", src, "--output", out, "-n", 3, "--resume")
+    assert again.exit_code == 0 and len(out.read_text().splitlines()) == 3 and len(prompts_run) == n_run
+
+
+def test_existing_results_are_never_overwritten(not_a_gguf, tmp_path):
+    """Without --resume a non-empty --output is refused before the model loads, and left as it was."""
+    src, out = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    src.write_text('"one"\n')
+    out.write_text('{"id": 1, "text": "kept"}\n')
+    assert_one_line_error(run("-m", not_a_gguf, "--prompts", src, "--output", out), 1, "already holds results")
+    assert out.read_text() == '{"id": 1, "text": "kept"}\n'
+    out.write_text("not a result\n")
+    assert_one_line_error(run("-m", not_a_gguf, "--prompts", src, "--output", out, "--resume"), 1,
+                          "out.jsonl:1: not a luce result line")
+    assert out.read_text() == "not a result\n"
+
+
+@pytest.mark.parametrize("lines,message", [
+    (['{"id": 1, "prompt": "a"}', '{"id": 1, "prompt": "b"}'], "prompts.jsonl:2: id 1 repeats line 1"),
+    (['{"id": 2, "prompt": "a"}', '"b"'], "prompts.jsonl:2: id 2 repeats line 1"),  # line numbers are ids
+    (['{"id": [1], "prompt": "a"}'], '"id" must be a string or an integer'),
+    (['{"id": true, "prompt": "a"}'], '"id" must be a string or an integer'),
+])
+def test_prompt_ids_are_checked(not_a_gguf, tmp_path, lines, message):
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    result = run("-m", not_a_gguf, "--prompts", src, "--output", tmp_path / "out.jsonl")
+    assert_one_line_error(result, 1, message)
+    assert not (tmp_path / "out.jsonl").exists() or (tmp_path / "out.jsonl").stat().st_size == 0
 
 
 def test_chat_without_a_template_is_refused(tiny, tmp_path):
@@ -218,6 +280,7 @@ def assert_one_line_error(result, exit_code, message):
     ([], "exactly one prompt source"),
     (["--prompt-ids", "1,2", "--chat"], "--chat renders text prompts"),
     (["-p", "a", "--output", "x.jsonl"], "--output goes with --prompts"),
+    (["--prompts", "x.jsonl", "--resume"], "--resume continues an --output file"),
     (["--prompt-ids", "1,x,3"], "comma-separated integers"),
     (["--prompt-ids", ","], "no token ids given"),
     (["-p", "a", "--top-p", "0"], "--top-p"),
