@@ -56,7 +56,7 @@ train-deps: build
 	$(PIP) install -q --no-deps $(NODEPS_PKGS)
 
 test: build train-deps hip-toolchain gpu-emu gpu-emu-cuda peer-src peer-cpu
-	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup -q $(PYTEST_ARGS)
 
 # llama.cpp's source as llama-cpp-python 0.3.36 vendors it (llama.cpp 0c1e570): the peer that
 # `make bench-gpu` builds on a GPU machine, and the oracle for the tests that hold luce to

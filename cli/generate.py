@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from luce.batch import ResultLog, read_prompt_jobs
+from luce.batch import ResultLog, generate_record, read_prompt_jobs, result_record
 from luce.engine import DEFAULT_CTX_SIZE, DEFAULT_MAX_TOKENS, DEVICES
 from luce.errors import LuceError
 
@@ -53,6 +53,7 @@ DEFAULT_DEVICE = "auto"
 DEFAULT_DRAFT_BLOCK_SIZE = 0          # the drafter's checkpoint value
 DEFAULT_DDTREE_BUDGET = 22
 DEFAULT_VERIFY_CAP = 8192             # committed tokens from which the verify width narrows
+LOCAL_RAY = "local"                   # --ray without an ADDRESS: RAY_ADDRESS, else a local instance
 
 
 # ------------------------------------------------------------------------------------------
@@ -83,10 +84,6 @@ def read_prompt_file(path: str) -> str:
 
 # ------------------------------------------------------------------------------------------
 # rendering
-
-
-def result_record(gen) -> dict:
-    return {"text": gen.text, "tokens": list(gen.tokens), "prompt_tokens": gen.prompt_tokens, "stats": gen.stats}
 
 
 def print_stats(stats: dict) -> None:
@@ -167,6 +164,11 @@ class Stream:
               help="With --prompts: append one JSON result per line here as each finishes (never overwritten).")
 @click.option("--resume", is_flag=True,
               help="With --output: continue an interrupted batch, skipping the prompts whose ids it holds.")
+@click.option("--ray", "ray_address", metavar="[ADDRESS]", is_flag=False, flag_value=LOCAL_RAY, default=None,
+              help="With --prompts: spread the batch over a Ray cluster (ADDRESS, else RAY_ADDRESS or a local "
+                   "instance); one engine per GPU, else per CPU worker.")
+@click.option("--ray-workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --ray: engine actors (0: one per GPU of the cluster, else CPUs / --threads).")
 @click.option("--prompt-ids", metavar="1,2,3", help="Raw prompt token ids (debugging, parity checks).")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=DEFAULT_MAX_TOKENS, show_default=True,
               help="Most tokens to generate.")
@@ -200,7 +202,7 @@ class Stream:
               show_default=True, help="DSpark: cut the chain at the first confidence below this (0: off).")
 @click.option("--verify-cap", type=click.IntRange(min=0), default=DEFAULT_VERIFY_CAP, show_default=True,
               help="From this many committed tokens, verify at most max(8, block/2) rows (0: never cap).")
-def command(model, prompt, prompt_file, prompts_file, output_file, resume, prompt_ids, max_tokens, temperature, top_k,
+def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_address, ray_workers, prompt_ids, max_tokens, temperature, top_k,
             top_p, seed, ignore_eos, chat, device, threads, ctx_size, as_json, draft, draft_block_size, ddtree,
             ddtree_budget, no_adaptive, dspark_confidence_threshold, verify_cap):
     """Generate text with a qwen35 target model, plain or speculative (--draft).
@@ -223,6 +225,10 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, promp
                                + (f" (got {', '.join(sources)})" if sources else ""))
     if output_file is not None and prompts_file is None:
         raise click.UsageError("--output goes with --prompts")
+    if (ray_address is not None or ray_workers) and prompts_file is None:
+        raise click.UsageError("--ray and --ray-workers spread a --prompts batch; give --prompts FILE.jsonl")
+    if ray_workers and ray_address is None:
+        raise click.UsageError("--ray-workers goes with --ray")
     if resume and output_file is None:
         raise click.UsageError("--resume continues an --output file; give --prompts FILE --output FILE")
     if chat and prompt_ids is not None:
@@ -259,9 +265,17 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, promp
     # an --output that would lose results is refused before the model load, too
     log = ResultLog(output_file, resume=resume) if output_file is not None else None
     try:
+        if ray_address is not None:
+            from luce.ray_batch import RayBatch
+
+            engine_kwargs = dict(device=device, threads=threads, ctx_size=ctx_size, draft=draft)
+            with RayBatch(model, None if ray_address == LOCAL_RAY else ray_address, ray_workers,
+                          engine_kwargs) as batch:
+                run_batch(batch.run, jobs, settings, log, as_json)
+            return
         with open_engine(model, device, threads, ctx_size, draft) as engine:
             if prompts_file is not None:
-                run_batch(engine, jobs, settings, log, as_json)
+                run_batch(lambda todo, *args: run_in_order(engine, todo, *args), jobs, settings, log, as_json)
                 if not as_json:
                     note_cpu_fallback(engine)
             elif as_json:
@@ -282,35 +296,37 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, promp
             log.close()
 
 
-def run_batch(engine, jobs, settings: dict, log: ResultLog | None, as_json: bool) -> None:
-    """Generate each prompt in order. With --output (log) every result is appended to the log as
-    it finishes (an interrupted run keeps every finished result; --resume skips them), with
+def run_batch(run, jobs, settings: dict, log: ResultLog | None, as_json: bool) -> None:
+    """Generates the prompts the log does not hold yet with run(todo, settings, write, progress)
+    (one engine in order, or a RayBatch). With --output (log) every result is appended to the log
+    as it finishes (an interrupted run keeps every finished result; --resume skips them), with
     progress on stderr; without it the lines stream to stdout. A prompt the engine refuses (e.g.
     longer than the context) gets an {"error": ...} line; the run goes on and exits 1 at the end."""
     todo = [job for job in jobs if log is None or job.id not in log.done]
     if len(todo) < len(jobs) and not as_json:
         click.echo(f"resuming {log.path}: {len(jobs) - len(todo)} of {len(jobs)} prompts already answered", err=True)
-    failed = 0
+    failed = []
+
+    def write(record: dict) -> None:
+        if "error" in record:
+            failed.append(record["id"])
+        if log is not None:
+            log.write(record)
+        else:
+            sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+
     with BatchProgress(len(todo), enabled=log is not None and not as_json) as progress:
-        for job in todo:
-            record = generate_record(engine, job, settings)
-            failed += "error" in record
-            if log is not None:
-                log.write(record)
-            else:
-                sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
-                sys.stdout.flush()
-            progress.advance(record)
+        run(todo, settings, write, progress.advance)
     if failed:
-        raise LuceError(f"{failed} of {len(todo)} prompts failed (see their error lines)")
+        raise LuceError(f"{len(failed)} of {len(todo)} prompts failed (see their error lines)")
 
 
-def generate_record(engine, job, settings: dict) -> dict:
-    head = {"id": job.id, "index": job.index}
-    try:
-        return head | result_record(engine.generate(prompt=job.prompt, **settings))
-    except LuceError as e:
-        return head | {"error": str(e)}
+def run_in_order(engine, todo, settings: dict, write, progress) -> None:
+    for job in todo:
+        record = generate_record(engine, job, settings)
+        write(record)
+        progress(record)
 
 
 class BatchProgress:

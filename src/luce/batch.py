@@ -130,3 +130,17 @@ class ResultLog:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def result_record(gen) -> dict:
+    """The JSON form of one Generation (docs/cli.md, --json)."""
+    return {"text": gen.text, "tokens": list(gen.tokens), "prompt_tokens": gen.prompt_tokens, "stats": gen.stats}
+
+
+def generate_record(engine, job: PromptJob, settings: dict) -> dict:
+    """One prompt's result line: its id and index, then the result or the engine's refusal."""
+    head = {"id": job.id, "index": job.index}
+    try:
+        return head | result_record(engine.generate(prompt=job.prompt, **settings))
+    except LuceError as e:
+        return head | {"error": str(e)}
