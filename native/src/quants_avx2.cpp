@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #include "quants.h"
 #include "quants_kernels.h"
@@ -417,45 +418,100 @@ inline void block_factors(const uint8_t *b, float &d, float &dmin) {
     }
 }
 
+// One block unpacked for the integer dots: codes q, |q| for maddubs, the half scales, and the
+// per-block factors.
+struct LowbitBlock {
+    __m256i q[8], aq[8], scv[8];
+    __m256i mins;  // Q2_K: the 16 half mins as int16
+    float d, dmin;
+};
+
+template <int TYPE>
+inline void decode_block(const uint8_t *b, LowbitBlock &blk) {
+    block_factors<TYPE>(b, blk.d, blk.dmin);
+    int mins[16] = {};
+    for (int j = 0; j < 8; ++j) {
+        int s0, s1;
+        blk.q[j] = unit_codes<TYPE>(b, j, s0, s1, mins + 2 * j);
+        blk.aq[j] = _mm256_sign_epi8(blk.q[j], blk.q[j]);
+        blk.scv[j] = scale_pair(int16_t(s0), int16_t(s1));
+    }
+    if constexpr (TYPE == GGML_Q2_K)
+        blk.mins = _mm256_setr_epi16(mins[0], mins[1], mins[2], mins[3], mins[4], mins[5], mins[6], mins[7], mins[8],
+                                     mins[9], mins[10], mins[11], mins[12], mins[13], mins[14], mins[15]);
+}
+
+// acc + this block's contribution to token tok's dot (block i of nb in the row).
+template <int TYPE>
+inline __m256 block_dot(const LowbitBlock &blk, const QuantizedActs &a, int64_t tok, int64_t i, int64_t nb, __m256 acc) {
+    const int8_t *xq = a.q + tok * a.q_stride + i * 256;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+        const __m256i p = _mm256_maddubs_epi16(blk.aq[j], _mm256_sign_epi8(load256(xq + 32 * j), blk.q[j]));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, blk.scv[j]));
+    }
+    const float dx = a.d[tok * nb + i];
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(blk.d * dx), _mm256_cvtepi32_ps(sumi), acc);
+    if constexpr (TYPE == GGML_Q2_K) {  // the mins against the per-16 activation sums, as Q4_K's
+        const __m256i summ = _mm256_madd_epi16(load256(a.sums16 + tok * a.s_stride + i * 16), blk.mins);
+        acc = _mm256_fnmadd_ps(_mm256_set1_ps(blk.dmin * dx), _mm256_cvtepi32_ps(summ), acc);
+    }
+    return acc;
+}
+
 template <int TYPE, int NT>
 void lowbit_tile(const Tile &t) {
-    constexpr int64_t kBlockBytes = lowbit_block_bytes(TYPE);
     const int64_t nb = t.n_cols / 256;
     for (int64_t r = t.r0; r < t.r1; ++r) {
         __m256 acc[NT];
         for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
         const uint8_t *row = t.w + r * t.row_bytes;
         for (int64_t i = t.c0 / 256; i < t.c1 / 256; ++i) {
-            const uint8_t *b = row + i * kBlockBytes;
-            __m256i q[8], aq[8], scv[8];
-            int mins[16] = {};
-            float d, dmin;
-            block_factors<TYPE>(b, d, dmin);
-            for (int j = 0; j < 8; ++j) {
-                int s0, s1;
-                q[j] = unit_codes<TYPE>(b, j, s0, s1, mins + 2 * j);
-                aq[j] = _mm256_sign_epi8(q[j], q[j]);
-                scv[j] = scale_pair(int16_t(s0), int16_t(s1));
-            }
-            for (int k = 0; k < NT; ++k) {
-                const int64_t tok = t.t0 + k;
-                const int8_t *xq = t.a->q + tok * t.a->q_stride + i * 256;
-                __m256i sumi = _mm256_setzero_si256();
-                for (int j = 0; j < 8; ++j) {
-                    const __m256i p = _mm256_maddubs_epi16(aq[j], _mm256_sign_epi8(load256(xq + 32 * j), q[j]));
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scv[j]));
-                }
-                const float dx = t.a->d[tok * nb + i];
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc[k]);
-                if constexpr (TYPE == GGML_Q2_K) {
-                    const int16_t *sums = t.a->sums16 + tok * t.a->s_stride + i * 16;
-                    int summ = 0;
-                    for (int g = 0; g < 16; ++g) summ += mins[g] * sums[g];
-                    acc[k] = _mm256_add_ps(acc[k], _mm256_setr_ps(-(dmin * dx) * float(summ), 0, 0, 0, 0, 0, 0, 0));
-                }
-            }
+            LowbitBlock blk;
+            decode_block<TYPE>(row + i * lowbit_block_bytes(TYPE), blk);
+            for (int k = 0; k < NT; ++k) acc[k] = block_dot<TYPE>(blk, *t.a, t.t0 + k, i, nb, acc[k]);
         }
         store_tile<NT>(t, r, acc);
+    }
+}
+
+// More tokens than a tile (prefill, verify): the unpacking costs as much as several tokens' dots,
+// so each block is unpacked once and applied to every token (their activations for one block,
+// n_tok x 256 bytes, stay in L2), instead of once per tile of 4.
+template <int TYPE>
+void lowbit_all_tokens(const Tile &t, int64_t n_tok) {
+    struct Lanes {
+        __m256 v;
+    };
+    const int64_t nb = t.n_cols / 256;
+    static thread_local std::vector<Lanes> acc;
+    if (acc.size() < size_t(n_tok)) acc.resize(size_t(n_tok));
+    for (int64_t r = t.r0; r < t.r1; ++r) {
+        for (int64_t tok = 0; tok < n_tok; ++tok) acc[tok].v = _mm256_setzero_ps();
+        const uint8_t *row = t.w + r * t.row_bytes;
+        for (int64_t i = 0; i < nb; ++i) {
+            LowbitBlock blk;
+            decode_block<TYPE>(row + i * lowbit_block_bytes(TYPE), blk);
+            for (int64_t tok = 0; tok < n_tok; ++tok) acc[tok].v = block_dot<TYPE>(blk, *t.a, tok, i, nb, acc[tok].v);
+        }
+        for (int64_t tok = 0; tok < n_tok; ++tok) t.y[tok * t.ldy + r] = hsum(acc[tok].v);
+    }
+}
+
+using AllTokensFn = void (*)(const Tile &, int64_t);
+
+AllTokensFn lowbit_all_tokens_for(int32_t type) {
+    switch (type) {
+        case GGML_Q2_K: return lowbit_all_tokens<GGML_Q2_K>;
+        case GGML_Q3_K: return lowbit_all_tokens<GGML_Q3_K>;
+        case GGML_IQ2_XXS: return lowbit_all_tokens<GGML_IQ2_XXS>;
+        case GGML_IQ2_XS: return lowbit_all_tokens<GGML_IQ2_XS>;
+        case GGML_IQ2_S: return lowbit_all_tokens<GGML_IQ2_S>;
+        case GGML_IQ3_XXS: return lowbit_all_tokens<GGML_IQ3_XXS>;
+        case GGML_IQ3_S: return lowbit_all_tokens<GGML_IQ3_S>;
+        case GGML_IQ1_S: return lowbit_all_tokens<GGML_IQ1_S>;
+        case GGML_IQ1_M: return lowbit_all_tokens<GGML_IQ1_M>;
+        default: return nullptr;
     }
 }
 
@@ -602,6 +658,11 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
     const int64_t block = act_block(type);
     if (block != 0) a = quantize_acts(x, n_cols, n_tok, block, quantize_block);
     Tile t{static_cast<const uint8_t *>(w), row_bytes(type, n_cols), n_cols, 0, 0, &a, x, 0, 0, 0, false, y, ldy};
+    if (n_tok > kMaxTile && is_lowbit_type(type)) {
+        t.r0 = row_begin, t.r1 = row_end;
+        lowbit_all_tokens_for(type)(t, n_tok);
+        return true;
+    }
     // Column passes, row blocks, token tiles, rows (reasons: quants_avx512.cpp).
     const int64_t chunk = column_chunk(n_cols, n_tok < kMaxTile ? n_tok : kMaxTile, block != 0 ? 1 : 4);
     const int64_t slice_bytes = row_bytes(type, chunk) > 0 ? row_bytes(type, chunk) : 1;
