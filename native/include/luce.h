@@ -194,9 +194,10 @@ typedef struct {
     const int32_t *stop_ids;   /* end-of-generation token ids */
     int32_t n_stop_ids;
     /* Speculative decoding (used only when luce_generate gets a drafter; zero = defaults). */
-    int32_t draft_block_size;  /* block rows B: -1 = auto (each spec step's width chosen by the cost model,
-                                  2..the checkpoint value; DDTree: the checkpoint value); 0 = the drafter's
-                                  checkpoint value; else exactly this, 2..2x the checkpoint value (max 32) */
+    int32_t draft_block_size;  /* block rows B: 0 = the drafter's checkpoint value, else 2..2x it (max 32) */
+    int32_t draft_block_auto;  /* 1 = auto: the cost model chooses each spec step's width in 2..the
+                                  checkpoint value (draft_block_size is ignored; DDTree keeps the
+                                  checkpoint value) */
     int32_t no_adaptive;       /* 1 = always speculate (no measured plain steps, no fallback) */
     float dspark_confidence_threshold; /* DSpark: cut the chain at the first confidence below it; 0 = off */
     int32_t verify_cap_from;   /* committed tokens from which the verify width is capped to max(8, B/2);

@@ -50,26 +50,25 @@ constexpr int VERIFY_CAP_MIN = 8;
 constexpr int DEFAULT_DDTREE_BUDGET = 22;
 constexpr int DDTREE_WIDE_K = 8;  // candidates per node when the budget exceeds the depth, else 1
 
-constexpr int AUTO_BLOCK = -1;   // luce_generate_params.draft_block_size: the cost model chooses
 constexpr int AUTO_START_WIDTH = 4;  // auto's first spec step: the cheapest block that still shows
                                      // three positions' acceptance (the model extends it from there)
 static_assert(sizeof(luce_generate_stats::width_seconds) / sizeof(double) == MAX_DRAFT_BLOCK + 1);
 
 // The widest block a run may use: auto goes up to the checkpoint's horizon (past it proposals are
 // rarely accepted, and every row costs verify memory).
-int block_rows(const Drafter &d, int requested) {
-    const int ckpt = d.hp.block_size, hi = std::min(2 * ckpt, MAX_DRAFT_BLOCK);
-    if (requested == 0 || requested == AUTO_BLOCK) return std::min(ckpt, MAX_DRAFT_BLOCK);
+int block_rows(const Drafter &d, const luce_generate_params &p) {
+    const int ckpt = d.hp.block_size, hi = std::min(2 * ckpt, MAX_DRAFT_BLOCK), requested = p.draft_block_size;
+    if (requested == 0 || p.draft_block_auto) return std::min(ckpt, MAX_DRAFT_BLOCK);
     if (requested < 2 || requested > hi)
-        fail(LUCE_ERR_INVALID_ARGUMENT, "--draft-block-size must be auto or in [2, %d] for this drafter (up to 2x "
-             "the checkpoint horizon %d, at most %d); got %d", hi, ckpt, MAX_DRAFT_BLOCK, requested);
+        fail(LUCE_ERR_INVALID_ARGUMENT, "--draft-block-size must be in [2, %d] for this drafter (up to 2x the "
+             "checkpoint horizon %d, at most %d), or auto; got %d", hi, ckpt, MAX_DRAFT_BLOCK, requested);
     return requested;
 }
 
 // The policy for a run: auto chooses widths 2..B per step (DDTree keeps B: its tree is built for
 // one depth), a number is that width only; seeded from the cost cache when the caller has one.
 SpecPolicy make_policy(const Drafter &d, const luce_generate_params &p, int B) {
-    const bool chooses = p.draft_block_size == AUTO_BLOCK && !p.ddtree;
+    const bool chooses = p.draft_block_auto && !p.ddtree;
     SpecPolicy policy(!p.no_adaptive, chooses ? 2 : B, B, chooses ? AUTO_START_WIDTH : B, d.hp.sample_from_anchor);
     policy.seed(p.prior_plain_seconds, p.prior_width_seconds, p.n_prior_widths, p.prior_acceptance,
                 p.n_prior_acceptance);
@@ -338,7 +337,7 @@ struct SpecLoop {
     SpecLoop(Session &s_, Drafter &d_, int n_prompt, const luce_generate_params &p_, luce_token_callback cb, void *ud,
              int32_t *out)
         : s(s_), d(d_), p(p_), callback(cb), user_data(ud), out_tokens(out), be(*s_.model->backend),
-          sampled(p_.temperature > 0.f), B(block_rows(d_, p_.draft_block_size)), q_max(d_.proposals(B)),
+          sampled(p_.temperature > 0.f), B(block_rows(d_, p_)), q_max(d_.proposals(B)),
           cap_from(p_.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p_.verify_cap_from), V(s_.model->hp.n_vocab),
           E(d_.hp.n_embd), N(d_.n_taps()), budget(p_.ddtree_budget ? p_.ddtree_budget : DEFAULT_DDTREE_BUDGET),
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
