@@ -196,8 +196,8 @@ typedef struct {
     /* Speculative decoding (used only when luce_generate gets a drafter; zero = defaults). */
     int32_t draft_block_size;  /* block rows B: 0 = the drafter's checkpoint value, else 2..2x it (max 32) */
     int32_t draft_block_auto;  /* 1 = auto: the cost model chooses each spec step's width in 2..the
-                                  checkpoint value (draft_block_size is ignored; DDTree keeps the
-                                  checkpoint value) */
+                                  checkpoint value (draft_block_size is ignored; DDTree and
+                                  no_adaptive keep the checkpoint value) */
     int32_t no_adaptive;       /* 1 = always speculate (no measured plain steps, no fallback) */
     float dspark_confidence_threshold; /* DSpark: cut the chain at the first confidence below it; 0 = off */
     int32_t verify_cap_from;   /* committed tokens from which the verify width is capped to max(8, B/2);
@@ -307,7 +307,7 @@ luce_status luce_spec_policy_trace(int32_t adaptive, const double *plain_seconds
    plain_seconds; at step i the drafter's first accept_run[i] proposals are right (the step accepts
    min(accept_run[i], w - 1)). widths_out[i] = the width chosen before step i (0 = plain). With
    prior_acceptance (n_prior entries) the policy is seeded as from the cost cache with these costs
-   and that acceptance, so widths_out[0] is the width the cache alone selects. */
+   and that acceptance: after its 3 plain steps, widths_out[3] is the width the cache selects. */
 luce_status luce_spec_policy_trace_auto(int32_t max_width, double plain_seconds, const double *width_seconds,
                                         const int32_t *accept_run, const double *prior_acceptance,
                                         int32_t n_prior, int32_t n_steps, int32_t *widths_out);

@@ -23,20 +23,20 @@ void SpecPolicy::seed(double plain_seconds, const double *width_seconds, int n_w
     for (int w = 2; w < n_widths && w <= max_w_; ++w)
         if (width_seconds[w] > 0) cost_[size_t(w)] = {width_seconds[w], 1}, any = true;
     if (!any) return;
-    plain_ = {plain_seconds, 1};
+    // Kept as multiples of the plain step until this run has measured its own (after_plain).
+    for (Decayed &c : cost_) c.value /= plain_seconds;
     for (int i = 0; acceptance && i < n_acceptance && i < int(accept_.size()); ++i)
         if (acceptance[i] >= 0 && acceptance[i] <= 1) accept_[size_t(i)] = {acceptance[i], 1};
     seeded_ = true;
-    decide();
 }
 
 bool SpecPolicy::calibrated() const {
-    return seeded_ || (plain_.n >= CAL_PLAIN && spec_measured_ >= CAL_SPEC);
+    return plain_.n >= CAL_PLAIN && (seeded_ || spec_measured_ >= CAL_SPEC);
 }
 
 int SpecPolicy::next_width() const {
     if (!adaptive_) return width_;
-    if (!seeded_ && plain_.n < CAL_PLAIN) return 0;
+    if (plain_.n < CAL_PLAIN) return 0;
     if (!calibrated()) return width_;
     if (speculating_) return spec_run_ < PLAIN_CHECK_EVERY ? width_ : 0;  // else a plain step re-measures its cost
     return plain_left_ == 0 ? width_ : 0;                                 // plain wins: only probes speculate
@@ -47,6 +47,12 @@ void SpecPolicy::after_plain(double seconds) {
     plain_.add(seconds, check ? PROBE_ALPHA : TIME_ALPHA);
     spec_run_ = 0;
     if (plain_left_ > 0) --plain_left_;
+    if (seeded_ && plain_.n == CAL_PLAIN && spec_measured_ == 0) {
+        // The cached costs in this run's terms: a busy or idle machine scales both steps alike,
+        // so the cached ratio to the plain step is what carries over, not the seconds.
+        for (Decayed &c : cost_) c.value *= plain_.value;
+        decide();
+    }
 }
 
 void SpecPolicy::after_spec(int proposals, int accepted, double seconds) {

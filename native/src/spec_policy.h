@@ -16,7 +16,9 @@
 // candidate. It speculates at w* iff gain(w*) > 1, with hysteresis.
 //   - Calibration: CAL_PLAIN plain steps, then CAL_SPEC spec steps at the start width. Costs and
 //     acceptance from an earlier run on this device (seed(): the cost cache, luce/cost_cache.py)
-//     replace it: such a run decides from its first step and only refines the estimates.
+//     replace the spec steps, the costly part: after its plain steps such a run decides at once,
+//     taking the cached spec costs as multiples of the cached plain step (the load of a shared
+//     machine moves both alike), and only refines the estimates.
 //   - Hysteresis: speculation stops when gain < 1 and resumes only when a probe says gain > 1.05,
 //     so a gain near 1 does not flip every step.
 //   - While plain wins, one probe spec step runs every probe_interval() plain steps: enough that

@@ -65,10 +65,11 @@ int block_rows(const Drafter &d, const luce_generate_params &p) {
     return requested;
 }
 
-// The policy for a run: auto chooses widths 2..B per step (DDTree keeps B: its tree is built for
-// one depth), a number is that width only; seeded from the cost cache when the caller has one.
+// The policy for a run: auto chooses widths 2..B per step, a number is that width only; seeded
+// from the cost cache when the caller has one. Auto keeps B under DDTree (its tree is built for one
+// depth) and under --no-adaptive (which measures no plain step to weigh widths against).
 SpecPolicy make_policy(const Drafter &d, const luce_generate_params &p, int B) {
-    const bool chooses = p.draft_block_auto && !p.ddtree;
+    const bool chooses = p.draft_block_auto && !p.ddtree && !p.no_adaptive;
     SpecPolicy policy(!p.no_adaptive, chooses ? 2 : B, B, chooses ? AUTO_START_WIDTH : B, d.hp.sample_from_anchor);
     policy.seed(p.prior_plain_seconds, p.prior_width_seconds, p.n_prior_widths, p.prior_acceptance,
                 p.n_prior_acceptance);
