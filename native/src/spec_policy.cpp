@@ -11,6 +11,14 @@ void SpecPolicy::Decayed::add(double x, double alpha) {
     value += std::max(alpha, 1.0 / n) * (x - value);
 }
 
+// On a shared machine a step's time is its cost plus whatever else ran meanwhile: one sample far
+// above the estimate is mostly the latter. Capped at OUTLIER x the estimate, it still moves the
+// estimate up by a step (a cost that really grew is followed within a few samples) but a single
+// stall does not condemn a width until its next probe.
+void SpecPolicy::Decayed::add_time(double seconds, double alpha) {
+    add(n ? std::min(seconds, OUTLIER * value) : seconds, alpha);
+}
+
 SpecPolicy::SpecPolicy(bool adaptive, int min_width, int max_width, int start_width, bool anchor_slot)
     : adaptive_(adaptive), anchor_slot_(anchor_slot), min_w_(min_width), max_w_(std::max(min_width, max_width)),
       width_(std::clamp(start_width, min_w_, max_w_)), cost_(size_t(max_w_) + 1),
@@ -44,7 +52,14 @@ int SpecPolicy::next_width() const {
 
 void SpecPolicy::after_plain(double seconds) {
     const bool check = calibrated() && speculating_;  // a rare sample of an old estimate: weigh it
-    plain_.add(seconds, check ? PROBE_ALPHA : TIME_ALPHA);
+    if (plain_.n < CAL_PLAIN) {
+        // The calibration's fastest: the first steps after prefill run cold (caches, page faults,
+        // threads waking) and other work only adds time, and a plain cost set too high would
+        // make speculation look better than it is until the first plain check.
+        plain_.value = plain_.n++ ? std::min(plain_.value, seconds) : seconds;
+    } else {
+        plain_.add_time(seconds, check ? PROBE_ALPHA : TIME_ALPHA);
+    }
     spec_run_ = 0;
     if (plain_left_ > 0) --plain_left_;
     if (seeded_ && plain_.n == CAL_PLAIN && spec_measured_ == 0) {
@@ -58,7 +73,7 @@ void SpecPolicy::after_plain(double seconds) {
 void SpecPolicy::after_spec(int proposals, int accepted, double seconds) {
     const double alpha = calibrated() && !speculating_ ? PROBE_ALPHA : ACCEPT_ALPHA;
     const int w = anchor_slot_ ? proposals : proposals + 1;
-    if (w >= 1 && w <= max_w_) cost_[size_t(w)].add(seconds, TIME_ALPHA);
+    if (w >= 1 && w <= max_w_) cost_[size_t(w)].add_time(seconds, TIME_ALPHA);
     // Proposals 1..accepted were accepted, given those before them; the next one was rejected.
     // Those after it say nothing about their own rate.
     for (int i = 0; i < accepted && i < int(accept_.size()); ++i) accept_[size_t(i)].add(1.0, alpha);

@@ -86,8 +86,9 @@ private:
         double value = 0;
         int n = 0;
         void add(double x, double alpha);
+        void add_time(double seconds, double alpha);  // a step time, outliers capped
     };
-    static constexpr double TIME_ALPHA = 0.1, ACCEPT_ALPHA = 0.1, PROBE_ALPHA = 0.5;
+    static constexpr double TIME_ALPHA = 0.1, ACCEPT_ALPHA = 0.1, PROBE_ALPHA = 0.5, OUTLIER = 2.0;
 
     int proposals(int w) const { return anchor_slot_ ? w : w - 1; }
     bool calibrated() const;
