@@ -58,7 +58,11 @@ def main() -> None:
                     draft=REFERENCE / f"{drafter}-q8_0.gguf") as eng:
             for label, file in SETS.items():
                 prompts = load_prompts(file, args.prompts)
-                configs = [("plain", {"speculative": False})] + [(w, {"draft_block_size": w}) for w in WIDTHS]
+                # A fixed width past the drafter's limit (2x its checkpoint's: DSpark's 7 allows 14)
+                # runs at that limit.
+                limit = 2 * eng.draft_info.block_size
+                configs = [("plain", {"speculative": False})] + [
+                    (w, {"draft_block_size": w if w == "auto" else min(w, limit)}) for w in WIDTHS]
                 best = {name: 0.0 for name, _ in configs}
                 last = {}
                 for r in range(args.rounds + 1):
@@ -68,7 +72,8 @@ def main() -> None:
                             best[name] = max(best[name], speed)
                             last[name] = stats
                 plain = best["plain"]
-                cells = [f"{best[w]:.0f} ({best[w] / plain:.2f}x)" for w in WIDTHS]
+                cells = [f"{best[w]:.0f} ({best[w] / plain:.2f}x)" + ("" if w == "auto" or w <= limit else f" [{limit}]")
+                         for w in WIDTHS]
                 fixed = max(best[w] for w in WIDTHS if w != "auto")
                 auto = last["auto"]
                 chose = (f"block {auto['block_size']}, {auto['spec_steps']} spec + {auto['plain_steps']} plain steps"

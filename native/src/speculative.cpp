@@ -50,6 +50,7 @@ constexpr int VERIFY_CAP_MIN = 8;
 constexpr int DEFAULT_DDTREE_BUDGET = 22;
 constexpr int DDTREE_WIDE_K = 8;  // candidates per node when the budget exceeds the depth, else 1
 
+constexpr int PENDING_ROWS = 64;     // plain steps' taps gathered before one context append
 constexpr int AUTO_START_WIDTH = 4;  // auto's first spec step: the cheapest block that still shows
                                      // three positions' acceptance (the model extends it from there)
 static_assert(sizeof(luce_generate_stats::width_seconds) / sizeof(double) == MAX_DRAFT_BLOCK + 1);
@@ -316,6 +317,8 @@ struct SpecLoop {
     Checkpoints ckpt;
     BackendBuffers dev;
     float *taps, *hidden, *row_logits;
+    float *pending;     // [PENDING_ROWS][N][E]: taps of plain steps not yet in the drafter context
+    int n_pending = 0;
     int32_t *dev_ids;  // greedy: the argmax of each target row, in backend memory
     std::vector<float> logit_row, conf, tree_U;
     const float *verify_rows = nullptr;  // sampled without a top-k: the last run_target's logit rows
@@ -348,6 +351,7 @@ struct SpecLoop {
           chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(make_policy(d_, p_, B)) {
         taps = dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
+        pending = dev.array<float>(size_t(PENDING_ROWS) * N * E);
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
         dev_ids = dev.array<int32_t>(size_t(MAX_STEP));
         row_ids.resize(size_t(MAX_STEP));
@@ -437,11 +441,25 @@ struct SpecLoop {
     // One token, features still captured (the policy's plain steps, and the last token of the budget).
     bool plain_step(int32_t &anchor, double t0) {
         run_target(&anchor, 1, 0);
-        draft_append_context(d, ctx, taps, 1);
+        defer_context();
         anchor = choose(0);
         ++st.plain_steps;
         policy.after_plain(now_seconds() - t0);
         return emit(&anchor, 1);
+    }
+
+    // A plain step's taps wait in `pending` and join the drafter context in one append before the
+    // next draft: while plain decoding wins, a context projection per token would make every plain
+    // step pay for a drafter that does not run, and one append of many rows reads the drafter's
+    // weights once. Output is unchanged: only the drafter's proposals read the context.
+    void defer_context() {
+        const size_t row = size_t(N) * E;
+        be.copy(pending + size_t(n_pending) * row, taps, row * sizeof(float));
+        if (++n_pending == PENDING_ROWS) flush_context();
+    }
+    void flush_context() {
+        if (n_pending) draft_append_context(d, ctx, pending, n_pending);
+        n_pending = 0;
     }
 
     // Acceptance of a chain verify (rule in the file header); returns n and sets the bonus.
@@ -579,9 +597,11 @@ struct SpecLoop {
         if (cap_from > 0 && s.n_past >= cap_from) q = std::min(q, std::max(VERIFY_CAP_MIN, B / 2) - 1);
         const double t0 = now_seconds();
         if (w == 0 || q <= 0) return plain_step(anchor, t0);
+        flush_context();  // not charged to the spec step: the plain steps before it deferred it
+        const double t_spec = now_seconds();
         block[0] = anchor;
         draft_forward(d, ctx, block.data(), w, hidden);
-        return p.ddtree ? tree_step(anchor, q, t0) : chain_step(anchor, q, t0);
+        return p.ddtree ? tree_step(anchor, q, t_spec) : chain_step(anchor, q, t_spec);
     }
 };
 
