@@ -220,3 +220,37 @@ def test_cli_auto_names_the_width_it_chose(pair, luce_cmd):
                  "-n", 30, "--ignore-eos", "-t", 1, "--draft-block-size", "AUTO")
     assert r.returncode == 0, r.stderr
     assert "(auto)" in r.stderr
+
+
+def test_cli_auto_prints_what_plain_decoding_prints(pair, luce_cmd):
+    args = ["generate", "-m", pair.target, "--prompt-ids", "1,2,3", "-n", 40, "--ignore-eos", "-t", 1, "--json"]
+    plain = luce_cmd(*args)
+    for name in ("dflash2", "dspark"):
+        spec = luce_cmd(*args, "--draft", pair.drafters[name])  # --draft-block-size auto by default
+        assert plain.returncode == spec.returncode == 0, spec.stderr
+        assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
+        assert json.loads(spec.stdout)["stats"]["block_auto"]
+
+
+def test_bench_draft_prints_the_cost_curve_and_the_chosen_width(pair):
+    from click.testing import CliRunner
+
+    from luce.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["bench", "-m", str(pair.target), "--draft", str(pair.drafters["dflash2"]),
+                                      "-p", "8", "-n", "40", "--draft-block-size", "4,auto", "-r", "1", "-t", "1"])
+    assert result.exit_code == 0, result.output
+    assert "| auto (" in result.output  # the auto row names the width it ended at
+    curve = result.output.split("cost model after the last run (per block width):")[1]
+    assert "| block | step ms | tokens/step | expected tok/s | vs plain |" in curve
+    assert "chosen: " in curve and ("speculate with block" in curve or "plain decoding" in curve)
+
+
+def test_bench_refuses_a_bad_block_list(pair):
+    from click.testing import CliRunner
+
+    from luce.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["bench", "-m", str(pair.target), "--draft", str(pair.drafters["dflash2"]),
+                                      "--draft-block-size", "4,abc"])
+    assert result.exit_code == 2 and "is not a list of integers" in result.output

@@ -11,13 +11,6 @@ void SpecPolicy::Decayed::add(double x, double alpha) {
     value += std::max(alpha, 1.0 / n) * (x - value);
 }
 
-// On a shared machine a step's time is its cost plus whatever else ran meanwhile: one sample far
-// above the estimate is mostly the latter. Capped at OUTLIER x the estimate, it still moves the
-// estimate up by a step (a cost that really grew is followed within a few samples) but a single
-// stall does not condemn a width until its next probe.
-void SpecPolicy::Decayed::add_time(double seconds, double alpha) {
-    add(n ? std::min(seconds, OUTLIER * value) : seconds, alpha);
-}
 
 SpecPolicy::SpecPolicy(bool adaptive, int min_width, int max_width, int start_width, bool anchor_slot)
     : adaptive_(adaptive), anchor_slot_(anchor_slot), min_w_(min_width), max_w_(std::max(min_width, max_width)),
@@ -39,41 +32,46 @@ void SpecPolicy::seed(double plain_seconds, const double *width_seconds, int n_w
 }
 
 bool SpecPolicy::calibrated() const {
-    return plain_.n >= CAL_PLAIN && (seeded_ || spec_measured_ >= CAL_SPEC);
+    return plain_.n > 0 && (seeded_ || spec_measured_ >= CAL_SPEC);
 }
 
 int SpecPolicy::next_width() const {
     if (!adaptive_) return width_;
-    if (plain_.n < CAL_PLAIN) return 0;
+    if (plain_.n == 0 || burst_n_ > 0) return 0;  // the calibration's plain steps, or a check's
     if (!calibrated()) return width_;
     if (speculating_) return spec_run_ < PLAIN_CHECK_EVERY ? width_ : 0;  // else a plain step re-measures its cost
     return plain_left_ == 0 ? width_ : 0;                                 // plain wins: only probes speculate
 }
 
 void SpecPolicy::after_plain(double seconds) {
-    const bool check = calibrated() && speculating_;  // a rare sample of an old estimate: weigh it
-    if (plain_.n < CAL_PLAIN) {
-        // The calibration's fastest: the first steps after prefill run cold (caches, page faults,
-        // threads waking) and other work only adds time, and a plain cost set too high would
-        // make speculation look better than it is until the first plain check.
-        plain_.value = plain_.n++ ? std::min(plain_.value, seconds) : seconds;
-    } else {
-        plain_.add_time(seconds, check ? PROBE_ALPHA : TIME_ALPHA);
-    }
-    spec_run_ = 0;
     if (plain_left_ > 0) --plain_left_;
-    if (seeded_ && plain_.n == CAL_PLAIN && spec_measured_ == 0) {
+    // While plain decoding wins, every plain step is a sample. Otherwise plain steps come in
+    // bursts (calibration, checks), and a burst's median is one sample: the first steps after
+    // prefill run cold, and on a shared machine one step may stall, and a plain cost set too
+    // high by one stalled step would keep speculation on until the next check.
+    if (plain_.n > 0 && !(calibrated() && speculating_) && burst_n_ == 0) {
+        plain_.add(seconds, TIME_ALPHA);
+        return;
+    }
+    burst_[size_t(burst_n_++)] = seconds;
+    if (burst_n_ < CAL_PLAIN) return;
+    std::sort(burst_.begin(), burst_.end());
+    const bool first = plain_.n == 0;
+    plain_.add(burst_[CAL_PLAIN / 2], PROBE_ALPHA);  // a check weighs 0.5: the estimate before it is old
+    burst_n_ = 0;
+    spec_run_ = 0;
+    if (first && seeded_) {
         // The cached costs in this run's terms: a busy or idle machine scales both steps alike,
         // so the cached ratio to the plain step is what carries over, not the seconds.
         for (Decayed &c : cost_) c.value *= plain_.value;
-        decide();
     }
+    decide();
 }
 
 void SpecPolicy::after_spec(int proposals, int accepted, double seconds) {
     const double alpha = calibrated() && !speculating_ ? PROBE_ALPHA : ACCEPT_ALPHA;
     const int w = anchor_slot_ ? proposals : proposals + 1;
-    if (w >= 1 && w <= max_w_) cost_[size_t(w)].add_time(seconds, TIME_ALPHA);
+    if (w >= 1 && w <= max_w_) cost_[size_t(w)].add(seconds, TIME_ALPHA);
     // Proposals 1..accepted were accepted, given those before them; the next one was rejected.
     // Those after it say nothing about their own rate.
     for (int i = 0; i < accepted && i < int(accept_.size()); ++i) accept_[size_t(i)].add(1.0, alpha);

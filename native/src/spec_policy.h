@@ -14,7 +14,9 @@
 //   gain(w) = E(w) x plain_seconds / c(w)         a spec step's tokens/s over a plain step's.
 // Auto width picks w* = argmax gain(w) over [min_width, max_width]; a fixed width has one
 // candidate. It speculates at w* iff gain(w*) > 1, with hysteresis.
-//   - Calibration: CAL_PLAIN plain steps, then CAL_SPEC spec steps at the start width. Costs and
+//   - Calibration: CAL_PLAIN plain steps (their median is the plain cost: the first steps after
+//     prefill run cold, and a shared machine stalls single steps), then CAL_SPEC spec steps at the
+//     start width. Costs and
 //     acceptance from an earlier run on this device (seed(): the cost cache, luce/cost_cache.py)
 //     replace the spec steps, the costly part: after its plain steps such a run decides at once,
 //     taking the cached spec costs as multiples of the cached plain step (the load of a shared
@@ -24,14 +26,15 @@
 //   - While plain wins, one probe spec step runs every probe_interval() plain steps: enough that
 //     a probe's loss against plain steps (c - E x plain_seconds) is at most PROBE_BUDGET of the
 //     time between probes. A probe's acceptance weighs 0.5: the estimate before it is old.
-//   - While speculation wins, one plain step every PLAIN_CHECK_EVERY spec steps keeps the plain
-//     cost current: calibration steps can be off (a busy CPU, a cold cache), and a plain cost
+//   - While speculation wins, CAL_PLAIN plain steps every PLAIN_CHECK_EVERY spec steps keep the
+//     plain cost current: calibration steps can be off (a busy CPU, a cold cache), and a plain cost
 //     measured too high would otherwise keep speculation on for the whole run. Like a probe's
-//     acceptance, a check's time weighs 0.5.
+//     acceptance, a check (its median) weighs 0.5.
 // Output does not depend on the choices: a plain step commits what a spec step of any width would
 // have (speculative.cpp header), so the policy only moves speed.
 #pragma once
 
+#include <array>
 #include <vector>
 
 namespace luce {
@@ -86,9 +89,8 @@ private:
         double value = 0;
         int n = 0;
         void add(double x, double alpha);
-        void add_time(double seconds, double alpha);  // a step time, outliers capped
     };
-    static constexpr double TIME_ALPHA = 0.1, ACCEPT_ALPHA = 0.1, PROBE_ALPHA = 0.5, OUTLIER = 2.0;
+    static constexpr double TIME_ALPHA = 0.1, ACCEPT_ALPHA = 0.1, PROBE_ALPHA = 0.5;
 
     int proposals(int w) const { return anchor_slot_ ? w : w - 1; }
     bool calibrated() const;
@@ -105,7 +107,9 @@ private:
     int spec_measured_ = 0;        // spec steps seen
     bool speculating_ = true;
     int plain_left_ = 0;  // plain steps before the next probe (while plain wins)
-    int spec_run_ = 0;    // spec steps since the last plain step (while speculation wins)
+    int spec_run_ = 0;    // spec steps since the last plain check (while speculation wins)
+    std::array<double, CAL_PLAIN> burst_{};  // the plain step times of a calibration or check
+    int burst_n_ = 0;
 };
 
 }  // namespace luce
