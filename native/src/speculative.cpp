@@ -441,10 +441,10 @@ struct SpecLoop {
     // One token, features still captured (the policy's plain steps, and the last token of the budget).
     bool plain_step(int32_t &anchor, double t0) {
         run_target(&anchor, 1, 0);
-        defer_context();
         anchor = choose(0);
         ++st.plain_steps;
         policy.after_plain(now_seconds() - t0);
+        defer_context();  // after the sample: a full buffer's append belongs to drafting
         return emit(&anchor, 1);
     }
 
@@ -597,11 +597,12 @@ struct SpecLoop {
         if (cap_from > 0 && s.n_past >= cap_from) q = std::min(q, std::max(VERIFY_CAP_MIN, B / 2) - 1);
         const double t0 = now_seconds();
         if (w == 0 || q <= 0) return plain_step(anchor, t0);
-        flush_context();  // not charged to the spec step: the plain steps before it deferred it
-        const double t_spec = now_seconds();
+        // Charged to this step: plain decoding alone would never append the deferred rows, so
+        // catching up is part of what speculating costs (a probe after many plain steps pays most).
+        flush_context();
         block[0] = anchor;
         draft_forward(d, ctx, block.data(), w, hidden);
-        return p.ddtree ? tree_step(anchor, q, t_spec) : chain_step(anchor, q, t_spec);
+        return p.ddtree ? tree_step(anchor, q, t0) : chain_step(anchor, q, t0);
     }
 };
 
