@@ -53,12 +53,15 @@ def test_auto_settles_on_the_width_the_drafter_fills():
     # tokens, a wider one the same 6 for more cost, a narrower one fewer.
     widths = trace_auto(16, 1e-3, lambda w: 1e-3 + 0.5e-3 * w, [5] * 80)
     assert widths[:CAL_PLAIN] == [0] * CAL_PLAIN and widths[CAL_PLAIN] == 4  # calibration
-    assert set(widths[10:]) <= {6, 0} and widths[10:].count(6) > 60
+    # It speculates at the measured width 4 and explores the model's best (16: every proposal
+    # seen so far was accepted) one step in 8; 16 shows the 6th proposal failing, the model
+    # then puts the best at 6, exploring it measures it, and the run stays there.
+    assert 16 in widths[:20] and set(widths[30:]) <= {6, 0} and widths[30:].count(6) > 40
 
 
 def test_auto_goes_wide_for_a_drafter_that_fills_every_block():
     widths = trace_auto(16, 1e-3, lambda w: 1e-3 + 0.5e-3 * w, [99] * 80)
-    assert set(widths[10:]) <= {16, 0} and widths[10:].count(16) > 60
+    assert set(widths[20:]) <= {16, 0} and widths[20:].count(16) > 50
 
 
 def test_auto_decodes_plainly_when_no_width_pays():

@@ -14,7 +14,7 @@ void SpecPolicy::Decayed::add(double x, double alpha) {
 
 SpecPolicy::SpecPolicy(bool adaptive, int min_width, int max_width, int start_width, bool anchor_slot)
     : adaptive_(adaptive), anchor_slot_(anchor_slot), min_w_(min_width), max_w_(std::max(min_width, max_width)),
-      width_(std::clamp(start_width, min_w_, max_w_)), cost_(size_t(max_w_) + 1),
+      width_(std::clamp(start_width, min_w_, max_w_)), explore_(width_), cost_(size_t(max_w_) + 1),
       accept_(size_t(std::max(proposals(max_w_), 1))) {}
 
 void SpecPolicy::seed(double plain_seconds, const double *width_seconds, int n_widths, const double *acceptance,
@@ -39,8 +39,13 @@ int SpecPolicy::next_width() const {
     if (!adaptive_) return width_;
     if (plain_.n == 0 || burst_n_ > 0) return 0;  // the calibration's plain steps, or a check's
     if (!calibrated()) return width_;
-    if (speculating_) return spec_run_ < PLAIN_CHECK_EVERY ? width_ : 0;  // else a plain step re-measures its cost
-    return plain_left_ == 0 ? width_ : 0;                                 // plain wins: only probes speculate
+    if (speculating_) {
+        if (spec_run_ >= PLAIN_CHECK_EVERY) return 0;  // a check re-measures the plain cost
+        const bool explore = explore_ != width_ && spec_run_ % EXPLORE_EVERY == EXPLORE_EVERY - 1;
+        return explore ? explore_ : width_;
+    }
+    if (plain_left_ > 0) return 0;  // plain wins: only probes speculate
+    return explore_ != width_ && probes_ % EXPLORE_EVERY == EXPLORE_EVERY - 1 ? explore_ : width_;
 }
 
 void SpecPolicy::after_plain(double seconds) {
@@ -69,7 +74,9 @@ void SpecPolicy::after_plain(double seconds) {
 }
 
 void SpecPolicy::after_spec(int proposals, int accepted, double seconds) {
-    const double alpha = calibrated() && !speculating_ ? PROBE_ALPHA : ACCEPT_ALPHA;
+    const bool probe = calibrated() && !speculating_;
+    const double alpha = probe ? PROBE_ALPHA : ACCEPT_ALPHA;
+    probes_ += probe;
     const int w = anchor_slot_ ? proposals : proposals + 1;
     if (w >= 1 && w <= max_w_) cost_[size_t(w)].add(seconds, TIME_ALPHA);
     // Proposals 1..accepted were accepted, given those before them; the next one was rejected.
@@ -81,25 +88,38 @@ void SpecPolicy::after_spec(int proposals, int accepted, double seconds) {
     decide();
 }
 
-// Choose the width, and plain or speculative by the hysteresis rule; plan the next probe.
+// Choose the widths, and plain or speculative by the hysteresis rule; plan the next probe.
+// Speculation and probes run at the best width whose cost was measured; the best width by the
+// model, which may be an interpolated one, is only explored (every EXPLORE_EVERY-th spec step or
+// probe). The
+// maximum of many estimates is biased upwards (the width whose noise flattered it most wins),
+// so a modelled gain must be measured before a run commits to it.
 void SpecPolicy::decide() {
     if (!calibrated()) return;
-    width_ = best_width();
-    if (!adaptive_) return;
-    const double g = gain(width_);
+    explore_ = best_width(false);
+    const int exploit = best_width(true);
+    if (!adaptive_) {
+        width_ = exploit ? exploit : explore_;
+        return;
+    }
+    const double g = exploit ? gain(exploit) : 0.0;
     if (speculating_ && g < 1.0) speculating_ = false;
     else if (!speculating_ && g > 1.0 + HYSTERESIS) speculating_ = true;
+    width_ = exploit ? exploit : explore_;
     plain_left_ = speculating_ ? 0 : probe_interval();
 }
 
-int SpecPolicy::best_width() const {
-    int best = width_;
+// The width with the most expected tokens per second (ties: the narrower), among those measured
+// or all; 0 when none qualifies.
+int SpecPolicy::best_width(bool measured_only) const {
+    int best = 0;
     double best_gain = 0;
     for (int w = min_w_; w <= max_w_; ++w) {
+        if (measured_only && measured_seconds(w) <= 0) continue;
         const double g = gain(w);
-        if (g > best_gain * (1 + 1e-9)) best = w, best_gain = g;  // ties: the narrower block
+        if (g > best_gain * (1 + 1e-9)) best = w, best_gain = g;
     }
-    return best;
+    return best ? best : (measured_only ? 0 : width_);
 }
 
 double SpecPolicy::measured_seconds(int w) const {

@@ -12,8 +12,10 @@
 //   c(w)    = the cost of a spec step of w rows (drafter + verify + rollback), measured at the
 //             widths that ran and modelled between them (step_seconds);
 //   gain(w) = E(w) x plain_seconds / c(w)         a spec step's tokens/s over a plain step's.
-// Auto width picks w* = argmax gain(w) over [min_width, max_width]; a fixed width has one
-// candidate. It speculates at w* iff gain(w*) > 1, with hysteresis.
+// Auto width picks w* = argmax gain(w) over [min_width, max_width] among the widths whose cost
+// was measured, and speculates at w* iff gain(w*) > 1, with hysteresis; the best width by the
+// model (measured or interpolated) is explored by one spec step (or probe) in EXPLORE_EVERY.
+// A fixed width has one candidate.
 //   - Calibration: CAL_PLAIN plain steps (their median is the plain cost: the first steps after
 //     prefill run cold, and a shared machine stalls single steps), then CAL_SPEC spec steps at the
 //     start width. Costs and
@@ -79,6 +81,7 @@ public:
     static constexpr int CAL_PLAIN = 3, CAL_SPEC = 1;
     static constexpr double HYSTERESIS = 0.05, PROBE_BUDGET = 0.05;
     static constexpr int MIN_PROBE_INTERVAL = 8, MAX_PROBE_INTERVAL = 2048, PLAIN_CHECK_EVERY = 32;
+    static constexpr int EXPLORE_EVERY = 8;  // one spec step (or probe) in 8 at the model's best width
     // Acceptance assumed for proposal 1 before any is observed (only the model's curve before the
     // first spec step reads it).
     static constexpr double PRIOR_ACCEPT = 0.5;
@@ -94,12 +97,13 @@ private:
 
     int proposals(int w) const { return anchor_slot_ ? w : w - 1; }
     bool calibrated() const;
-    int best_width() const;
+    int best_width(bool measured_only) const;
     void decide();
 
     const bool adaptive_, anchor_slot_;
     const int min_w_, max_w_;
-    int width_;
+    int width_;    // speculation's and probes' width: the best measured one
+    int explore_;  // the best by the model, measured or not
     bool seeded_ = false;
     Decayed plain_;
     std::vector<Decayed> cost_;    // by rows, [0, max_w]
@@ -108,6 +112,7 @@ private:
     bool speculating_ = true;
     int plain_left_ = 0;  // plain steps before the next probe (while plain wins)
     int spec_run_ = 0;    // spec steps since the last plain check (while speculation wins)
+    int probes_ = 0;      // probes so far
     std::array<double, CAL_PLAIN> burst_{};  // the plain step times of a calibration or check
     int burst_n_ = 0;
 };
