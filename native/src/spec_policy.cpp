@@ -40,7 +40,7 @@ int SpecPolicy::next_width() const {
     if (plain_.n == 0 || burst_n_ > 0) return 0;  // the calibration's plain steps, or a check's
     if (!calibrated()) return width_;
     if (speculating_) {
-        if (spec_run_ >= PLAIN_CHECK_EVERY) return 0;  // a check re-measures the plain cost
+        if (spec_run_ >= check_every_) return 0;  // a check re-measures the plain cost
         const bool explore = explore_ != width_ && spec_run_ % EXPLORE_EVERY == EXPLORE_EVERY - 1;
         return explore ? explore_ : width_;
     }
@@ -65,6 +65,7 @@ void SpecPolicy::after_plain(double seconds) {
     plain_.add(burst_[CAL_PLAIN / 2], PROBE_ALPHA);  // a check weighs 0.5: the estimate before it is old
     burst_n_ = 0;
     spec_run_ = 0;
+    if (!first) check_every_ = std::min(2 * check_every_, PLAIN_CHECK_EVERY);  // one that held: the next later
     if (first && seeded_) {
         // The cached costs in this run's terms: a busy or idle machine scales both steps alike,
         // so the cached ratio to the plain step is what carries over, not the seconds.
@@ -104,7 +105,7 @@ void SpecPolicy::decide() {
     }
     const double g = exploit ? gain(exploit) : 0.0;
     if (speculating_ && g < 1.0) speculating_ = false;
-    else if (!speculating_ && g > 1.0 + HYSTERESIS) speculating_ = true;
+    else if (!speculating_ && g > 1.0 + HYSTERESIS) speculating_ = true, check_every_ = FIRST_CHECK_AFTER;
     width_ = exploit ? exploit : explore_;
     plain_left_ = speculating_ ? 0 : probe_interval();
 }

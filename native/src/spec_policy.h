@@ -28,8 +28,8 @@
 //   - While plain wins, one probe spec step runs every probe_interval() plain steps: enough that
 //     a probe's loss against plain steps (c - E x plain_seconds) is at most PROBE_BUDGET of the
 //     time between probes. A probe's acceptance weighs 0.5: the estimate before it is old.
-//   - While speculation wins, CAL_PLAIN plain steps every PLAIN_CHECK_EVERY spec steps keep the
-//     plain cost current: calibration steps can be off (a busy CPU, a cold cache), and a plain cost
+//   - While speculation wins, CAL_PLAIN plain steps every PLAIN_CHECK_EVERY spec steps (8, 16, then
+//     32 after a switch to speculation) keep the plain cost current: calibration steps can be off (a busy CPU, a cold cache), and a plain cost
 //     measured too high would otherwise keep speculation on for the whole run. Like a probe's
 //     acceptance, a check (its median) weighs 0.5.
 // Output does not depend on the choices: a plain step commits what a spec step of any width would
@@ -81,6 +81,9 @@ public:
     static constexpr int CAL_PLAIN = 3, CAL_SPEC = 1;
     static constexpr double HYSTERESIS = 0.05, PROBE_BUDGET = 0.05;
     static constexpr int MIN_PROBE_INTERVAL = 8, MAX_PROBE_INTERVAL = 2048, PLAIN_CHECK_EVERY = 32;
+    // A decision to speculate rests on a few noisy samples: the first check comes after
+    // FIRST_CHECK_AFTER spec steps, each check that holds doubles the distance to PLAIN_CHECK_EVERY.
+    static constexpr int FIRST_CHECK_AFTER = 8;
     static constexpr int EXPLORE_EVERY = 8;  // one spec step (or probe) in 8 at the model's best width
     // Acceptance assumed for proposal 1 before any is observed (only the model's curve before the
     // first spec step reads it).
@@ -113,6 +116,7 @@ private:
     int plain_left_ = 0;  // plain steps before the next probe (while plain wins)
     int spec_run_ = 0;    // spec steps since the last plain check (while speculation wins)
     int probes_ = 0;      // probes so far
+    int check_every_ = FIRST_CHECK_AFTER;  // spec steps between plain checks now
     std::array<double, CAL_PLAIN> burst_{};  // the plain step times of a calibration or check
     int burst_n_ = 0;
 };
