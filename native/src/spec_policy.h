@@ -80,7 +80,10 @@ public:
 
     static constexpr int CAL_PLAIN = 3, CAL_SPEC = 1;
     static constexpr double HYSTERESIS = 0.05, PROBE_BUDGET = 0.05;
-    static constexpr int MIN_PROBE_INTERVAL = 8, MAX_PROBE_INTERVAL = 2048, PLAIN_CHECK_EVERY = 32;
+    // Probes come at least MIN_PROBE_INTERVAL plain steps apart: near break-even the loss a probe is
+    // expected to cost is small, and least reliable (the width probed is the one whose estimate
+    // looks best), so probing every few steps lost more than the budget on a busy CPU.
+    static constexpr int MIN_PROBE_INTERVAL = 32, MAX_PROBE_INTERVAL = 2048, PLAIN_CHECK_EVERY = 32;
     // A decision to speculate rests on a few noisy samples: the first check comes after
     // FIRST_CHECK_AFTER spec steps, each check that holds doubles the distance to PLAIN_CHECK_EVERY.
     static constexpr int FIRST_CHECK_AFTER = 8;
