@@ -18,20 +18,19 @@
 // A fixed width has one candidate.
 //   - Calibration: CAL_PLAIN plain steps (their median is the plain cost: the first steps after
 //     prefill run cold, and a shared machine stalls single steps), then CAL_SPEC spec steps at the
-//     start width. Costs and
-//     acceptance from an earlier run on this device (seed(): the cost cache, luce/cost_cache.py)
-//     replace the spec steps, the costly part: after its plain steps such a run decides at once,
-//     taking the cached spec costs as multiples of the cached plain step (the load of a shared
-//     machine moves both alike), and only refines the estimates.
+//     start width. Costs and acceptance from an earlier run on this device (seed(): the cost
+//     cache, luce/cost_cache.py) replace the spec steps, the costly part: after its plain steps
+//     such a run decides at once, taking the cached spec costs as multiples of the cached plain
+//     step (the load of a shared machine moves both alike), and only refines the estimates.
 //   - Hysteresis: speculation stops when gain < 1 and resumes only when a probe says gain > 1.05,
 //     so a gain near 1 does not flip every step.
 //   - While plain wins, one probe spec step runs every probe_interval() plain steps: enough that
 //     a probe's loss against plain steps (c - E x plain_seconds) is at most PROBE_BUDGET of the
 //     time between probes. A probe's acceptance weighs 0.5: the estimate before it is old.
-//   - While speculation wins, CAL_PLAIN plain steps every PLAIN_CHECK_EVERY spec steps (8, 16, then
-//     32 after a switch to speculation) keep the plain cost current: calibration steps can be off (a busy CPU, a cold cache), and a plain cost
-//     measured too high would otherwise keep speculation on for the whole run. Like a probe's
-//     acceptance, a check (its median) weighs 0.5.
+//   - While speculation wins, CAL_PLAIN plain steps every PLAIN_CHECK_EVERY spec steps (8, 16,
+//     then 32 after a switch to speculation) keep the plain cost current: calibration steps can be
+//     off (a busy CPU, a cold cache), and a plain cost measured too high would otherwise keep
+//     speculation on for the whole run. Like a probe's acceptance, a check (its median) weighs 0.5.
 // Output does not depend on the choices: a plain step commits what a spec step of any width would
 // have (speculative.cpp header), so the policy only moves speed.
 #pragma once
