@@ -34,6 +34,19 @@ class IntList(click.ParamType):
         return out
 
 
+class BlockList(IntList):
+    """--draft-block-size: a list of block rows and/or `auto`, e.g. `4,8,16,auto`."""
+    name = "LIST"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        parts = [p.strip() for p in str(value).split(",") if p.strip()]
+        numbers = ",".join(p for p in parts if p.lower() != "auto")
+        out = super().convert(numbers, param, ctx) if numbers else []
+        return out + ["auto"] * any(p.lower() == "auto" for p in parts)
+
+
 @click.command()
 @click.option("-m", "--model", type=click.Path(path_type=Path, dir_okay=False), required=True,
               help="Target qwen35 GGUF.")
@@ -62,8 +75,9 @@ class IntList(click.ParamType):
               help="With --temp: nucleus sampling.")
 @click.option("--draft", type=click.Path(path_type=Path, dir_okay=False, exists=True), metavar="DRAFTER.gguf",
               help="Speculative decoding: tgN with and without this drafter (tau, acceptance, speedup).")
-@click.option("--draft-block-size", "block_sizes", type=IntList(), default="0", show_default=True,
-              help="With --draft: block rows to sweep (list; 0 = the checkpoint value).")
+@click.option("--draft-block-size", "block_sizes", type=BlockList(), default="auto", show_default=True,
+              help="With --draft: block rows to sweep (list of numbers and/or auto; 0 = the checkpoint "
+                   "value). The cost curve behind auto follows the table.")
 @click.option("--verify", "verify_modes", default="chain", show_default=True, metavar="chain,tree",
               help="With --draft: verification modes to sweep (chain, tree).")
 @click.option("--no-adaptive", is_flag=True, help="With --draft: always draft (no measured fallback to plain decoding).")
@@ -80,6 +94,7 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
     Examples:
       luce bench -m model.gguf -p 512 -n 128 -t 2 --peer llama.cpp
       luce bench -m model.gguf --draft drafter.gguf -p 64 -n 128 --draft-block-size 8,16 --verify chain,tree
+      luce bench -m model.gguf --draft drafter.gguf --draft-block-size 4,8,16,auto
       luce bench -m model.gguf --draft drafter.gguf --temp 0.7 --top-k 20 --top-p 0.95
     """
     from luce import bench
@@ -105,11 +120,14 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
         if not tests:
             raise click.BadParameter("nothing to measure: -n is 0", param_hint="-n")
         prompt_set = [job.prompt for job in read_prompt_jobs(prompts_file)] if prompts_file else None
+        last = []
         rows = bench.bench_speculative(model, draft, tests, n_prompt[0], threads, block_sizes, modes,
                                        not no_adaptive, device, repetitions, not no_warmup, seed, prompt_set,
-                                       sampling)
+                                       sampling, last_stats=last)
         click.echo(bench.PRINTERS[fmt](rows))
         if fmt == "md":
+            if last:
+                click.echo("\ncost model after the last run (per block width):\n" + bench.format_cost_curve(last[0]))
             click.echo("\n" + bench.footer())
         return
 

@@ -50,10 +50,26 @@ DEFAULT_TOP_K = 0
 DEFAULT_TOP_P = 1.0
 DEFAULT_SEED = 0
 DEFAULT_DEVICE = "auto"
-DEFAULT_DRAFT_BLOCK_SIZE = 0          # the drafter's checkpoint value
+DEFAULT_DRAFT_BLOCK_SIZE = "auto"     # the cost model chooses each step's width
 DEFAULT_DDTREE_BUDGET = 22
 DEFAULT_VERIFY_CAP = 8192             # committed tokens from which the verify width narrows
 LOCAL_RAY = "local"                   # --ray without an ADDRESS: RAY_ADDRESS, else a local instance
+
+
+class BlockSize(click.ParamType):
+    """--draft-block-size: 'auto' or a whole number of rows (its range is the drafter's)."""
+    name = "auto|N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or str(value).strip().lower() == "auto":
+            return value if isinstance(value, int) else "auto"
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            self.fail(f"{value!r} is not 'auto' or a number of block rows", param, ctx)
+        if number < 0:
+            self.fail(f"{number} is not 'auto' or a number of block rows >= 0", param, ctx)
+        return number
 
 
 # ------------------------------------------------------------------------------------------
@@ -96,7 +112,8 @@ def print_stats(stats: dict) -> None:
     table.add_row("generated tokens", str(stats["generated_tokens"]), f"decode  {stats['decode_tok_s']:9.1f} tok/s")
     if "tau" in stats:  # speculative run
         table.add_row("draft steps", f"{stats['spec_steps']} (+{stats['plain_steps']} plain)",
-                      f"tau {stats['tau']:.2f}, block {stats['block_size']}")
+                      f"tau {stats['tau']:.2f}, block {stats['block_size']}"
+                      + (" (auto)" if stats.get("block_auto") else ""))
         table.add_row("accepted", f"{stats['n_accepted']} / {stats['n_drafted']}",
                       f"acceptance {100 * stats['acceptance']:5.1f} %")
         table.add_row("time split", "", f"draft {stats['draft_seconds']:.3f}s verify {stats['verify_seconds']:.3f}s "
@@ -127,7 +144,8 @@ def policy_ratio(stats: dict) -> str:
         return "step costs not measured" if stats["spec_steps"] else "run too short to draft"
     if not stats["adaptive"]:
         return f"spec step {stats['step_cost_ratio']:.2f}x plain (one plain step measured)"
-    return f"spec step {stats['step_cost_ratio']:.2f}x plain"
+    cached = " (costs from the cache)" if stats.get("costs_from_cache") else ""
+    return f"spec step {stats['step_cost_ratio']:.2f}x plain{cached}"
 
 
 class Stream:
@@ -191,8 +209,10 @@ class Stream:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt and nothing else.")
 @click.option("--draft", type=click.Path(exists=True, dir_okay=False), metavar="DRAFTER.gguf",
               help="Speculative decoding with this DFlash / DFlash 2 / DSpark drafter (checked like luce inspect).")
-@click.option("--draft-block-size", type=click.IntRange(min=0), default=DEFAULT_DRAFT_BLOCK_SIZE, show_default=True,
-              help="Draft block rows (0: the drafter's checkpoint value; else 2..2x it, at most 32).")
+@click.option("--draft-block-size", type=BlockSize(), default=DEFAULT_DRAFT_BLOCK_SIZE, show_default=True,
+              metavar="auto|N", help="Draft block rows: auto (the width the measured costs and acceptance say "
+              "is fastest, chosen each step; cached per model, drafter and device, see docs/cli.md), or "
+              "exactly N (0: the drafter's checkpoint value; else 2..2x it, at most 32).")
 @click.option("--ddtree", is_flag=True, help="Tree verification (DDTree) instead of a single chain.")
 @click.option("--ddtree-budget", type=click.IntRange(1, 63), default=DEFAULT_DDTREE_BUDGET, show_default=True,
               help="DDTree nodes per verify step.")

@@ -195,12 +195,23 @@ typedef struct {
     int32_t n_stop_ids;
     /* Speculative decoding (used only when luce_generate gets a drafter; zero = defaults). */
     int32_t draft_block_size;  /* block rows B: 0 = the drafter's checkpoint value, else 2..2x it (max 32) */
+    int32_t draft_block_auto;  /* 1 = auto: the cost model chooses each spec step's width in 2..the
+                                  checkpoint value (draft_block_size is ignored; DDTree and
+                                  no_adaptive keep the checkpoint value) */
     int32_t no_adaptive;       /* 1 = always speculate (no measured plain steps, no fallback) */
     float dspark_confidence_threshold; /* DSpark: cut the chain at the first confidence below it; 0 = off */
     int32_t verify_cap_from;   /* committed tokens from which the verify width is capped to max(8, B/2);
                                   0 = default (8192), < 0 = never */
     int32_t ddtree;            /* 1 = DDTree tree verification (greedy or sampled) */
     int32_t ddtree_budget;     /* tree nodes, 1..63; 0 = default (22) */
+    /* Step costs and acceptance an earlier run measured with this target, drafter and device (the
+       cost cache, luce/cost_cache.py; zero = none): the policy starts from them instead of
+       calibrating. Arrays are read during the call only. */
+    double prior_plain_seconds;
+    const double *prior_width_seconds; /* [n_prior_widths]: spec step seconds by block rows; <= 0 = unknown */
+    int32_t n_prior_widths;
+    const double *prior_acceptance;    /* [n_prior_acceptance]: proposal i+1 accepted given 1..i were */
+    int32_t n_prior_acceptance;
     /* Test hook (greedy only): the proposal for generated token g is oracle_tokens[g] when
        g < n_oracle_tokens, instead of the drafter heads' (the drafter still runs). Tests use it to
        force long accepted runs, full-block accepts and rejections at chosen slots. */
@@ -235,6 +246,14 @@ typedef struct {
     double expected_speedup;   /* tokens/s of a spec step over a plain step's: decayed tokens per
                                   spec step / step_cost_ratio (> 1: speculation pays) */
     double achieved_speedup;   /* decode tok/s x plain_step_seconds */
+    /* The cost model behind the width choice (spec_policy.h), by block rows 0..32 (32 = the most
+       a block has). block_size above is the width the policy ended at. */
+    int32_t block_auto;              /* 1 = the width was chosen by the cost model (auto) */
+    double width_seconds[33];        /* measured spec step seconds (0 = no step of that width ran) */
+    double width_model_seconds[33];  /* the model's step cost: measured, else interpolated (0 = unknown) */
+    double width_tokens[33];         /* expected tokens a spec step of that width commits */
+    int32_t n_positions;             /* proposal positions whose acceptance was observed (or seeded) */
+    double position_acceptance[32];  /* [i]: proposal i+1 accepted given 1..i were (decayed) */
 } luce_generate_stats;
 
 /* Called with newly committed tokens as they are produced; return nonzero to stop early
@@ -282,6 +301,16 @@ luce_status luce_sample_probs(const float *logits, int32_t n, float temperature,
    spec_seconds[i] and commits committed[i] tokens (>= 1). adaptive = 0 is --no-adaptive. */
 luce_status luce_spec_policy_trace(int32_t adaptive, const double *plain_seconds, const double *spec_seconds,
                                    const int32_t *committed, int32_t n_steps, int32_t *choices_out);
+
+/* The auto block width over a synthetic decode: blocks of 2..max_width rows (w - 1 proposals),
+   a spec step of w rows taking width_seconds[w] (array of max_width + 1), a plain step
+   plain_seconds; at step i the drafter's first accept_run[i] proposals are right (the step accepts
+   min(accept_run[i], w - 1)). widths_out[i] = the width chosen before step i (0 = plain). With
+   prior_acceptance (n_prior entries) the policy is seeded as from the cost cache with these costs
+   and that acceptance: after its 3 plain steps, widths_out[3] is the width the cache selects. */
+luce_status luce_spec_policy_trace_auto(int32_t max_width, double plain_seconds, const double *width_seconds,
+                                        const int32_t *accept_run, const double *prior_acceptance,
+                                        int32_t n_prior, int32_t n_steps, int32_t *widths_out);
 
 /* LUCE_CDEF_END */
 

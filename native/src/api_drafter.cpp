@@ -129,13 +129,39 @@ LUCE_API luce_status luce_spec_policy_trace(int32_t adaptive, const double *plai
         require(spec_seconds, "spec_seconds");
         require(committed, "committed");
         require(choices_out, "choices_out");
-        luce::SpecPolicy policy(adaptive != 0);
+        // One fixed width wide enough for any committed count the tests give.
+        constexpr int WIDTH = 64;
+        luce::SpecPolicy policy(adaptive != 0, WIDTH, WIDTH, WIDTH, false);
         for (int32_t i = 0; i < n_steps; ++i) {
-            if (!(plain_seconds[i] > 0) || !(spec_seconds[i] > 0) || committed[i] < 1)
+            if (!(plain_seconds[i] > 0) || !(spec_seconds[i] > 0) || committed[i] < 1 || committed[i] > WIDTH)
                 fail(LUCE_ERR_INVALID_ARGUMENT, "step %d: times must be > 0 and committed >= 1", int(i));
-            choices_out[i] = policy.speculate_next();
-            if (choices_out[i]) policy.after_spec(committed[i], spec_seconds[i]);
+            choices_out[i] = policy.next_width() > 0;
+            if (choices_out[i]) policy.after_spec(WIDTH - 1, committed[i] - 1, spec_seconds[i]);
             else policy.after_plain(plain_seconds[i]);
+        }
+    });
+}
+
+LUCE_API luce_status luce_spec_policy_trace_auto(int32_t max_width, double plain_seconds, const double *width_seconds,
+                                                 const int32_t *accept_run, const double *prior_acceptance,
+                                                 int32_t n_prior, int32_t n_steps, int32_t *widths_out) {
+    return guard([&] {
+        if (max_width < 2 || max_width > 64) fail(LUCE_ERR_INVALID_ARGUMENT, "max_width must be in 2..64");
+        if (n_steps < 0 || n_prior < 0) fail(LUCE_ERR_INVALID_ARGUMENT, "n_steps and n_prior must be >= 0");
+        require(width_seconds, "width_seconds");
+        if (n_steps > 0) {
+            require(accept_run, "accept_run");
+            require(widths_out, "widths_out");
+        }
+        if (!(plain_seconds > 0)) fail(LUCE_ERR_INVALID_ARGUMENT, "times must be > 0");
+        for (int w = 2; w <= max_width; ++w)
+            if (!(width_seconds[w] > 0)) fail(LUCE_ERR_INVALID_ARGUMENT, "times must be > 0");
+        luce::SpecPolicy policy(true, 2, max_width, std::min(4, int(max_width)), false);
+        if (prior_acceptance) policy.seed(plain_seconds, width_seconds, max_width + 1, prior_acceptance, n_prior);
+        for (int32_t i = 0; i < n_steps; ++i) {
+            const int w = widths_out[i] = policy.next_width();
+            if (w == 0) policy.after_plain(plain_seconds);
+            else policy.after_spec(w - 1, std::clamp(int(accept_run[i]), 0, w - 1), width_seconds[w]);
         }
     });
 }

@@ -21,8 +21,9 @@
 // Greedy output therefore equals plain greedy decoding token for token: every committed token is
 // the target's argmax given the committed prefix.
 //
-// Adaptive policy (spec engine.md §4.8): spec_policy.h chooses plain or speculative for each step
-// from the step costs measured in this run and the decayed tokens per spec step. Plain steps still
+// Adaptive policy (spec engine.md §4.8): spec_policy.h chooses plain or speculative for each step,
+// and under auto the block width, from the step costs measured on this device and the decayed
+// acceptance of each proposal position. Plain steps still
 // capture features for the drafter context. Sampled runs too, where upstream turns the policy off:
 // a plain step draws from p like any other.
 #include "speculative.h"
@@ -49,13 +50,31 @@ constexpr int VERIFY_CAP_MIN = 8;
 constexpr int DEFAULT_DDTREE_BUDGET = 22;
 constexpr int DDTREE_WIDE_K = 8;  // candidates per node when the budget exceeds the depth, else 1
 
-int block_rows(const Drafter &d, int requested) {
-    const int ckpt = d.hp.block_size, hi = std::min(2 * ckpt, MAX_DRAFT_BLOCK);
-    if (requested == 0) return std::min(ckpt, MAX_DRAFT_BLOCK);
+constexpr int PENDING_ROWS = 64;     // plain steps' taps gathered before one context append
+constexpr int AUTO_START_WIDTH = 4;  // auto's first spec step: the cheapest block that still shows
+                                     // three positions' acceptance (the model extends it from there)
+static_assert(sizeof(luce_generate_stats::width_seconds) / sizeof(double) == MAX_DRAFT_BLOCK + 1);
+
+// The widest block a run may use: auto goes up to the checkpoint's horizon (past it proposals are
+// rarely accepted, and every row costs verify memory).
+int block_rows(const Drafter &d, const luce_generate_params &p) {
+    const int ckpt = d.hp.block_size, hi = std::min(2 * ckpt, MAX_DRAFT_BLOCK), requested = p.draft_block_size;
+    if (requested == 0 || p.draft_block_auto) return std::min(ckpt, MAX_DRAFT_BLOCK);
     if (requested < 2 || requested > hi)
         fail(LUCE_ERR_INVALID_ARGUMENT, "--draft-block-size must be in [2, %d] for this drafter (up to 2x the "
-             "checkpoint horizon %d, at most %d); got %d", hi, ckpt, MAX_DRAFT_BLOCK, requested);
+             "checkpoint horizon %d, at most %d), or auto; got %d", hi, ckpt, MAX_DRAFT_BLOCK, requested);
     return requested;
+}
+
+// The policy for a run: auto chooses widths 2..B per step, a number is that width only; seeded
+// from the cost cache when the caller has one. Auto keeps B under DDTree (its tree is built for one
+// depth) and under --no-adaptive (which measures no plain step to weigh widths against).
+SpecPolicy make_policy(const Drafter &d, const luce_generate_params &p, int B) {
+    const bool chooses = p.draft_block_auto && !p.ddtree && !p.no_adaptive;
+    SpecPolicy policy(!p.no_adaptive, chooses ? 2 : B, B, chooses ? AUTO_START_WIDTH : B, d.hp.sample_from_anchor);
+    policy.seed(p.prior_plain_seconds, p.prior_width_seconds, p.n_prior_widths, p.prior_acceptance,
+                p.n_prior_acceptance);
+    return policy;
 }
 
 // Rollback checkpoints of every DeltaNet layer for one verify of up to W rows. Memory, per
@@ -243,6 +262,15 @@ void record_spec_step(luce_generate_stats &st, int drafted, int accepted, int q,
 
 // What the policy measured, and the speed achieved against its plain step.
 void record_policy(luce_generate_stats &st, const SpecPolicy &policy) {
+    st.block_size = policy.width();
+    st.block_auto = policy.min_width() < policy.max_width();
+    for (int w = 2; w <= std::min(policy.max_width(), MAX_DRAFT_BLOCK); ++w) {
+        st.width_seconds[w] = policy.measured_seconds(w);
+        st.width_model_seconds[w] = policy.step_seconds(w);
+        st.width_tokens[w] = policy.expected_tokens(w);
+    }
+    st.n_positions = std::min(policy.observed_positions(), MAX_DRAFT_BLOCK);
+    for (int i = 0; i < st.n_positions; ++i) st.position_acceptance[i] = policy.acceptance(i + 1);
     st.plain_step_seconds = policy.plain_seconds();
     st.spec_step_seconds = policy.spec_seconds();
     st.step_cost_ratio = policy.ratio();
@@ -289,6 +317,8 @@ struct SpecLoop {
     Checkpoints ckpt;
     BackendBuffers dev;
     float *taps, *hidden, *row_logits;
+    float *pending;     // [PENDING_ROWS][N][E]: taps of plain steps not yet in the drafter context
+    int n_pending = 0;
     int32_t *dev_ids;  // greedy: the argmax of each target row, in backend memory
     std::vector<float> logit_row, conf, tree_U;
     const float *verify_rows = nullptr;  // sampled without a top-k: the last run_target's logit rows
@@ -311,16 +341,17 @@ struct SpecLoop {
     SpecLoop(Session &s_, Drafter &d_, int n_prompt, const luce_generate_params &p_, luce_token_callback cb, void *ud,
              int32_t *out)
         : s(s_), d(d_), p(p_), callback(cb), user_data(ud), out_tokens(out), be(*s_.model->backend),
-          sampled(p_.temperature > 0.f), B(block_rows(d_, p_.draft_block_size)), q_max(d_.proposals(B)),
+          sampled(p_.temperature > 0.f), B(block_rows(d_, p_)), q_max(d_.proposals(B)),
           cap_from(p_.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p_.verify_cap_from), V(s_.model->hp.n_vocab),
           E(d_.hp.n_embd), N(d_.n_taps()), budget(p_.ddtree_budget ? p_.ddtree_budget : DEFAULT_DDTREE_BUDGET),
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
           ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
           sampler{p_.temperature, p_.top_k, p_.top_p},
           top_k(be, W, backend_top_k(p_, V)), draft_top_k(be, q_max, proposal_top_k(p_, V)), rng(p_.seed),
-          chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(!p_.no_adaptive) {
+          chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(make_policy(d_, p_, B)) {
         taps = dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
+        pending = dev.array<float>(size_t(PENDING_ROWS) * N * E);
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
         dev_ids = dev.array<int32_t>(size_t(MAX_STEP));
         row_ids.resize(size_t(MAX_STEP));
@@ -410,11 +441,25 @@ struct SpecLoop {
     // One token, features still captured (the policy's plain steps, and the last token of the budget).
     bool plain_step(int32_t &anchor, double t0) {
         run_target(&anchor, 1, 0);
-        draft_append_context(d, ctx, taps, 1);
         anchor = choose(0);
         ++st.plain_steps;
         policy.after_plain(now_seconds() - t0);
+        defer_context();  // after the sample: a full buffer's append belongs to drafting
         return emit(&anchor, 1);
+    }
+
+    // A plain step's taps wait in `pending` and join the drafter context in one append before the
+    // next draft: while plain decoding wins, a context projection per token would make every plain
+    // step pay for a drafter that does not run, and one append of many rows reads the drafter's
+    // weights once. Output is unchanged: only the drafter's proposals read the context.
+    void defer_context() {
+        const size_t row = size_t(N) * E;
+        be.copy(pending + size_t(n_pending) * row, taps, row * sizeof(float));
+        if (++n_pending == PENDING_ROWS) flush_context();
+    }
+    void flush_context() {
+        if (n_pending) draft_append_context(d, ctx, pending, n_pending);
+        n_pending = 0;
     }
 
     // Acceptance of a chain verify (rule in the file header); returns n and sets the bonus.
@@ -468,7 +513,7 @@ struct SpecLoop {
         const double t_rolled = now_seconds();
         draft_append_context(d, ctx, taps, n + 1);
         record_spec_step(st, q, n, q, t0, t_drafted, t_verified, t_rolled);
-        policy.after_spec(n + 1, now_seconds() - t0);
+        policy.after_spec(q, n, now_seconds() - t0);
         tokens[size_t(n + 1)] = bonus;
         anchor = bonus;
         return emit(tokens.data() + 1, n + 1);
@@ -537,7 +582,7 @@ struct SpecLoop {
         const double t_rolled = now_seconds();
         draft_append_context(d, ctx, taps, n + 1);
         record_spec_step(st, T - 1, n, q, t0, t_drafted, t_verified, t_rolled);
-        policy.after_spec(n + 1, now_seconds() - t0);
+        policy.after_spec(q, n, now_seconds() - t0);
         for (int i = 1; i <= n; ++i) tokens[size_t(i)] = nodes[size_t(path[size_t(i)])].token;
         tokens[size_t(n + 1)] = bonus;
         anchor = bonus;
@@ -545,15 +590,18 @@ struct SpecLoop {
     }
 
     // One step at the anchor's position: plain when nothing can be drafted or the policy says so,
-    // else draft the block and verify it as a chain or a tree.
+    // else draft a block of the policy's width and verify it as a chain or a tree.
     bool step(int32_t &anchor) {
-        const int remaining = p.max_tokens - st.n_generated;
-        int q = std::min(q_max, remaining - 1);
+        const int remaining = p.max_tokens - st.n_generated, w = policy.next_width();
+        int q = std::min(d.proposals(w), remaining - 1);
         if (cap_from > 0 && s.n_past >= cap_from) q = std::min(q, std::max(VERIFY_CAP_MIN, B / 2) - 1);
         const double t0 = now_seconds();
-        if (q <= 0 || !policy.speculate_next()) return plain_step(anchor, t0);
+        if (w == 0 || q <= 0) return plain_step(anchor, t0);
+        // Charged to this step: plain decoding alone would never append the deferred rows, so
+        // catching up is part of what speculating costs (a probe after many plain steps pays most).
+        flush_context();
         block[0] = anchor;
-        draft_forward(d, ctx, block.data(), B, hidden);
+        draft_forward(d, ctx, block.data(), w, hidden);
         return p.ddtree ? tree_step(anchor, q, t0) : chain_step(anchor, q, t0);
     }
 };

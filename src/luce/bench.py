@@ -58,7 +58,7 @@ class Row:
     # Speculative rows (luce bench --draft): drafter, block rows, chain|tree, mean tokens per
     # draft step (bonus included), accepted / drafted, tok/s over the plain row of the same test.
     draft: str | None = None
-    block: int | None = None
+    block: int | str | None = None  # "auto (w)": the cost model chose, w where it ended
     verify: str | None = None
     tau: float | None = None
     acceptance: float | None = None
@@ -188,16 +188,18 @@ VERIFY_MODES = ("chain", "tree")
 
 
 def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens: int, threads: list[int],
-                      block_sizes: list[int], verify_modes: list[str], adaptive: bool, device: str, reps: int,
-                      warmup: bool, seed: int = 0, prompt_set: list[str] | None = None,
-                      sampling: Sampling = GREEDY) -> list[Row]:
+                      block_sizes: list[int | str], verify_modes: list[str], adaptive: bool, device: str,
+                      reps: int, warmup: bool, seed: int = 0, prompt_set: list[str] | None = None,
+                      sampling: Sampling = GREEDY, last_stats: list | None = None) -> list[Row]:
     """tgN of decoding without the drafter (the baseline row), then with it for every block size
     and verify mode, all with the same sampler (greedy by default); each speculative row carries
     tau, acceptance and its speedup.
 
     Acceptance depends on the text, so with `prompt_set` (real prompts, e.g. the held-out sets of
     models/reference/prompts) every measured run decodes tgN after each prompt of the set and the
-    row reports the set's totals; without it, one random prompt of `prompt_tokens` ids is used."""
+    row reports the set's totals; without it, one random prompt of `prompt_tokens` ids is used.
+    A block size is a number of rows or "auto"; last_stats, if given, receives the stats of the
+    last speculative run (its cost model: cost_curve)."""
     from luce.engine import Engine
 
     rows = []
@@ -216,19 +218,27 @@ def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens
                                 reps, draft="none", sampling=sampling.label, peak_mib=peak_mib(engine)))
                 for block in block_sizes:
                     for mode in verify_modes:
+                        stats = []
                         mean, std, tau, acc = _spec_measure(engine, prompt, test, reps, warmup, speculative=True,
                                                             draft_block_size=block, ddtree=mode == "tree",
-                                                            adaptive=adaptive, **sampling.generate_kwargs())
+                                                            adaptive=adaptive, last_stats=stats,
+                                                            **sampling.generate_kwargs())
+                        if last_stats is not None:
+                            last_stats[:] = stats
+                        label = (f"auto ({stats[0]['block_size']})" if stats[0]["block_auto"] else
+                                 stats[0]["block_size"]) if block == "auto" else block or engine.draft_info.block_size
                         rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, mean, std, None,
                                         reps, sampling=sampling.label, draft=draft.name,
-                                        block=block or engine.draft_info.block_size, verify=mode, tau=tau,
+                                        block=label, verify=mode, tau=tau,
                                         acceptance=acc, speedup=mean / base[0], peak_mib=peak_mib(engine)))
     return rows
 
 
-def _spec_measure(engine, prompts: list[list[int]], test: Test, reps: int, warmup: bool, **kw):
+def _spec_measure(engine, prompts: list[list[int]], test: Test, reps: int, warmup: bool,
+                  last_stats: list | None = None, **kw):
     """(mean tok/s, std, mean tau, mean acceptance) of decoding test.n tokens after each prompt;
-    one measured run covers the whole prompt list, tau/acceptance average over its prompts."""
+    one measured run covers the whole prompt list, tau/acceptance average over its prompts.
+    last_stats receives the last run's stats."""
     taus, accs = [], []
 
     def decode_seconds() -> float:
@@ -236,6 +246,8 @@ def _spec_measure(engine, prompts: list[list[int]], test: Test, reps: int, warmu
         for prompt in prompts:
             stats = engine.generate(prompt_ids=prompt, max_tokens=test.n + 1, ignore_eos=True, **kw).stats
             taus.append(stats.get("tau"))
+            if last_stats is not None:
+                last_stats[:] = [stats]
             accs.append(stats.get("acceptance"))
             seconds += stats["decode_seconds"] * test.n / max(1, stats["generated_tokens"] - 1)
         return seconds
@@ -245,6 +257,37 @@ def _spec_measure(engine, prompts: list[list[int]], test: Test, reps: int, warmu
     if taus[0] is None:
         return mean, std
     return mean, std, statistics.fmean(taus), statistics.fmean(accs)
+
+
+def cost_curve(stats: dict) -> list[dict]:
+    """The policy's cost model at the end of a speculative run, per block width it could choose:
+    the step cost (measured in this run or an earlier one on this device, else interpolated),
+    the tokens a step is expected to commit, and the tok/s that makes."""
+    curve = []
+    for w, seconds in enumerate(stats["width_model_seconds"]):
+        if w >= 2 and seconds > 0:
+            tokens = stats["width_tokens"][w]
+            curve.append({"width": w, "step_ms": 1e3 * seconds, "measured": stats["width_seconds"][w] > 0,
+                          "tokens_per_step": tokens, "tok_s": tokens / seconds})
+    return curve
+
+
+def format_cost_curve(stats: dict) -> str:
+    """cost_curve as a markdown table, with the plain step beside it and the width chosen."""
+    curve = cost_curve(stats)
+    if not curve or not stats["plain_step_seconds"]:
+        return "cost curve: not measured (the run was too short to calibrate)"
+    plain = 1 / stats["plain_step_seconds"]
+    lines = ["| block | step ms | tokens/step | expected tok/s | vs plain |", "| ---: | ---: | ---: | ---: | ---: |"]
+    for c in curve:
+        mark = "" if c["measured"] else " ~"
+        lines.append(f"| {c['width']} | {c['step_ms']:.2f}{mark} | {c['tokens_per_step']:.2f} | {c['tok_s']:.0f} | "
+                     f"{c['tok_s'] / plain:.2f}x |")
+    best = max(curve, key=lambda c: c["tok_s"])
+    choice = (f"speculate with block {best['width']}" if best["tok_s"] > plain else
+              f"plain decoding (no width pays; probes at block {best['width']})")
+    return ("\n".join(lines) + f"\n\nplain step {1e3 * stats['plain_step_seconds']:.2f} ms ({plain:.0f} tok/s); "
+            f"~ = interpolated between measured widths; chosen: {choice}")
 
 
 # ---- llama.cpp peer ----------------------------------------------------------------------------

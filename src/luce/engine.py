@@ -6,14 +6,16 @@
         logits = eng.logits([1, 2, 3])          # [3, n_vocab] float32
 
     with Engine("target.gguf", draft="drafter.gguf") as eng:   # speculative decoding
-        g = eng.generate("Hello", max_tokens=64, draft_block_size=16)
-        print(g.stats["tau"], g.stats["acceptance"])
+        g = eng.generate("Hello", max_tokens=64)     # draft_block_size="auto", or a number
+        print(g.stats["tau"], g.stats["acceptance"], g.stats["block_size"])
 
 The engine owns one native model and one session (KV cache + DeltaNet state, `ctx_size`
 positions; `kv_cache="f16"` halves the attention cache at a ~1e-3 relative cost in accuracy). Every call to `generate` or `logits` starts from an empty context. The tokenizer and
 chat template come from the GGUF itself. Errors are LuceError with one line from the runtime.
 `progress=callable(done, total)` reports the weights being placed (bytes; per tensor while they
 upload to a GPU; `luce generate` draws it as a progress bar).
+Speculative runs read and update the cost cache (luce/cost_cache.py): the step costs measured with
+this target, drafter and device, so the next run's policy starts from them.
 """
 from __future__ import annotations
 
@@ -128,6 +130,7 @@ class Engine:
         self._model = self._session = self._drafter = None
         self._tokenizer = None
         self.draft_info = None
+        self._cost_key = None  # the cost cache's key, once a drafter is loaded
         lib()  # loads the library and declares luce.h's types before ffi.new below
         # auto: the GPU when its backend is built and a device with enough memory is present
         # (the native loader says so with LUCE_ERR_DEVICE before uploading anything), else the CPU.
@@ -167,6 +170,10 @@ class Engine:
             except BaseException:
                 self.close()
                 raise
+            from luce import cost_cache
+
+            self._cost_key = cost_cache.cache_key(self.path, Path(draft),
+                                                  cost_cache.device_identity(self.device, threads))
 
     def _check_tokenizer_arrays(self) -> None:
         """The target rules only Python applies (converters/target_rules.py; the native loader
@@ -337,7 +344,7 @@ class Engine:
                  max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, ignore_eos: bool = False, chat: bool = False,
                  on_text: Callable[[str], None] | None = None, speculative: bool = True,
-                 draft_block_size: int = 0, adaptive: bool = True,
+                 draft_block_size: int | str = "auto", adaptive: bool = True,
                  dspark_confidence_threshold: float = 0.0, verify_cap_from: int = 0,
                  ddtree: bool = False, ddtree_budget: int = 0,
                  oracle_tokens: Sequence[int] | None = None) -> Generation:
@@ -346,12 +353,15 @@ class Engine:
         Exactly one of `prompt` (text) and `prompt_ids` is given. on_text(str) receives decoded
         text as tokens are committed (incomplete UTF-8 is held back until it completes).
         With a drafter loaded (and speculative=True) decoding is speculative; the knobs are those
-        of luce_generate_params (0 = default). oracle_tokens is a test hook (see luce.h)."""
+        of luce_generate_params (0 = default). draft_block_size="auto" lets the cost model choose
+        each step's block width; a number is exactly that width (0: the drafter's checkpoint
+        value). oracle_tokens is a test hook (see luce.h)."""
         if (prompt is None) == (prompt_ids is None):
             raise LuceError("give exactly one of prompt and prompt_ids")
         ids = self._ids_array(prompt_ids if prompt is None else self.encode_prompt(prompt, chat=chat))
         if max_tokens < 0:
             raise LuceError(f"max_tokens must be >= 0, got {max_tokens}")
+        block, block_auto = _block_size_param(draft_block_size)
         session = self._live_session()
         check(lib().luce_session_reset(session))
 
@@ -363,11 +373,12 @@ class Engine:
             "max_tokens": int(max_tokens), "temperature": float(temperature), "top_k": int(top_k),
             "top_p": float(top_p), "seed": int(seed) & (2**64 - 1), "ignore_eos": int(ignore_eos),
             "stop_ids": stop_buf, "n_stop_ids": len(stop),
-            "draft_block_size": int(draft_block_size), "no_adaptive": int(not adaptive),
+            "draft_block_size": block, "draft_block_auto": int(block_auto), "no_adaptive": int(not adaptive),
             "dspark_confidence_threshold": float(dspark_confidence_threshold),
             "verify_cap_from": int(verify_cap_from), "ddtree": int(ddtree), "ddtree_budget": int(ddtree_budget),
             "oracle_tokens": oracle_buf, "n_oracle_tokens": len(oracle)})
         drafter = self._drafter if (speculative and self._drafter is not None) else ffi.NULL
+        prior = self._cost_prior(params) if drafter != ffi.NULL else None
         out_tokens = ffi.new("int32_t[]", max(1, max_tokens))
         stats = ffi.new("luce_generate_stats *")
 
@@ -397,10 +408,39 @@ class Engine:
                 on_text(tail)
         tokens = [out_tokens[i] for i in range(stats.n_generated)]
         speculative_run = drafter != ffi.NULL
+        result = _stats_dict(stats, speculative_run)
+        if speculative_run:
+            self._store_costs(prior, result)
         return Generation(text=self.tokenizer.decode(tokens) if tokens else "", tokens=tokens,
                           prompt_tokens=len(ids),
-                          stats=_stats_dict(stats, speculative_run) | self._memory_stats()
-                          | ({"adaptive": bool(adaptive)} if speculative_run else {}))
+                          stats=result | self._memory_stats()
+                          | ({"adaptive": bool(adaptive), "costs_from_cache": prior is not None}
+                             if speculative_run else {}))
+
+    def _cost_prior(self, params):
+        """Seed params with the cost cache's entry for this target, drafter and device; returns
+        (entry, the arrays params point to, which must live through the call), or None."""
+        from luce import cost_cache
+
+        entry = cost_cache.load(self._cost_key)
+        if entry is None:
+            return None
+        widths = [0.0] * (cost_cache.MAX_WIDTH + 1)
+        for w, s in entry["width_seconds"].items():
+            widths[int(w)] = float(s)
+        width_buf = ffi.new("double[]", widths)
+        accept_buf = ffi.new("double[]", [float(a) for a in entry["acceptance"]] or [0.0])
+        params.prior_plain_seconds = float(entry["plain_seconds"])
+        params.prior_width_seconds, params.n_prior_widths = width_buf, len(widths)
+        params.prior_acceptance, params.n_prior_acceptance = accept_buf, len(entry["acceptance"])
+        return entry, width_buf, accept_buf
+
+    def _store_costs(self, prior, stats: dict) -> None:
+        from luce import cost_cache
+
+        entry = cost_cache.merged(prior[0] if prior else None, stats)
+        if entry is not None:
+            cost_cache.save(self._cost_key, entry)
 
     def _memory_stats(self) -> dict:
         """The stats' memory fields: the backend's peak so far, and where that memory is."""
@@ -412,6 +452,17 @@ SPEC_STATS = ("spec_steps", "plain_steps", "n_drafted", "n_accepted", "full_acce
               "zero_accept_steps", "max_accepted", "block_size", "tau", "acceptance", "draft_seconds",
               "verify_seconds", "rollback_seconds", "plain_step_seconds", "spec_step_seconds",
               "step_cost_ratio", "expected_speedup", "achieved_speedup")
+WIDTH_STATS = ("width_seconds", "width_model_seconds", "width_tokens")  # by block rows 0..32
+
+
+def _block_size_param(value) -> tuple[int, bool]:
+    """draft_block_size as luce_generate_params has it: (rows, auto). A number's range is the
+    drafter's, checked natively."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return 0, True
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LuceError(f"draft_block_size must be 'auto' or a number of block rows, got {value!r}")
+    return int(value), False
 
 
 def _stats_dict(st, speculative: bool = False) -> dict:
@@ -420,6 +471,10 @@ def _stats_dict(st, speculative: bool = False) -> dict:
     luce_generate_stats draft fields (tau includes the bonus token)."""
     decode_steps = max(st.n_generated - 1, 0)
     spec = {name: getattr(st, name) for name in SPEC_STATS} if speculative else {}
+    if speculative:
+        spec["block_auto"] = bool(st.block_auto)
+        spec.update({name: list(getattr(st, name)) for name in WIDTH_STATS})
+        spec["position_acceptance"] = [st.position_acceptance[i] for i in range(st.n_positions)]
     return {
         **spec,
         "prompt_tokens": st.n_prompt,
