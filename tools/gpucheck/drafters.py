@@ -99,7 +99,7 @@ def check_drafter_kind(kind: str, dut: str, threads: int, root: Path, n_prompts:
             try:
                 tree = dev.generate(**kw, adaptive=False, ddtree=True).tokens
                 row["ddtree"] = _compare_tokens(dev, ids, plain, tree)
-            except LuceError as e:  # every backend has tree mode now: a refusal fails the check
+            except LuceError as e:  # every backend has tree mode: a refusal fails the check
                 row["ddtree"] = f"DIFFER: refused: {e}"
             res["generate"].append(row)
     gen = res["generate"]

@@ -74,7 +74,7 @@ def fixture_models(root: Path) -> tuple[list[tuple[str, Path, bool]], list[str]]
         for preset, outtype in (("base", "f32"), ("base", "f16"), ("base", "q8_0"), ("tied", "f32")):
             t = tiny_qwen35(factory, preset, outtype)
             models.append((f"transformers tiny {preset} {outtype}", t.gguf_path, outtype == "q8_0"))
-    except Exception as e:  # reported, and the check fails: the brief wants these models
+    except Exception as e:  # reported, and the check fails: the model checks need these models
         notes.append(f"transformers tiny models could not be built: {type(e).__name__}: {e}")
     return models, notes
 

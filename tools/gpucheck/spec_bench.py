@@ -13,10 +13,10 @@ from .device import REPO, WORK, env, log, memory_mib
 
 # Zero-acceptance run: one spec step per token; the last DRAFT_BENCH_BLOCK - 2 steps draft fewer
 # rows (max_tokens caps them), so the run is long enough for those to weigh little (at 16 tokens
-# they were 6 of 14 steps; the step's own cost is what the bar is about).
+# they are 6 of 14 steps; the step's own cost is what the bar is about).
 DRAFT_BENCH_TOKENS = 64
 DRAFT_BENCH_BLOCK = 8
-DRAFT_BENCH_ORACLE_STEPS = 16  # full-acceptance and DDTree runs: steps of a whole block each (was 4)
+DRAFT_BENCH_ORACLE_STEPS = 16  # full-acceptance and DDTree runs: steps of a whole block each
 DRAFT_BENCH_SETUP_S = 45  # generating the 2 GB drafter and loading the 27B pair, roughly
 # Verify steps timed inside the speculative loop (loop_verify): widths 8 and 16, as issue 6's bar
 # names width 16 and a DFlash 2 step verifies 8.
