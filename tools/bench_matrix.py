@@ -91,7 +91,7 @@ def luce_tests(path: Path, dut: str, reps: int) -> dict:
 
 def luce_speculative(target: Path, drafter: Path, dut: str) -> dict:
     """A DFlash 2 step at each SPEC_BLOCKS block with every draft rejected, and a verify of 16 rows
-    as the loop runs it, each against a plain step (gpu_check.bench_drafter's method)."""
+    as the loop runs it, each against a plain step (gpucheck.spec_bench.bench_drafter's method)."""
     import numpy as np
 
     from luce import Engine
