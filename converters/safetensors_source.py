@@ -176,6 +176,10 @@ def _read_dir(src: Path):
         weight_map = load_json(index, "shard index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise _fail(index, "shard index has no weight_map")
+        for name, shard in weight_map.items():
+            # A shard is a file beside the index: a name, not a number, a list or a path elsewhere.
+            if not isinstance(shard, str) or not shard or Path(shard).name != shard:
+                raise _fail(index, f"weight_map maps {name!r} to {shard!r}, not a shard file name")
         files = sorted({src / f for f in weight_map.values()})
         tensors = {}
         for f in files:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +21,13 @@ def scratch_file(suffix: str) -> Path:
     os.close(fd)
     atexit.register(lambda: Path(name).unlink(missing_ok=True))
     return Path(name)
+
+
+def scratch_dir() -> Path:
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    name = Path(tempfile.mkdtemp(prefix="luce-fuzz-", dir=folder))
+    atexit.register(shutil.rmtree, name, True)
+    return name
 
 
 def refusal(check, data: bytes) -> str | None:

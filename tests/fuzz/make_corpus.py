@@ -139,7 +139,21 @@ def _safetensors_seeds() -> dict[str, bytes]:
         "offsets-reversed.safetensors": _safetensors({"a": {**entries["a"], "data_offsets": [24, 0]}}, data),
         "entry-not-object.safetensors": _safetensors({"a": 7}, data),
         "short-file.safetensors": b"\x10\0\0",
+        # The shards a shard index (an input starting with "{") is opened beside, and indexes.
+        "model-00001-of-00002.safetensors": _safetensors({k: entries[k] for k in "ab"}, data[:32]),
+        "model-00002-of-00002.safetensors": _safetensors(
+            {"c": {**entries["c"], "data_offsets": [0, 6]}, "s": {**entries["s"], "data_offsets": [6, 10]}},
+            data[32:]),
     }
+    index = {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",
+             "c": "model-00002-of-00002.safetensors", "s": "model-00002-of-00002.safetensors"}
+    indexes = {"index-valid.json": {"metadata": {"total_size": 42}, "weight_map": index},
+               "index-missing-shard.json": {"weight_map": {**index, "d": "model-00003-of-00003.safetensors"}},
+               "index-tensor-not-in-shard.json": {"weight_map": {**index, "e": "model-00001-of-00002.safetensors"}},
+               "index-shard-not-a-name.json": {"weight_map": {**index, "a": 5}},
+               "index-empty-map.json": {"weight_map": {}}}
+    for name, value in indexes.items():
+        seeds[name] = json.dumps(value, separators=(",", ":")).encode()
     return seeds
 
 
