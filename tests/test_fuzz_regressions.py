@@ -6,7 +6,8 @@
   readers, and by the native loader through the C ABI.
 - Every seed satisfies the fuzz property in the Python readers (one-line LuceError or accepted).
 - The native runtime built with ASan + UBSan (`make native-asan`, a dependency of `make test`)
-  replays every native seed and reproducer: load, generate with what loads, refuse the rest.
+  replays every native seed and reproducer, and the committed reference models (Q8_0 target,
+  its three drafters run speculatively): load, generate with what loads, refuse the rest.
 """
 from __future__ import annotations
 
@@ -79,13 +80,29 @@ def test_python_seeds_keep_the_fuzz_property(target):
     assert accepted >= 2   # the valid seeds stay valid: the harness really reaches past the header
 
 
-def test_sanitized_native_replay_of_corpus_and_reproducers():
+REFERENCE = FUZZ.parent.parent / "models" / "reference"
+# (binding target, inputs, drafters among them): the fuzz corpus and reproducers against the tiny
+# target (6 drafters: 3 kinds x 2 layouts); the committed reference models (Q8_0: the quantized
+# kernels, and the three trained drafters run speculatively).
+REPLAYS = {
+    "corpus": (CORPUS / "native_loader" / "target-tiny.gguf", [CORPUS / "native_loader", CRASHES / "native_loader"], 6),
+    "reference": (REFERENCE / "target-q8_0.gguf", sorted(REFERENCE.glob("*.gguf")), 3),
+}
+
+
+@pytest.mark.parametrize("replay", sorted(REPLAYS))
+def test_sanitized_native_replay(replay):
     if not ASAN_REPLAY.exists():
         pytest.skip("build/asan/luce_fuzz_replay missing: `make native-asan` builds it (make test does)")
-    inputs = [CORPUS / "native_loader", CRASHES / "native_loader"]
-    env = dict(os.environ, LUCE_FUZZ_TARGET=str(CORPUS / "native_loader" / "target-tiny.gguf"),
+    target, inputs, n_drafters = REPLAYS[replay]
+    inputs = [p for p in inputs if p.exists()]
+    env = dict(os.environ, LUCE_FUZZ_TARGET=str(target), LUCE_FUZZ_VERBOSE="1",
                ASAN_OPTIONS="detect_leaks=1:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1")
-    proc = subprocess.run([str(ASAN_REPLAY), *map(str, (p for p in inputs if p.is_dir()))], env=env,
-                          capture_output=True, text=True, timeout=600)
-    n = sum(len(_files(p)) for p in inputs)
-    assert proc.returncode == 0 and f"replayed {n} inputs" in proc.stdout, proc.stderr[-3000:]
+    proc = subprocess.run([str(ASAN_REPLAY), *map(str, inputs)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    n = sum(len(_files(p)) if p.is_dir() else 1 for p in inputs)
+    assert n >= 4 and proc.returncode == 0 and f"replayed {n} inputs" in proc.stdout, proc.stderr[-3000:]
+    # The valid inputs really ran: the target generated plainly, every drafter speculatively.
+    assert proc.stderr.count("luce_drafter_load: ok") == n_drafters
+    assert proc.stderr.count("luce_generate: ok") >= n_drafters + 1
+    assert "luce_model_load: ok" in proc.stderr

@@ -21,6 +21,7 @@
 namespace {
 
 int g_fd = -1;
+bool g_verbose = false;  // LUCE_FUZZ_VERBOSE=1: one stderr line per load (the replay tests read it)
 std::string g_path;
 luce_model *g_target = nullptr;
 
@@ -34,6 +35,8 @@ luce_model_params params() {
 
 // A failed call must leave one non-empty line as its reason.
 void check_refusal(luce_status st, const char *what) {
+    if (g_verbose) std::fprintf(stderr, "  %s: %s%s\n", what, st == LUCE_OK ? "ok" : "refused: ",
+                                st == LUCE_OK ? "" : luce_last_error());
     if (st == LUCE_OK) return;
     const char *e = luce_last_error();
     if (!e || !*e || std::strchr(e, '\n')) {
@@ -70,6 +73,7 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
     g_fd = memfd_create("luce-fuzz", 0);
     if (g_fd < 0) { std::perror("memfd_create"); std::exit(1); }
     g_path = "/proc/self/fd/" + std::to_string(g_fd);
+    g_verbose = std::getenv("LUCE_FUZZ_VERBOSE") != nullptr;
     const char *target = std::getenv("LUCE_FUZZ_TARGET");
     if (!target) { std::fprintf(stderr, "set LUCE_FUZZ_TARGET to the tiny target GGUF\n"); std::exit(1); }
     luce_model_params p = params();
