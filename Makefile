@@ -243,9 +243,9 @@ native-asan: venv
 # atheris is installed here only: it is the fuzzer, not something luce or its tests import.
 FUZZ_CC  ?= clang-14
 FUZZ_CXX ?= clang++-14
-FUZZ_RUNS_NATIVE      ?= 2500000
-FUZZ_RUNS_GGUF        ?= 600000
-FUZZ_RUNS_SAFETENSORS ?= 7000000
+FUZZ_RUNS_NATIVE      ?= 2200000
+FUZZ_RUNS_GGUF        ?= 456000
+FUZZ_RUNS_SAFETENSORS ?= 7500000
 
 fuzz-toolchain:
 	@command -v $(FUZZ_CXX) >/dev/null || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || \
