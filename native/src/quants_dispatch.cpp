@@ -6,6 +6,9 @@
 // unset = the best the CPU has. All levels compute the same numbers up to fp32 summation order.
 #include <cstdlib>
 #include <cstring>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "quants_kernels.h"
 
@@ -21,12 +24,19 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
                  const float *x, int64_t n_tok, float *y, int64_t ldy);
 }
 
+// F16C through CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" in __builtin_cpu_supports,
+// and the fuzzing build (tests/fuzz, make fuzz) uses clang 14.
+static bool cpu_has_f16c() {
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+}
+
 enum KernelLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 static KernelLevel cpu_level() {
     static const KernelLevel level = [] {
         __builtin_cpu_init();
-        if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
+        if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()))
             return kScalar;
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&

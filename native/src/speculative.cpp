@@ -359,7 +359,7 @@ struct SpecLoop {
         q_dists.resize(sampled ? size_t(q_max) : 0);
         conf.resize(size_t(B));
         block.assign(size_t(B), d.hp.mask_token_id);
-        tokens.resize(size_t(W));
+        tokens.resize(size_t(W) + 1);  // anchor, up to W - 1 proposals, then the bonus after a full accept
         for (auto *v : {&tree_pos, &tree_slot, &tree_parent}) v->resize(size_t(W));
         tree_mask.resize(p.ddtree ? size_t(W) * size_t(s.n_ctx) : 0);
         tree_U.resize(p.ddtree ? size_t(q_max) * V : 0);
