@@ -278,3 +278,29 @@ def test_truncated_targets_are_refused_by_both(tmp_path, crafted):
     for cut in (str(cuts[1]), str(cuts[len(cuts) // 2]), str(cuts[-1])):
         result = CliRunner().invoke(cli, ["inspect", str(paths[cut])])
         assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+
+
+def test_a_key_or_tensor_name_that_is_not_utf8_is_refused_by_both(tmp_path, crafted):
+    """GGUF keys and tensor names are text: a byte sequence that is not UTF-8 makes the file
+    unreadable to inspect and to the native loader alike, with the same reason."""
+    from luce.converters.gguf_reader import GGUFFile, GGUFFormatError
+    valid = crafted[0]["valid"]
+    data = bytearray(valid.read_bytes())
+    with GGUFFile.open(valid) as gf:
+        first_tensor = next(iter(gf.tensors))
+    name_at = bytes(data).index(first_tensor.encode())
+    key_bytes = bytearray(data)
+    key_bytes[32] = 0xFF                     # first byte of key #0 (after the 24-byte header and its length)
+    name_bytes = bytearray(data)
+    name_bytes[name_at] = 0xFF
+    paths = {"key": tmp_path / "key.gguf", "name": tmp_path / "name.gguf"}
+    paths["key"].write_bytes(key_bytes)
+    paths["name"].write_bytes(name_bytes)
+    expected = {"key": "key #0 at offset 32 is not valid UTF-8",
+                "name": f"tensor #0 name at offset {name_at} is not valid UTF-8"}
+    native = _native_results(paths)
+    for case, path in paths.items():
+        status, message = native[case]
+        assert status == FORMAT and expected[case] in message, (case, native[case])
+        with pytest.raises(GGUFFormatError, match=expected[case]):
+            inspect_gguf(path)

@@ -11,6 +11,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "luce.h"
 
@@ -20,6 +21,10 @@ struct Error : std::runtime_error {
     luce_status status;
     Error(luce_status s, const std::string &msg) : std::runtime_error(msg), status(s) {}
 };
+
+// Whether s is well-formed UTF-8 (the GGUF reader's rule for keys and tensor names, as the
+// Python reader's).
+bool is_utf8(std::string_view s);
 
 void set_last_error(const std::string &msg);
 void clear_last_error();

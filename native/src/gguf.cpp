@@ -234,7 +234,11 @@ void GgufFile::parse() {
              (unsigned long long)n_tensors, size_);
 
     for (uint64_t i = 0; i < n_kv; ++i) {
+        const uint64_t key_offset = c.pos() + 8;
         std::string key(c.string("metadata key", MAX_NAME_BYTES));
+        if (!is_utf8(key))  // the Python reader's message, word for word (inspect and the loader agree)
+            fail(LUCE_ERR_FORMAT, "key #%llu at offset %llu is not valid UTF-8", (unsigned long long)i,
+                 (unsigned long long)key_offset);
         GgufValue v;
         GgufType t = read_type(c, key, false);
         if (t == GgufType::ARRAY) read_array(c, v, key);
@@ -252,7 +256,11 @@ void GgufFile::parse() {
     tensors_.reserve(size_t(n_tensors));  // bounded above by file size / 32
     for (uint64_t i = 0; i < n_tensors; ++i) {
         GgufTensor t;
+        const uint64_t name_offset = c.pos() + 8;
         t.name = std::string(c.string("tensor name", MAX_NAME_BYTES));
+        if (!is_utf8(t.name))
+            fail(LUCE_ERR_FORMAT, "tensor #%llu name at offset %llu is not valid UTF-8", (unsigned long long)i,
+                 (unsigned long long)name_offset);
         const char *nm = t.name.c_str();
         uint32_t n_dims = c.read<uint32_t>("tensor n_dims");
         if (n_dims < 1 || n_dims > 4) fail(LUCE_ERR_FORMAT, "tensor %s: n_dims %u not in 1..4", nm, n_dims);
