@@ -8,6 +8,10 @@ loads every code path and fills the cost cache (as a user's first run would), in
 own so earlier runs do not count.
 
     .venv/bin/python tools/bench_spec_widths.py [--rounds 7] [--prompts 4] [-n 128]
+
+On a GPU machine, for any target and drafter (the 27B file with a random drafter, say):
+
+    python3 tools/bench_spec_widths.py --device gpu --target T.gguf --drafter random=D.gguf
 """
 from __future__ import annotations
 
@@ -45,7 +49,14 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4, help="prompts of each set")
     ap.add_argument("-n", type=int, default=128, help="tokens per prompt")
     ap.add_argument("-t", "--threads", type=int, default=0)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    ap.add_argument("--target", type=Path, default=REFERENCE / "target-q8_0.gguf")
+    ap.add_argument("--drafter", action="append", default=[], metavar="NAME=PATH",
+                    help="a drafter to run (repeatable); default: the three reference drafters")
+    ap.add_argument("--ctx-size", type=int, default=0, help="0: the engine's default")
     args = ap.parse_args()
+    drafters = [d.partition("=")[::2] for d in args.drafter] or [
+        (name, str(REFERENCE / f"{name}-q8_0.gguf")) for name in DRAFTERS]
     os.environ["LUCE_CACHE_DIR"] = tempfile.mkdtemp(prefix="luce-bench-cache-")
     os.environ["LUCE_COST_CACHE"] = "1"
     from luce import Engine
@@ -53,9 +64,9 @@ def main() -> None:
     print(f"| drafter | prompts | plain tok/s | " + " | ".join(f"block {w}" for w in WIDTHS)
           + " | auto chose | auto vs best fixed |")
     print("| --- | --- | ---: | " + " | ".join("---:" for _ in WIDTHS) + " | --- | ---: |")
-    for drafter in DRAFTERS:
-        with Engine(REFERENCE / "target-q8_0.gguf", threads=args.threads,
-                    draft=REFERENCE / f"{drafter}-q8_0.gguf") as eng:
+    extra = {"ctx_size": args.ctx_size} if args.ctx_size else {}
+    for drafter, draft_path in drafters:
+        with Engine(args.target, device=args.device, threads=args.threads, draft=draft_path, **extra) as eng:
             for label, file in SETS.items():
                 prompts = load_prompts(file, args.prompts)
                 # A fixed width past the drafter's limit (2x its checkpoint's: DSpark's 7 allows 14)

@@ -215,7 +215,8 @@ KERNEL_REPS = 20
 KERNEL_WIDTHS = VERIFY_WIDTHS + (64, PREFILL_WIDTH)
 
 
-def bench_matmul_kernels(dut: str, deadline: float, ab: list[dict[str, str]] = ()) -> list[dict]:
+def bench_matmul_kernels(dut: str, deadline: float, ab: list[dict[str, str]] = (),
+                         shapes: list[tuple[str, int, int]] | None = None) -> list[dict]:
     """Device time of one quantized matmul kernel (activations already quantized) per 27B shape and
     width: the default choice by width, and the dp4a, the two tensor-core kernels and the prefill GEMM
     forced. GB/s counts the weight bytes once per call. Each timed call reads its own copy of the
@@ -223,7 +224,8 @@ def bench_matmul_kernels(dut: str, deadline: float, ab: list[dict[str, str]] = (
 
     Each setting in `ab` (--ab) times the default choice again under those environment
     variables: the hook builds a backend per call, which reads them, so one run holds an A/B of
-    any switch the backend reads at start (LUCE_GPU_BULK=0, say) on the same weights."""
+    any switch the backend reads at start (LUCE_GPU_BULK=0, say) on the same weights. `shapes`
+    (--kernel-shapes) replaces KERNEL_SHAPES."""
     import numpy as np
     from gguf.constants import GGMLQuantizationType as Q
 
@@ -235,7 +237,7 @@ def bench_matmul_kernels(dut: str, deadline: float, ab: list[dict[str, str]] = (
     run = _matmul_fn(dut)
     rng = np.random.default_rng(5)
     rows = []
-    for type_name, n_rows, n_cols in KERNEL_SHAPES:
+    for type_name, n_rows, n_cols in shapes or KERNEL_SHAPES:
         qtype = Q[type_name]
         block_elems, _ = synth.GGML_QUANT_SIZES[qtype]
         raw = synth.random_blocks(qtype, n_rows * n_cols // block_elems, rng, 0.05).reshape(n_rows, -1)

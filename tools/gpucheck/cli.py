@@ -49,6 +49,18 @@ def parse_ab(text: str) -> dict[str, str]:
     return settings
 
 
+def parse_kernel_shapes(text: str) -> list[tuple[str, int, int]]:
+    """--kernel-shapes' 'TYPE:ROWSxCOLS[,...]', e.g. 'IQ2_XXS:17408x5120,Q2_K:5120x17408'."""
+    shapes = []
+    for item in text.split(","):
+        type_name, _, dims = item.strip().partition(":")
+        rows, _, cols = dims.partition("x")
+        if not (type_name and rows.isdigit() and cols.isdigit()):
+            raise argparse.ArgumentTypeError(f"{item.strip()!r}: expected TYPE:ROWSxCOLS")
+        shapes.append((type_name.upper(), int(rows), int(cols)))
+    return shapes
+
+
 def _stage(report: dict, key: str, what: str, measure, on_error) -> None:
     """report[key] = measure(), or on_error(message) if it raises: a stage that breaks is reported
     beside the others, and the run goes on."""
@@ -98,7 +110,8 @@ def run(args, out: Path, build_info: dict | None) -> int:
         _stage(report["matmul_ab"], ab_label(setting), f"matmul per weight type under {ab_label(setting)}",
                lambda: _under(setting, lambda: check_matmul_ops(args.dut)), _failed_cases("type"))
     if args.bench_shape != "none" and args.dut == "gpu":
-        _stage(report, "kernels", "matmul kernel bench", lambda: bench_matmul_kernels(args.dut, deadline, args.ab),
+        _stage(report, "kernels", "matmul kernel bench",
+               lambda: bench_matmul_kernels(args.dut, deadline, args.ab, args.kernel_shapes),
                lambda message: [{"error": message}])
     matmul_rows = report["matmul"] + [m for rows in report["matmul_ab"].values() for m in rows]
     if args.only == "kernels":
@@ -191,6 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", type=parse_stages, default=set(STAGES), metavar="NAME[,...]",
                     help=f"the check stages to run, of {', '.join(STAGES)} (default: all; the benches follow "
                          "--bench-shape)")
+    ap.add_argument("--kernel-shapes", type=parse_kernel_shapes, default=None, metavar="TYPE:ROWSxCOLS[,...]",
+                    help="the weight types and shapes the matmul kernel bench times (default: the 27B's)")
     ap.add_argument("--build-info", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -204,6 +219,8 @@ def main(argv=None) -> int:
                "--ref-spec-budget", str(args.ref_spec_budget), "--rejection-draws", str(args.rejection_draws),
                "--stages", ",".join(sorted(args.stages)), "--drafter-prompts", str(args.drafter_prompts)] \
             + (["--models", ",".join(args.models)] if args.models is not None else []) \
+            + (["--kernel-shapes", ",".join(f"{t}:{r}x{c}" for t, r, c in args.kernel_shapes)]
+               if args.kernel_shapes else []) \
             + [a for setting in args.ab for a in ("--ab", ab_label(setting))] \
             + (["--no-memcheck"] if args.no_memcheck else []) + (["--no-drafters"] if args.no_drafters else [])
         return subprocess.run(cmd, cwd="/", env=env).returncode
