@@ -8,6 +8,7 @@
     with Engine("target.gguf", draft="drafter.gguf") as eng:   # speculative decoding
         g = eng.generate("Hello", max_tokens=64)     # draft_block_size="auto", or a number
         print(g.stats["tau"], g.stats["acceptance"], g.stats["block_size"])
+    with Engine("target.gguf", draft="mtp") as eng:            # the target's own MTP block drafts
 
 The engine owns one native model and one session (KV cache + DeltaNet state, `ctx_size`
 positions; `kv_cache="f16"` halves the attention cache at a ~1e-3 relative cost in accuracy). Every call to `generate` or `logits` starts from an empty context. The tokenizer and
@@ -90,7 +91,7 @@ class Generation:
 @dataclass(frozen=True)
 class DrafterInfo:
     """Mirror of luce_drafter_info (native/include/luce.h)."""
-    kind: str                  # DFlash | DFlash 2 | DSpark
+    kind: str                  # DFlash | DFlash 2 | DSpark | MTP
     n_layer: int
     block_size: int            # checkpoint horizon
     target_layer_ids: tuple
@@ -110,7 +111,9 @@ class DrafterInfo:
                    has_markov=bool(info.has_markov), has_confidence=bool(info.has_confidence))
 
 
-DRAFTER_KINDS = ("DFlash", "DFlash 2", "DSpark")
+DRAFTER_KINDS = ("DFlash", "DFlash 2", "DSpark", "MTP")
+# draft=MTP_DRAFT drafts with the target's own MTP block (no drafter file).
+MTP_DRAFT = "mtp"
 
 
 class Engine:
@@ -165,15 +168,21 @@ class Engine:
         self._session = sess[0]
         self.ctx_size = int(ctx_size)
         if draft is not None:
+            mtp = str(draft) == MTP_DRAFT
             try:
-                self._load_drafter(Path(draft))
+                if mtp:
+                    self._bind_mtp()
+                else:
+                    self._load_drafter(Path(draft))
             except BaseException:
                 self.close()
                 raise
             from luce import cost_cache
 
-            self._cost_key = cost_cache.cache_key(self.path, Path(draft),
-                                                  cost_cache.device_identity(self.device, threads))
+            # MTP's costs belong to the target file alone: its identity stands in the drafter's place.
+            device_id = cost_cache.device_identity(self.device, threads)
+            self._cost_key = cost_cache.cache_key(self.path, self.path if mtp else Path(draft),
+                                                  device_id + ("/mtp" if mtp else ""))
 
     def _check_tokenizer_arrays(self) -> None:
         """The target rules only Python applies (converters/target_rules.py; the native loader
@@ -186,6 +195,16 @@ class Engine:
                 check_tokenizer(f, self.info.n_vocab)
             except Refused as e:
                 raise LuceError(f"{self.path}: {e}", status=lib().LUCE_ERR_FORMAT) from None
+
+    def _bind_mtp(self) -> None:
+        """Draft with the target's own MTP block (the native side refuses a target without one,
+        naming the file)."""
+        out = ffi.new("luce_drafter **")
+        check(lib().luce_drafter_mtp(self._model, out), str(self.path))
+        self._drafter = out[0]
+        info = ffi.new("luce_drafter_info *")
+        check(lib().luce_drafter_get_info(self._drafter, info))
+        self.draft_info = DrafterInfo._from_native(info)
 
     def _load_drafter(self, path: Path) -> None:
         """Validate the drafter and the pair with `luce inspect`'s rules (the first error finding
