@@ -290,3 +290,12 @@ def test_mtp_on_the_emulated_cuda_backend_is_plain_decoding(targets, plain):
             tokens, n_accepted = out[str(k)]
             assert tokens == out["plain"], k
             assert n_accepted == cpu.stats["n_accepted"] > 0, k
+
+
+def test_bench_draft_mtp(targets):
+    """`luce bench --draft mtp` sweeps k beside the plain row."""
+    out = CliRunner().invoke(cli, ["bench", "-m", str(targets["copy"]), "--draft", "mtp", "-p", "8", "-n", "16",
+                                   "-t", "1", "-r", "1", "--no-warmup", "--draft-block-size", "1,3"])
+    assert out.exit_code == 0, out.output
+    rows = [line for line in out.output.splitlines() if line.startswith("| ") and "tg16" in line]
+    assert [r.split("|")[7].strip() for r in rows] == ["none", "mtp", "mtp"], rows
