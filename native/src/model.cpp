@@ -137,11 +137,12 @@ Hparams read_hparams(const GgufFile &f) {
         hp.n_head_kv[size_t(i)] = int(hkv);
     }
 
-    if (nextn == 1) {  // the MTP block's sizes; its tensors are bound only if present (bind_mtp)
+    if (nextn == 1) {  // the MTP block's sizes, checked only if its tensors are there (bind_mtp)
         const size_t i = size_t(hp.n_layer);
-        hp.mtp_n_ff = int(bounded(ff[i], 1, MAX_FF, KEY_FF));
-        hp.mtp_n_head = int(bounded(heads[i], 0, MAX_HEADS, KEY_HEAD));
-        hp.mtp_n_head_kv = int(bounded(heads_kv[i], 0, MAX_HEADS, KEY_HEAD_KV));
+        const auto clamp = [](int64_t v, int64_t hi) { return int(std::clamp<int64_t>(v, 0, hi + 1)); };
+        hp.mtp_n_ff = clamp(ff[i], MAX_FF);
+        hp.mtp_n_head = clamp(heads[i], MAX_HEADS);
+        hp.mtp_n_head_kv = clamp(heads_kv[i], MAX_HEADS);
     }
 
     if (any_attention) {
@@ -255,9 +256,12 @@ void bind_mtp(Binder &b, Hparams &hp) {
     const int i = hp.n_layer;
     if (hp.n_layer_total != hp.n_layer + 1 || !b.f.tensor(blk(i, "nextn.eh_proj.weight")) || hp.head_dim == 0)
         return;
-    if (hp.mtp_n_head < 1 || hp.mtp_n_head_kv < 1 || hp.mtp_n_head % hp.mtp_n_head_kv != 0)
-        fail(LUCE_ERR_FORMAT, "MTP block %d: %d query heads are not a positive multiple of %d kv heads", i,
-             hp.mtp_n_head, hp.mtp_n_head_kv);
+    if (hp.mtp_n_ff < 1 || hp.mtp_n_ff > MAX_FF)
+        fail(LUCE_ERR_FORMAT, "MTP block %d: %s is not in 1..%lld", i, KEY_FF, (long long)MAX_FF);
+    if (hp.mtp_n_head < 1 || hp.mtp_n_head > MAX_HEADS || hp.mtp_n_head_kv < 1 || hp.mtp_n_head_kv > MAX_HEADS ||
+        hp.mtp_n_head % hp.mtp_n_head_kv != 0)
+        fail(LUCE_ERR_FORMAT, "MTP block %d: the query heads are not a multiple of the kv heads (both in 1..%lld)",
+             i, (long long)MAX_HEADS);
     // bind_layer reads the per-layer arrays at i: lend it the MTP block's entries for the call.
     Hparams view = hp;
     view.n_ff.push_back(hp.mtp_n_ff);
