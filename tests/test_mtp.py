@@ -114,6 +114,23 @@ def test_mtp_sampled_tokens_follow_the_target_distribution(targets, target, sett
         assert accepted > draws // 5, (accepted, rejected)
 
 
+@pytest.mark.parametrize("truncation", [{"top_k": 1}, {"top_p": 1e-6}], ids=["top_k=1", "top_p=1e-6"])
+def test_one_token_truncation_makes_sampled_mtp_drafting_greedy(targets, truncation):
+    """Drafts come from the run's own sampler over the MTP logits: truncated to one token, q is
+    one-hot on the block's argmax and p on the target's, so a sampled run is the greedy run, the
+    same tokens and the same accepted drafts."""
+    with Engine(targets["copy"], threads=1, draft="mtp") as eng:
+        greedy = eng.generate(prompt_ids=PROMPTS["short"], max_tokens=24, ignore_eos=True, adaptive=False,
+                              draft_block_size=3)
+        for seed in range(3):
+            g = eng.generate(prompt_ids=PROMPTS["short"], max_tokens=24, ignore_eos=True, adaptive=False,
+                             draft_block_size=3, temperature=1.0, seed=seed, **truncation)
+            assert g.tokens == greedy.tokens, seed
+            assert (g.stats["n_drafted"], g.stats["n_accepted"]) == \
+                (greedy.stats["n_drafted"], greedy.stats["n_accepted"]), seed
+    assert greedy.stats["n_accepted"] > 0
+
+
 def test_target_without_mtp_block_is_refused_naming_the_file(targets):
     with pytest.raises(LuceError) as e:
         Engine(targets["none"], threads=1, draft="mtp")

@@ -90,8 +90,7 @@ void mtp_append(MtpContext &ctx, const int32_t *tokens, const float *taps, int64
     }
 }
 
-void mtp_draft(MtpContext &ctx, int32_t anchor, int k, int32_t *tokens, const SamplerParams *sampling,
-               Ranking *ranking, Rng *rng, Distribution *q_out) {
+void mtp_draft(MtpContext &ctx, int32_t anchor, int k, int32_t *tokens, const ChainSampling *sampling) {
     const Hparams &hp = ctx.m.hp;
     Backend &be = ctx.be;
     const int64_t E = hp.n_embd, V = hp.n_vocab;
@@ -103,10 +102,17 @@ void mtp_draft(MtpContext &ctx, int32_t anchor, int k, int32_t *tokens, const Sa
         mtp_forward(ctx, &prev, 1, ctx.n_ctx + i);
         be.matmul(ctx.m.mtp->head, ctx.out, 1, ctx.logits, V);
         if (sampling) {
-            ctx.logit_row.resize(size_t(V));
-            be.download(ctx.logit_row.data(), ctx.logits, sizeof(float) * size_t(V));
-            target_probs(ctx.logit_row.data(), int(V), *sampling, *ranking, q_out[i]);
-            tokens[i] = draw(q_out[i], *rng);
+            Distribution &q = sampling->q_out[i];
+            if (sampling->top_k && sampling->top_k->k()) {
+                sampling->top_k->fetch(ctx.logits, 1, V);
+                target_probs_ranked(sampling->top_k->ids(0), sampling->top_k->values(0), sampling->top_k->k(),
+                                    sampling->params, q);
+            } else {
+                ctx.logit_row.resize(size_t(V));
+                be.download(ctx.logit_row.data(), ctx.logits, sizeof(float) * size_t(V));
+                target_probs(ctx.logit_row.data(), int(V), sampling->params, ctx.ranking, q);
+            }
+            tokens[i] = draw(q, *sampling->rng);
         } else {
             tokens[i] = be.argmax(ctx.logits, V);
         }

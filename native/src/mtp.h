@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "backend.h"
+#include "drafter.h"
+#include "generate.h"
 #include "model.h"
 #include "sampling.h"
 #include "session.h"
@@ -31,8 +33,9 @@ struct MtpContext {
     float *h_last;   // [E]: the target's final-normed hidden at n_ctx - 1 (zeros before any)
     float *logits;   // [V]: the last draft row's logits
     int32_t *dev_id;
-    std::vector<int32_t> host_ids, logit_row_ids;
-    std::vector<float> logit_row;  // sampled drafts: one logits row on the host
+    std::vector<int32_t> host_ids;
+    std::vector<float> logit_row;  // sampled drafts without a backend top-k: one logits row on the host
+    Ranking ranking;
     MtpContext(const Model &m, int cap);
     ~MtpContext();
     MtpContext(const MtpContext &) = delete;
@@ -48,10 +51,10 @@ private:
 void mtp_append(MtpContext &ctx, const int32_t *tokens, const float *taps, int64_t tap_stride, int n);
 
 // Drafts k tokens after `anchor` (the token at position n_ctx, not yet committed) into tokens[k].
-// Greedy: each the argmax of its row's logits (ties to the lowest id). Sampled (sampling != null):
-// each drawn from the sampler's distribution over the row's logits, which goes to q_out[i] for the
-// rejection test.
-void mtp_draft(MtpContext &ctx, int32_t anchor, int k, int32_t *tokens, const SamplerParams *sampling = nullptr,
-               Ranking *ranking = nullptr, Rng *rng = nullptr, Distribution *q_out = nullptr);
+// Greedy: each the argmax of its row's logits (ties to the lowest id). Sampled (sampling != null,
+// drafter.h ChainSampling): each drawn from the run's sampler over the row's logits (over the row's
+// backend top-k where sampling->top_k has a k, as the block drafters do), and that distribution
+// goes to sampling->q_out[i] for the rejection test.
+void mtp_draft(MtpContext &ctx, int32_t anchor, int k, int32_t *tokens, const ChainSampling *sampling = nullptr);
 
 }  // namespace luce

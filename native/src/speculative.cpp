@@ -520,7 +520,7 @@ struct SpecLoop {
     bool chain_step(int32_t &anchor, int q, double t0) {
         const int start = s.n_past, row0 = d.hp.sample_from_anchor ? 0 : 1;
         if (mtp)
-            mtp_draft(*mtp, anchor, q, tokens.data() + 1, sampled ? &sampler : nullptr, &ranking, &rng, q_dists.data());
+            mtp_draft(*mtp, anchor, q, tokens.data() + 1, sampled ? &chain_sampling : nullptr);
         else
             draft_chain(d, *heads, hidden + size_t(row0) * E, q, anchor, tokens.data() + 1, conf.data(),
                         sampled ? &chain_sampling : nullptr);
