@@ -10,6 +10,12 @@ block computes roughly what the target does, so over half the drafts are accepte
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -285,12 +291,6 @@ print(json.dumps(out))
 def test_mtp_on_the_emulated_cuda_backend_is_plain_decoding(targets, plain):
     """The MTP drafter runs on Backend ops only: on the CUDA path run by the CPU, speculative ==
     plain on the device, == the CPU backend's tokens, and the drafts are accepted as on the CPU."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     library = Path(__file__).resolve().parents[1] / "build" / "gpu-emu-cuda" / "libluce_gpu_emu.so"
     if not library.exists():
         pytest.fail(f"{library} is missing: `make gpu-emu-cuda` builds it (`make test` does)")
@@ -316,3 +316,99 @@ def test_bench_draft_mtp(targets):
     assert out.exit_code == 0, out.output
     rows = [line for line in out.output.splitlines() if line.startswith("| ") and "tg16" in line]
     assert [r.split("|")[7].strip() for r in rows] == ["none", "mtp", "mtp"], rows
+
+
+# ---- llama.cpp's draft-mtp on the same file --------------------------------------------------------
+
+LLAMA_BIN = Path(__file__).resolve().parents[1] / "build" / "peer-cpu" / "bin"
+LLAMA_PROMPT, LLAMA_N = "hello world the", 24
+_LAST_LINE = b"total time ="  # llama.cpp's logger may exit before its last lines (test_llamacpp_runtime.py)
+
+
+@pytest.fixture(scope="module")
+def converted_copy_target(tmp_path_factory):
+    """The tiny Qwen3.5 with an MTP block, converted by luce (a real tokenizer, so llama.cpp can run
+    it), with the "copy" construction applied to its tensors (fixtures/random_qwen35_gguf.py,
+    here at leak 0.1: this checkpoint's residual branches are larger than the fixture's)."""
+    from gguf import GGUFReader
+
+    from fixtures.gguf_edit import rewrite
+    from fixtures.random_qwen35_gguf import copy_values
+    from fixtures.tiny_qwen35 import tiny_qwen35
+
+    src = tiny_qwen35(tmp_path_factory, "mtp", "f32").gguf_path
+    reader = GGUFReader(src)
+    hidden = int(reader.fields["qwen35.embedding_length"].contents())
+    edited = {}
+    for t in reader.tensors:
+        values = np.array(t.data, np.float32)
+        changed = copy_values(t.name, values.reshape(-1), hidden, leak=0.1).reshape(values.shape)
+        if not np.array_equal(changed, values):
+            edited[t.name] = changed
+    out = tmp_path_factory.mktemp("llama-mtp") / "copy-mtp.gguf"
+    rewrite(src, out, tensors=edited)
+    return out
+
+
+def _llamacpp_drafts(path, k: int) -> list[list[int]]:
+    """llama-speculative-simple --spec-type draft-mtp at verbosity -v: each step's drafts, from its
+    debug lines `draft candidate 0, pos i: <id>` (candidate 0 is the draft; pos 0 starts a step)."""
+    import re
+
+    tool = LLAMA_BIN / "llama-speculative-simple"
+    if not tool.is_file():
+        pytest.fail(f"{tool} is missing: run `make peer-cpu` (a CPU llama.cpp from build/peer/llama.cpp)")
+    for _ in range(6):
+        done = subprocess.run([str(tool), "-m", str(path), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(k),
+                               "-p", LLAMA_PROMPT, "-n", str(LLAMA_N), "-t", "1", "--temp", "0", "-c", "256", "-v"],
+                              capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+        if _LAST_LINE in done.stderr:
+            break
+    log = done.stderr.decode(errors="replace")
+    steps: list[list[int]] = []
+    for pos, token in re.findall(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+)", log):
+        if int(pos) == 0:
+            steps.append([])
+        steps[-1].append(int(token))
+    return steps
+
+
+def _drafts_by_anchor(steps: list[list[int]], sequence: list[int], first_anchor: int) -> dict[int, list[int]]:
+    """Each greedy step's proposals keyed by its anchor's position: a step at anchor p commits its
+    proposals up to the first that differs from the known greedy sequence, plus one token."""
+    out, p = {}, first_anchor
+    for drafts in steps:
+        out[p] = drafts
+        n = 0
+        while n < len(drafts) and p + 1 + n < len(sequence) and drafts[n] == sequence[p + 1 + n]:
+            n += 1
+        p += n + 1
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_mtp_drafts_equal_llamacpp_draft_mtp_step_for_step(converted_copy_target, k):
+    """luce's MTP proposals (the draft_log hook) against llama.cpp 0c1e570's draft-mtp proposals on
+    the same file and prompt, greedy, step by step. llama-speculative-simple keeps the prompt's last
+    token out of the prefill and makes it the first anchor, luce anchors at the first generated
+    token, so the steps are matched by anchor position (both walk the same greedy sequence); luce
+    proposes fewer near the end of its budget (q <= tokens left - 1), compared as prefixes. The
+    "copy" block makes most proposals right, so the matched steps follow accepted runs."""
+    theirs = _llamacpp_drafts(converted_copy_target, k)
+    ours: list[list[int]] = []
+    with Engine(converted_copy_target, threads=1, draft="mtp") as eng:
+        prompt = eng.encode_prompt(LLAMA_PROMPT)
+        sequence = prompt + eng.generate(LLAMA_PROMPT, max_tokens=LLAMA_N + 8, ignore_eos=True,
+                                         speculative=False).tokens
+        g = eng.generate(LLAMA_PROMPT, max_tokens=LLAMA_N, ignore_eos=True, draft_block_size=k, adaptive=False,
+                         draft_log=ours)
+    assert g.tokens == sequence[len(prompt):len(prompt) + LLAMA_N]
+    assert g.stats["n_accepted"] > g.stats["n_drafted"] // 3, g.stats
+    assert all(len(step) == k for step in theirs), theirs
+    ours_at = _drafts_by_anchor(ours, sequence, len(prompt))
+    theirs_at = _drafts_by_anchor(theirs, sequence, len(prompt) - 1)
+    common = sorted(set(ours_at) & set(theirs_at))
+    assert len(common) >= len(ours_at) // 2 and len(common) >= 4, (ours_at, theirs_at)
+    for p in common:
+        assert ours_at[p] == theirs_at[p][:len(ours_at[p])], (p, ours_at, theirs_at)

@@ -221,6 +221,11 @@ typedef struct {
        force long accepted runs, full-block accepts and rejections at chosen slots. */
     const int32_t *oracle_tokens;
     int32_t n_oracle_tokens;
+    /* Test hook: when draft_log is set, each chain step writes q and then its q proposals there
+       (as verified: after the oracle hook), while draft_log_capacity ints last. Tests compare the
+       proposals with another runtime's (llama.cpp's draft-mtp). */
+    int32_t *draft_log;
+    int32_t draft_log_capacity;
 } luce_generate_params;
 
 typedef struct {

@@ -336,6 +336,7 @@ struct SpecLoop {
     float *pending;     // [PENDING_ROWS][N][E]: taps of plain steps not yet in the drafter context
     int32_t pending_tokens[PENDING_ROWS];  // the tokens those steps ran (the MTP pairs them with the taps)
     int n_pending = 0;
+    int n_logged = 0;  // ints written to p.draft_log
     int32_t *dev_ids;  // greedy: the argmax of each target row, in backend memory
     std::vector<float> logit_row, conf, tree_U;
     const float *verify_rows = nullptr;  // sampled without a top-k: the last run_target's logit rows
@@ -494,6 +495,13 @@ struct SpecLoop {
         else draft_append_context(d, *ctx, rows, n);
     }
 
+    // The draft_log test hook: q, then the step's proposals tokens[1..q], while they fit.
+    void log_drafts(int q) {
+        if (!p.draft_log || n_logged + q + 1 > p.draft_log_capacity) return;
+        p.draft_log[n_logged++] = q;
+        for (int i = 1; i <= q; ++i) p.draft_log[n_logged++] = tokens[size_t(i)];
+    }
+
     // Acceptance of a chain verify (rule in the file header); returns n and sets the bonus.
     int accept(int q, int32_t &bonus) {
         int n = 0;
@@ -534,6 +542,7 @@ struct SpecLoop {
                     q = i;
                     break;
                 }
+        log_drafts(q);
         const double t_drafted = now_seconds();
         tokens[0] = anchor;
         ckpt.attach();

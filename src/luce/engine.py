@@ -366,7 +366,7 @@ class Engine:
                  draft_block_size: int | str = "auto", adaptive: bool = True,
                  dspark_confidence_threshold: float = 0.0, verify_cap_from: int = 0,
                  ddtree: bool = False, ddtree_budget: int = 0,
-                 oracle_tokens: Sequence[int] | None = None) -> Generation:
+                 oracle_tokens: Sequence[int] | None = None, draft_log: list | None = None) -> Generation:
         """Prefill the prompt, then decode up to max_tokens (greedy when temperature == 0).
 
         Exactly one of `prompt` (text) and `prompt_ids` is given. on_text(str) receives decoded
@@ -374,7 +374,8 @@ class Engine:
         With a drafter loaded (and speculative=True) decoding is speculative; the knobs are those
         of luce_generate_params (0 = default). draft_block_size="auto" lets the cost model choose
         each step's block width; a number is exactly that width (0: the drafter's checkpoint
-        value). oracle_tokens is a test hook (see luce.h)."""
+        value). oracle_tokens and draft_log are test hooks (see luce.h): a draft_log list receives
+        each chain step's proposals, one list per step."""
         if (prompt is None) == (prompt_ids is None):
             raise LuceError("give exactly one of prompt and prompt_ids")
         ids = self._ids_array(prompt_ids if prompt is None else self.encode_prompt(prompt, chat=chat))
@@ -396,6 +397,11 @@ class Engine:
             "dspark_confidence_threshold": float(dspark_confidence_threshold),
             "verify_cap_from": int(verify_cap_from), "ddtree": int(ddtree), "ddtree_budget": int(ddtree_budget),
             "oracle_tokens": oracle_buf, "n_oracle_tokens": len(oracle)})
+        # A step writes q + 1 ints (q <= 32 proposals) and commits at least one token.
+        log_capacity = max(1, max_tokens) * 34 if draft_log is not None else 0
+        log_buf = ffi.new("int32_t[]", max(1, log_capacity))
+        if draft_log is not None:
+            params.draft_log, params.draft_log_capacity = log_buf, log_capacity
         drafter = self._drafter if (speculative and self._drafter is not None) else ffi.NULL
         prior = self._cost_prior(params) if drafter != ffi.NULL else None
         out_tokens = ffi.new("int32_t[]", max(1, max_tokens))
@@ -426,6 +432,8 @@ class Engine:
             if tail:
                 on_text(tail)
         tokens = [out_tokens[i] for i in range(stats.n_generated)]
+        if draft_log is not None:
+            draft_log.extend(_read_draft_log(log_buf, log_capacity))
         speculative_run = drafter != ffi.NULL
         result = _stats_dict(stats, speculative_run)
         if speculative_run:
@@ -472,6 +480,17 @@ SPEC_STATS = ("spec_steps", "plain_steps", "n_drafted", "n_accepted", "full_acce
               "verify_seconds", "rollback_seconds", "plain_step_seconds", "spec_step_seconds",
               "step_cost_ratio", "expected_speedup", "achieved_speedup")
 WIDTH_STATS = ("width_seconds", "width_model_seconds", "width_tokens")  # by block rows 0..32
+
+
+def _read_draft_log(buf, capacity: int) -> list[list[int]]:
+    """luce_generate_params.draft_log as one list of proposals per step (a step's q is >= 1; the
+    buffer is zeroed past the last step)."""
+    steps, i = [], 0
+    while i < capacity and buf[i] > 0:
+        q = buf[i]
+        steps.append([buf[i + 1 + j] for j in range(q)])
+        i += q + 1
+    return steps
 
 
 def _block_size_param(value) -> tuple[int, bool]:
