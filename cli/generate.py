@@ -252,7 +252,7 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
                                              ("--dspark-confidence-threshold", dspark_confidence_threshold > 0))
                     if given]
     if spec_options and draft is None:
-        raise click.UsageError(f"{', '.join(spec_options)} needs a drafter: --draft DRAFTER.gguf")
+        raise click.UsageError(f"{', '.join(spec_options)} needs a drafter: --draft DRAFTER.gguf (or --draft mtp)")
     sources = [name for name, value in (("-p", prompt), ("-f", prompt_file), ("--prompts", prompts_file),
                                         ("--prompt-ids", prompt_ids)) if value is not None]
     if len(sources) != 1:
