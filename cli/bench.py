@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from luce.cli.generate import DraftSource
 from luce.errors import LuceError
 
 DEFAULT_THREADS = "0"
@@ -73,8 +74,9 @@ class BlockList(IntList):
               help="With --temp: sample from the k most likely tokens (0: all).")
 @click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True,
               help="With --temp: nucleus sampling.")
-@click.option("--draft", type=click.Path(path_type=Path, dir_okay=False, exists=True), metavar="DRAFTER.gguf",
-              help="Speculative decoding: tgN with and without this drafter (tau, acceptance, speedup).")
+@click.option("--draft", type=DraftSource(), metavar="DRAFTER.gguf|mtp",
+              help="Speculative decoding: tgN with and without this drafter, or mtp (the target's own MTP "
+                   "block) (tau, acceptance, speedup).")
 @click.option("--draft-block-size", "block_sizes", type=BlockList(), default="auto", show_default=True,
               help="With --draft: block rows to sweep (list of numbers and/or auto; 0 = the checkpoint "
                    "value). The cost curve behind auto follows the table.")

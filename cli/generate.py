@@ -56,6 +56,19 @@ DEFAULT_VERIFY_CAP = 8192             # committed tokens from which the verify w
 LOCAL_RAY = "local"                   # --ray without an ADDRESS: RAY_ADDRESS, else a local instance
 
 
+class DraftSource(click.ParamType):
+    """--draft: a drafter GGUF that exists, or `mtp` for the target's own MTP block."""
+    name = "DRAFTER.gguf|mtp"
+    _file = click.Path(exists=True, dir_okay=False)
+
+    def convert(self, value, param, ctx):
+        from luce.engine import MTP_DRAFT
+
+        if str(value) == MTP_DRAFT:
+            return MTP_DRAFT
+        return self._file.convert(value, param, ctx)
+
+
 class BlockSize(click.ParamType):
     """--draft-block-size: 'auto' or a whole number of rows (its range is the drafter's)."""
     name = "auto|N"
@@ -207,12 +220,14 @@ class Stream:
 @click.option("-c", "--ctx-size", type=click.IntRange(min=1), default=DEFAULT_CTX_SIZE, show_default=True,
               help="Context length in tokens (prompt + generated).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt and nothing else.")
-@click.option("--draft", type=click.Path(exists=True, dir_okay=False), metavar="DRAFTER.gguf",
-              help="Speculative decoding with this DFlash / DFlash 2 / DSpark drafter (checked like luce inspect).")
+@click.option("--draft", type=DraftSource(), metavar="DRAFTER.gguf|mtp",
+              help="Speculative decoding with this DFlash / DFlash 2 / DSpark drafter (checked like luce inspect), "
+              "or mtp: the target's own MTP block drafts (no drafter file).")
 @click.option("--draft-block-size", type=BlockSize(), default=DEFAULT_DRAFT_BLOCK_SIZE, show_default=True,
               metavar="auto|N", help="Draft block rows: auto (the width the measured costs and acceptance say "
               "is fastest, chosen each step; cached per model, drafter and device, see docs/cli.md), or "
-              "exactly N (0: the drafter's checkpoint value; else 2..2x it, at most 32).")
+              "exactly N (0: the drafter's checkpoint value; else 2..2x it, at most 32; with --draft mtp N is the "
+              "drafts per step, 1..8, auto up to 4).")
 @click.option("--ddtree", is_flag=True, help="Tree verification (DDTree) instead of a single chain.")
 @click.option("--ddtree-budget", type=click.IntRange(1, 63), default=DEFAULT_DDTREE_BUDGET, show_default=True,
               help="DDTree nodes per verify step.")
@@ -237,7 +252,7 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
                                              ("--dspark-confidence-threshold", dspark_confidence_threshold > 0))
                     if given]
     if spec_options and draft is None:
-        raise click.UsageError(f"{', '.join(spec_options)} needs a drafter: --draft DRAFTER.gguf")
+        raise click.UsageError(f"{', '.join(spec_options)} needs a drafter: --draft DRAFTER.gguf (or --draft mtp)")
     sources = [name for name, value in (("-p", prompt), ("-f", prompt_file), ("--prompts", prompts_file),
                                         ("--prompt-ids", prompt_ids)) if value is not None]
     if len(sources) != 1:

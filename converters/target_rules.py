@@ -213,6 +213,9 @@ def read_hparams(m: Meta) -> dict:
             raise Refused("hparam-range", f"layer {i}: {h} query heads are not a multiple of {hkv} kv heads")
         hp["heads"][i], hp["heads_kv"][i] = h, hkv
 
+    if nextn == 1:  # the MTP block's sizes, checked only if its tensors are there (_bind_mtp)
+        hp["mtp"] = [min(max(v, 0), hi + 1) for v, hi in ((ff[n_layer], MAX_FF), (heads[n_layer], MAX_HEADS),
+                                                           (heads_kv[n_layer], MAX_HEADS))]
     if not all(recurrent):
         _attention_hparams(m, hp)
     if any(recurrent):
@@ -306,7 +309,34 @@ def bind_tensors(gf: GGUFFile, hp: dict) -> int:
         _matrix(gf, "output.weight", E, V)
     for i in range(hp["n_layer"]):
         _bind_layer(gf, hp, i)
+    _bind_mtp(gf, hp, V)
     return V
+
+
+def _bind_mtp(gf: GGUFFile, hp: dict, V: int) -> None:
+    """model.cpp bind_mtp: the MTP block blk.{n_layer} when nextn_predict_layers = 1 and its
+    nextn.eh_proj is present (and attention layers size its heads)."""
+    i, E = hp["n_layer"], hp["hidden"]
+    if "mtp" not in hp or f"blk.{i}.nextn.eh_proj.weight" not in gf.tensors or not hp.get("head_dim"):
+        return
+    F, H, Hkv = hp["mtp"]
+    if not 1 <= F <= MAX_FF:
+        raise Refused("hparam-range", f"MTP block {i}: {K_FF} is not in 1..{MAX_FF}")
+    if not (1 <= H <= MAX_HEADS and 1 <= Hkv <= MAX_HEADS and H % Hkv == 0):
+        raise Refused("hparam-range", f"MTP block {i}: the query heads are not a multiple of the kv heads "
+                                      f"(both in 1..{MAX_HEADS})")
+    view = dict(hp, ff=hp["ff"] + [F], heads=hp["heads"] + [H], heads_kv=hp["heads_kv"] + [Hkv],
+                recurrent=hp["recurrent"] + [False])
+    _bind_layer(gf, view, i)
+    blk = lambda suffix: f"blk.{i}.nextn.{suffix}"      # noqa: E731
+    _matrix(gf, blk("eh_proj.weight"), 2 * E, E)
+    _vector(gf, blk("enorm.weight"), E)
+    _vector(gf, blk("hnorm.weight"), E)
+    if blk("shared_head_norm.weight") in gf.tensors:
+        _vector(gf, blk("shared_head_norm.weight"), E)
+    for name in ("embed_tokens.weight", "shared_head_head.weight"):
+        if blk(name) in gf.tensors:
+            _matrix(gf, blk(name), E, V)
 
 
 def _bind_layer(gf: GGUFFile, hp: dict, i: int) -> None:

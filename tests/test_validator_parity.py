@@ -105,6 +105,20 @@ def _reshape(name: str, shape: tuple):
     return edit
 
 
+def _mtp(edit=lambda parts: parts):
+    """The crafted target with an MTP block blk.4 (nextn_predict_layers = 1), then `edit`."""
+    from fixtures.crafted_gguf import TinyQwen35
+    from fixtures.random_qwen35_gguf import _mtp_block
+
+    def add(parts):
+        blocks = _key(Keys.LLM.BLOCK_COUNT)
+        kvs = [replace(kv, value=5) if kv.key == blocks else kv for kv in parts.kvs]
+        kvs.append(KV(_key(Keys.LLM.NEXTN_PREDICT_LAYERS), VT.UINT32, 1))
+        mtp = _mtp_block(TinyQwen35(), np.random.default_rng(0), "random")
+        return edit(replace(parts, kvs=kvs, tensors=list(parts.tensors) + mtp))
+    return add
+
+
 L, A, Rp, S, T = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM, Keys.Tokenizer
 U32, I32, U64, F32, STR, ARR, BOOL = VT.UINT32, VT.INT32, VT.UINT64, VT.FLOAT32, VT.STRING, VT.ARRAY, VT.BOOL
 INT_KEYS = [L.BLOCK_COUNT, L.CONTEXT_LENGTH, L.EMBEDDING_LENGTH, L.FEED_FORWARD_LENGTH, A.HEAD_COUNT,
@@ -161,6 +175,12 @@ def _cases() -> dict[str, object]:
     cases["nextn=4 (all layers)"] = _set(nextn, U32, 4)
     cases["nextn=-1"] = _set(nextn, I32, -1)
     cases["split.count=2"] = _set("split.count", VT.UINT16, 2)
+    # the MTP block, bound when its nextn.eh_proj is there
+    cases["mtp (valid)"] = _mtp()
+    cases["mtp:no-eh_proj (valid: no MTP block)"] = _mtp(_drop_tensor("blk.4.nextn.eh_proj.weight"))
+    cases["mtp:enorm-missing"] = _mtp(_drop_tensor("blk.4.nextn.enorm.weight"))
+    cases["mtp:eh_proj-wrong"] = _mtp(_reshape("blk.4.nextn.eh_proj.weight", (64, 64)))
+    cases["mtp:attn_q-wrong"] = _mtp(_reshape("blk.4.attn_q.weight", (64, 64)))
     # tensors
     cases["token_embd:missing"] = _drop_tensor("token_embd.weight")
     cases["token_embd:wrong-width"] = _reshape("token_embd.weight", (32, 512))

@@ -147,7 +147,7 @@ void luce_snapshot_free(luce_snapshot *snapshot);
 typedef struct luce_drafter luce_drafter;
 
 typedef struct {
-    int32_t kind;               /* 0 DFlash, 1 DFlash 2, 2 DSpark */
+    int32_t kind;               /* 0 DFlash, 1 DFlash 2, 2 DSpark, 3 MTP (the target's own block) */
     int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff;
     int32_t block_size;         /* checkpoint horizon */
     int32_t n_target_layers;
@@ -163,6 +163,10 @@ typedef struct {
    An invalid drafter or one that does not fit the target is refused before any compute, with the
    inspect finding as the message (LUCE_ERR_FORMAT / LUCE_ERR_INVALID_ARGUMENT). */
 luce_status luce_drafter_load(const char *path, luce_model *target, luce_drafter **out);
+/* The target's own MTP block (nextn_predict_layers = 1, blk.N.nextn.* tensors) as a drafter: no
+   file, k drafts per step from the target's last hidden state. LUCE_ERR_UNSUPPORTED, naming the
+   file, when the target has no MTP block. The drafter borrows the target, which must outlive it. */
+luce_status luce_drafter_mtp(luce_model *target, luce_drafter **out);
 void luce_drafter_free(luce_drafter *drafter);
 luce_status luce_drafter_get_info(const luce_drafter *drafter, luce_drafter_info *out);
 
@@ -217,6 +221,11 @@ typedef struct {
        force long accepted runs, full-block accepts and rejections at chosen slots. */
     const int32_t *oracle_tokens;
     int32_t n_oracle_tokens;
+    /* Test hook: when draft_log is set, each chain step writes q and then its q proposals there
+       (as verified: after the oracle hook), while draft_log_capacity ints last. Tests compare the
+       proposals with another runtime's (llama.cpp's draft-mtp). */
+    int32_t *draft_log;
+    int32_t draft_log_capacity;
 } luce_generate_params;
 
 typedef struct {

@@ -43,6 +43,17 @@ LUCE_API luce_status luce_drafter_load(const char *path, luce_model *target, luc
     });
 }
 
+LUCE_API luce_status luce_drafter_mtp(luce_model *target, luce_drafter **out) {
+    return guard([&] {
+        require(out, "out");
+        *out = nullptr;
+        require(target, "target");
+        auto h = std::make_unique<luce_drafter>();
+        h->d = luce::mtp_drafter(target->m.get());
+        *out = h.release();
+    });
+}
+
 LUCE_API void luce_drafter_free(luce_drafter *drafter) { delete drafter; }
 
 LUCE_API luce_status luce_drafter_get_info(const luce_drafter *drafter, luce_drafter_info *out) {
@@ -81,6 +92,7 @@ LUCE_API luce_status luce_drafter_forward(luce_drafter *drafter, const float *fe
                                           const int32_t *block, int32_t n_block, float *hidden_out) {
     return guard([&] {
         require(drafter, "drafter");
+        if (drafter->d->hp.kind == luce::DRAFT_MTP) fail(LUCE_ERR_UNSUPPORTED, "the MTP drafter has no block forward");
         require(block, "block");
         require(hidden_out, "hidden_out");
         if (n_ctx < 0) fail(LUCE_ERR_INVALID_ARGUMENT, "n_ctx must be >= 0");
@@ -104,6 +116,7 @@ LUCE_API luce_status luce_drafter_chain(luce_drafter *drafter, const float *hidd
                                         int32_t *tokens_out, float *confidence_out) {
     return guard([&] {
         require(drafter, "drafter");
+        if (drafter->d->hp.kind == luce::DRAFT_MTP) fail(LUCE_ERR_UNSUPPORTED, "the MTP drafter has no candidate heads");
         if (n_rows < 0 || n_rows > 4096) fail(LUCE_ERR_INVALID_ARGUMENT, "n_rows = %d must be in 0..4096", n_rows);
         if (n_rows > 0) {
             require(hidden, "hidden");

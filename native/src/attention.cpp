@@ -11,24 +11,26 @@
 
 namespace luce {
 
-void attention_mixer(Session &s, int il, int T) {
-    const Hparams &hp = s.model->hp;
-    const AttentionWeights &w = s.model->layers[size_t(il)].attn;
-    Backend &be = *s.model->backend;
-    StepBuffers &b = s.buf;
-    const int H = hp.n_head[size_t(il)], Hkv = hp.n_head_kv[size_t(il)], D = hp.head_dim;
+void attention_layer(Backend &be, const Hparams &hp, const AttentionWeights &w, KvLayer &kv, StepBuffers &b, int T,
+                     int H, int Hkv, const int32_t *slot, const uint8_t *mask) {
+    const int D = hp.head_dim;
     const int64_t E = hp.n_embd;
-
     const Backend::MatmulOut proj[] = {{&w.q, b.qg, 2 * int64_t(H) * D}, {&w.k, b.k, int64_t(Hkv) * D},
                                        {&w.v, b.v, int64_t(Hkv) * D}};
     be.matmuls(b.cur, T, proj, 3);
-    KvLayer &kv = s.kv[size_t(il)];
-    // Tree verify: nodes are stored at their slots and see only their ancestors (session.h).
-    be.qk_norm_rope_store(b.qg, w.q_norm.data(), b.q, b.k, w.k_norm.data(), b.v, kv, b.pos,
-                          s.tree ? b.tree_slot : b.pos, T, H, Hkv, D, hp.n_rot, hp.rope_theta, hp.rms_eps);
-    be.attention(b.q, kv, b.pos, s.tree ? b.tree_mask : nullptr, T, H, Hkv, D, b.attn);
+    be.qk_norm_rope_store(b.qg, w.q_norm.data(), b.q, b.k, w.k_norm.data(), b.v, kv, b.pos, slot, T, H, Hkv, D,
+                          hp.n_rot, hp.rope_theta, hp.rms_eps);
+    be.attention(b.q, kv, b.pos, mask, T, H, Hkv, D, b.attn);
     be.mul_sigmoid(b.attn, b.qg + D, 2 * D, T * H, D);  // gate_h sits right after q_h
     be.matmul(w.o, b.attn, T, b.mix, E);
+}
+
+void attention_mixer(Session &s, int il, int T) {
+    StepBuffers &b = s.buf;
+    // Tree verify: nodes are stored at their slots and see only their ancestors (session.h).
+    attention_layer(*s.model->backend, s.model->hp, s.model->layers[size_t(il)].attn, s.kv[size_t(il)], b, T,
+                    s.model->hp.n_head[size_t(il)], s.model->hp.n_head_kv[size_t(il)], s.tree ? b.tree_slot : b.pos,
+                    s.tree ? b.tree_mask : nullptr);
 }
 
 }  // namespace luce

@@ -28,7 +28,9 @@
 
 namespace luce {
 
-enum DrafterKind : int32_t { DRAFT_DFLASH = 0, DRAFT_DFLASH2 = 1, DRAFT_DSPARK = 2 };
+// DRAFT_MTP is the target's own MTP block (mtp.h): no drafter file, no block forward; the
+// speculative loop drafts with it row by row instead of through draft_forward / draft_chain.
+enum DrafterKind : int32_t { DRAFT_DFLASH = 0, DRAFT_DFLASH2 = 1, DRAFT_DSPARK = 2, DRAFT_MTP = 3 };
 
 struct YarnParams {
     float factor = 1.f;       // > 1 enables YaRN
@@ -94,6 +96,12 @@ struct Drafter {
 // Opens, validates (the rules of `luce inspect`, spec/engine.md §3) and binds a drafter GGUF
 // in either layout to a target. Throws luce::Error (FORMAT / INVALID_ARGUMENT / UNSUPPORTED).
 std::unique_ptr<Drafter> load_drafter(const std::string &path, Model *target);
+
+// The target's MTP block as a drafter (kind DRAFT_MTP): taps the last main layer (the MTP reads
+// the target's final-normed hidden state), k drafts from k rows (sample_from_anchor), default
+// horizon MTP_HORIZON. Throws luce::Error (UNSUPPORTED) naming the file when it has no MTP block.
+constexpr int MTP_HORIZON = 4;
+std::unique_ptr<Drafter> mtp_drafter(Model *target);
 
 // Per-generation drafter state, all in backend memory: the context K/V of every layer for
 // committed positions 0..n_ctx-1 (after k_norm and RoPE), plus room for one transient block.

@@ -137,6 +137,14 @@ Hparams read_hparams(const GgufFile &f) {
         hp.n_head_kv[size_t(i)] = int(hkv);
     }
 
+    if (nextn == 1) {  // the MTP block's sizes, checked only if its tensors are there (bind_mtp)
+        const size_t i = size_t(hp.n_layer);
+        const auto clamp = [](int64_t v, int64_t hi) { return int(std::clamp<int64_t>(v, 0, hi + 1)); };
+        hp.mtp_n_ff = clamp(ff[i], MAX_FF);
+        hp.mtp_n_head = clamp(heads[i], MAX_HEADS);
+        hp.mtp_n_head_kv = clamp(heads_kv[i], MAX_HEADS);
+    }
+
     if (any_attention) {
         hp.head_dim = int(bounded(f.get_int(KEY_KEY_LEN), 1, MAX_HEAD_DIM, KEY_KEY_LEN));
         if (f.get_int(KEY_VALUE_LEN, hp.head_dim) != hp.head_dim)
@@ -240,6 +248,42 @@ void bind_layer(Binder &b, const Hparams &hp, int i, LayerWeights &L) {
     }
 }
 
+// The MTP block blk.{n_layer} (nextn_predict_layers = 1 and nextn.eh_proj present): a full-attention
+// layer's tensors plus the nextn.* ones; nextn.shared_head_norm, nextn.embed_tokens and
+// nextn.shared_head_head fall back to output_norm, token_embd and output (llama.cpp does the same).
+// Files with more MTP blocks, or without attention layers to size its heads, keep none.
+void bind_mtp(Binder &b, Hparams &hp) {
+    const int i = hp.n_layer;
+    if (hp.n_layer_total != hp.n_layer + 1 || !b.f.tensor(blk(i, "nextn.eh_proj.weight")) || hp.head_dim == 0)
+        return;
+    if (hp.mtp_n_ff < 1 || hp.mtp_n_ff > MAX_FF)
+        fail(LUCE_ERR_FORMAT, "MTP block %d: %s is not in 1..%lld", i, KEY_FF, (long long)MAX_FF);
+    if (hp.mtp_n_head < 1 || hp.mtp_n_head > MAX_HEADS || hp.mtp_n_head_kv < 1 || hp.mtp_n_head_kv > MAX_HEADS ||
+        hp.mtp_n_head % hp.mtp_n_head_kv != 0)
+        fail(LUCE_ERR_FORMAT, "MTP block %d: the query heads are not a multiple of the kv heads (both in 1..%lld)",
+             i, (long long)MAX_HEADS);
+    // bind_layer reads the per-layer arrays at i: lend it the MTP block's entries for the call.
+    Hparams view = hp;
+    view.n_ff.push_back(hp.mtp_n_ff);
+    view.n_head.push_back(hp.mtp_n_head);
+    view.n_head_kv.push_back(hp.mtp_n_head_kv);
+    view.recurrent.push_back(false);
+    auto mtp = std::make_unique<MtpWeights>();
+    bind_layer(b, view, i, mtp->block);
+    const int64_t E = hp.n_embd;
+    mtp->eh_proj = b.matrix(blk(i, "nextn.eh_proj.weight"), 2 * E, E);
+    mtp->enorm = b.vector(blk(i, "nextn.enorm.weight"), E);
+    mtp->hnorm = b.vector(blk(i, "nextn.hnorm.weight"), E);
+    const auto optional = [&](const char *suffix) { return b.f.tensor(blk(i, suffix)) != nullptr; };
+    mtp->head_norm = optional("nextn.shared_head_norm.weight") ? b.vector(blk(i, "nextn.shared_head_norm.weight"), E)
+                                                               : b.m.output_norm;
+    mtp->own_embed = optional("nextn.embed_tokens.weight");
+    mtp->own_head = optional("nextn.shared_head_head.weight");
+    mtp->embed = mtp->own_embed ? b.matrix(blk(i, "nextn.embed_tokens.weight"), E, hp.n_vocab) : b.m.token_embd;
+    mtp->head = mtp->own_head ? b.matrix(blk(i, "nextn.shared_head_head.weight"), E, hp.n_vocab) : b.m.output;
+    b.m.mtp = std::move(mtp);
+}
+
 // Copies every weight the forward reads into backend memory, once, in its GGUF encoding, and
 // points the model at the copies (the tied head shares token_embd's copy). The mapped file stays
 // open; the backend frees the copies when it is destroyed.
@@ -249,7 +293,19 @@ void for_each_weight(Model &m, OnMatrix on_matrix, OnVector on_vector) {
     on_matrix(m.token_embd);
     if (!m.hp.tied_head) on_matrix(m.output);
     on_vector(m.output_norm);
-    for (LayerWeights &L : m.layers) {
+    std::vector<LayerWeights *> layers;
+    for (LayerWeights &L : m.layers) layers.push_back(&L);
+    if (m.mtp) {
+        layers.push_back(&m.mtp->block);
+        on_matrix(m.mtp->eh_proj);
+        for (Vector *v : {&m.mtp->enorm, &m.mtp->hnorm, &m.mtp->head_norm}) on_vector(*v);
+        // embed and head are the target's unless the file has its own (shared ones are
+        // re-pointed at the target's copies after the upload, upload_weights).
+        if (m.mtp->own_embed) on_matrix(m.mtp->embed);
+        if (m.mtp->own_head) on_matrix(m.mtp->head);
+    }
+    for (LayerWeights *layer : layers) {
+        LayerWeights &L = *layer;
         on_vector(L.attn_norm);
         on_vector(L.post_norm);
         for (Weight *w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o,
@@ -289,6 +345,8 @@ void upload_weights(Model &m, const LoadProgress &progress) {
             uploaded(bytes);
         });
     if (m.hp.tied_head) m.output = m.token_embd;  // shares the embedding's device copy
+    if (m.mtp && !m.mtp->own_embed) m.mtp->embed = m.token_embd;
+    if (m.mtp && !m.mtp->own_head) m.mtp->head = m.output;
 }
 
 }  // namespace
@@ -368,6 +426,7 @@ std::unique_ptr<Model> load_model(const std::string &path, int n_threads, int de
 
     m->layers.resize(size_t(hp.n_layer));
     for (int i = 0; i < hp.n_layer; ++i) bind_layer(b, hp, i, m->layers[size_t(i)]);
+    bind_mtp(b, hp);
 
     m->eos_token_id = -1;
     if (f.has(KEY_EOS)) {

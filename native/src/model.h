@@ -32,6 +32,8 @@ struct Hparams {
     float rms_eps = 0.f;
     int ssm_conv = 0, ssm_dk = 0, ssm_hk = 0, ssm_hv = 0, ssm_dv = 0;  // Kc, DK, HK, HV, DV
     bool tied_head = false;
+    // The MTP block blk.{n_layer} (spec qwen35.md §1.7), when the file keeps one: its heads and MLP width.
+    int mtp_n_head = 0, mtp_n_head_kv = 0, mtp_n_ff = 0;
 
     int conv_channels() const { return 2 * ssm_hk * ssm_dk + ssm_hv * ssm_dv; }
     int max_n_ff() const;
@@ -72,6 +74,19 @@ struct LayerWeights {
     DeltaNetWeights ssm;                      // recurrent layers only
 };
 
+// The multi-token-prediction block (spec qwen35.md §1.7, llama.cpp graph_mtp): a full-attention
+// decoder block over eh_proj([enorm(embed(token)) | hnorm(h)]), h the target's final-normed hidden
+// state of the previous position; its logits are head(head_norm(block output)). The norms hold
+// 1 + w like every qwen35 norm. embed and head are the target's token_embd and output unless the
+// file has nextn.embed_tokens / nextn.shared_head_head.
+struct MtpWeights {
+    LayerWeights block;              // attention weights in block.attn; block.ssm unused
+    Weight eh_proj;                  // [2E -> E]
+    Vector enorm, hnorm, head_norm;  // [E]
+    Weight embed, head;              // [E -> V]
+    bool own_embed = false, own_head = false;  // the file's nextn ones, not the target's
+};
+
 struct Model {
     std::unique_ptr<GgufFile> file;  // owns the mapping every Weight points into
     Hparams hp;
@@ -79,6 +94,7 @@ struct Model {
     Weight output;                   // [E -> V]; token_embd when the head is tied
     Vector output_norm;              // [E]
     std::vector<LayerWeights> layers;
+    std::unique_ptr<MtpWeights> mtp; // null when the file has no MTP block
     std::unique_ptr<Backend> backend;
     int64_t n_params = 0, weight_bytes = 0;
     int32_t eos_token_id = -1;       // tokenizer.ggml.eos_token_id, -1 if absent

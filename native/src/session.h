@@ -135,6 +135,12 @@ const float *forward_step_rows(Session &s, const int32_t *tokens, int T, int log
 // computed by the backend so only the index leaves the device.
 int32_t forward_step_greedy(Session &s, int32_t token);
 
+// The gated attention of one full-attention layer with H query and Hkv kv heads over b.cur [T][E]
+// at positions b.pos into b.mix [T][E]: k, v stored at slot[t], keys visible by position (mask
+// null) or by mask. The target's layers (attention_mixer) and the MTP block (mtp.cpp) both run it.
+void attention_layer(Backend &be, const Hparams &hp, const AttentionWeights &w, KvLayer &kv, StepBuffers &b, int T,
+                     int H, int Hkv, const int32_t *slot, const uint8_t *mask);
+
 // Layer mixers (attention.cpp, deltanet.cpp): read s.buf.cur [T][E], write s.buf.mix [T][E].
 void attention_mixer(Session &s, int layer, int T);
 void deltanet_mixer(Session &s, int layer, int T);

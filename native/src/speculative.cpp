@@ -21,6 +21,10 @@
 // Greedy output therefore equals plain greedy decoding token for token: every committed token is
 // the target's argmax given the committed prefix.
 //
+// The MTP drafter (kind DRAFT_MTP, mtp.h) replaces step 1: its block drafts d_1..d_k one row at a
+// time from the anchor and the target's last hidden state (the one tap, the last main layer); step 4
+// appends the committed tokens with their hidden states to its context instead of the taps.
+//
 // Adaptive policy (spec engine.md §4.8): spec_policy.h chooses plain or speculative for each step,
 // and under auto the block width, from the step costs measured on this device and the decayed
 // acceptance of each proposal position. Plain steps still
@@ -37,6 +41,7 @@
 
 #include "errors.h"
 #include "generate.h"
+#include "mtp.h"
 #include "sampling.h"
 #include "spec_policy.h"
 
@@ -58,6 +63,14 @@ static_assert(sizeof(luce_generate_stats::width_seconds) / sizeof(double) == MAX
 // The widest block a run may use: auto goes up to the checkpoint's horizon (past it proposals are
 // rarely accepted, and every row costs verify memory).
 int block_rows(const Drafter &d, const luce_generate_params &p) {
+    if (d.hp.kind == DRAFT_MTP) {  // rows = drafts k; any k up to twice the horizon
+        const int hi = 2 * MTP_HORIZON, k = p.draft_block_size;
+        if (k == 0 || p.draft_block_auto) return MTP_HORIZON;
+        if (k < 1 || k > hi)
+            fail(LUCE_ERR_INVALID_ARGUMENT, "--draft-block-size must be in [1, %d] for MTP drafting, or auto; got %d",
+                 hi, k);
+        return k;
+    }
     const int ckpt = d.hp.block_size, hi = std::min(2 * ckpt, MAX_DRAFT_BLOCK), requested = p.draft_block_size;
     if (requested == 0 || p.draft_block_auto) return std::min(ckpt, MAX_DRAFT_BLOCK);
     if (requested < 2 || requested > hi)
@@ -312,13 +325,18 @@ struct SpecLoop {
     Backend &be;
     const bool sampled;
     const int B, q_max, cap_from, V, E, N, budget, W;
-    DraftContext ctx;
-    DraftHeads heads;
+    // Block drafters (DFlash, DFlash 2, DSpark): their context and heads; MTP: its context
+    // (mtp.h). One or the other is null.
+    std::unique_ptr<DraftContext> ctx;
+    std::unique_ptr<DraftHeads> heads;
+    std::unique_ptr<MtpContext> mtp;
     Checkpoints ckpt;
     BackendBuffers dev;
     float *taps, *hidden, *row_logits;
     float *pending;     // [PENDING_ROWS][N][E]: taps of plain steps not yet in the drafter context
+    int32_t pending_tokens[PENDING_ROWS];  // the tokens those steps ran (the MTP pairs them with the taps)
     int n_pending = 0;
+    int n_logged = 0;  // ints written to p.draft_log
     int32_t *dev_ids;  // greedy: the argmax of each target row, in backend memory
     std::vector<float> logit_row, conf, tree_U;
     const float *verify_rows = nullptr;  // sampled without a top-k: the last run_target's logit rows
@@ -345,10 +363,17 @@ struct SpecLoop {
           cap_from(p_.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p_.verify_cap_from), V(s_.model->hp.n_vocab),
           E(d_.hp.n_embd), N(d_.n_taps()), budget(p_.ddtree_budget ? p_.ddtree_budget : DEFAULT_DDTREE_BUDGET),
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
-          ctx(d_, n_prompt + p_.max_tokens + W + B + 1), heads(d_, q_max), ckpt(s_, W), dev(be),
+          ckpt(s_, W), dev(be),
           sampler{p_.temperature, p_.top_k, p_.top_p},
           top_k(be, W, backend_top_k(p_, V)), draft_top_k(be, q_max, proposal_top_k(p_, V)), rng(p_.seed),
           chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(make_policy(d_, p_, B)) {
+        const int cap = n_prompt + p.max_tokens + W + B + 1;
+        if (d.hp.kind == DRAFT_MTP) {
+            mtp = std::make_unique<MtpContext>(*s.model, cap);
+        } else {
+            ctx = std::make_unique<DraftContext>(d, cap);
+            heads = std::make_unique<DraftHeads>(d, q_max);
+        }
         taps = dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
         pending = dev.array<float>(size_t(PENDING_ROWS) * N * E);
@@ -432,7 +457,7 @@ struct SpecLoop {
             for (int c0 = 0, T = 0; c0 < n_prompt; c0 += T) {
                 T = prefill_chunk(s, c0, n_prompt, n_prompt - 1);
                 run_target(prompt + c0, T, T - 1);
-                draft_append_context(d, ctx, taps, T);
+                append_context(prompt + c0, taps, T);
             }
         }
         return p.max_tokens > 0 ? choose(0) : -1;
@@ -440,11 +465,12 @@ struct SpecLoop {
 
     // One token, features still captured (the policy's plain steps, and the last token of the budget).
     bool plain_step(int32_t &anchor, double t0) {
+        const int32_t ran = anchor;
         run_target(&anchor, 1, 0);
         anchor = choose(0);
         ++st.plain_steps;
         policy.after_plain(now_seconds() - t0);
-        defer_context();  // after the sample: a full buffer's append belongs to drafting
+        defer_context(ran);  // after the sample: a full buffer's append belongs to drafting
         return emit(&anchor, 1);
     }
 
@@ -452,14 +478,28 @@ struct SpecLoop {
     // next draft: while plain decoding wins, a context projection per token would make every plain
     // step pay for a drafter that does not run, and one append of many rows reads the drafter's
     // weights once. Output is unchanged: only the drafter's proposals read the context.
-    void defer_context() {
+    void defer_context(int32_t token) {
         const size_t row = size_t(N) * E;
         be.copy(pending + size_t(n_pending) * row, taps, row * sizeof(float));
+        pending_tokens[n_pending] = token;
         if (++n_pending == PENDING_ROWS) flush_context();
     }
     void flush_context() {
-        if (n_pending) draft_append_context(d, ctx, pending, n_pending);
+        if (n_pending) append_context(pending_tokens, pending, n_pending);
         n_pending = 0;
+    }
+    // n committed positions join the drafter's context: the tokens the target ran there and its
+    // taps [n][N][E] (backend memory).
+    void append_context(const int32_t *toks, const float *rows, int n) {
+        if (mtp) mtp_append(*mtp, toks, rows, int64_t(N) * E, n);
+        else draft_append_context(d, *ctx, rows, n);
+    }
+
+    // The draft_log test hook: q, then the step's proposals tokens[1..q], while they fit.
+    void log_drafts(int q) {
+        if (!p.draft_log || n_logged + q + 1 > p.draft_log_capacity) return;
+        p.draft_log[n_logged++] = q;
+        for (int i = 1; i <= q; ++i) p.draft_log[n_logged++] = tokens[size_t(i)];
     }
 
     // Acceptance of a chain verify (rule in the file header); returns n and sets the bonus.
@@ -487,8 +527,11 @@ struct SpecLoop {
     // Draft a chain of q proposals, verify [anchor, d_1..d_q], accept, roll back, commit.
     bool chain_step(int32_t &anchor, int q, double t0) {
         const int start = s.n_past, row0 = d.hp.sample_from_anchor ? 0 : 1;
-        draft_chain(d, heads, hidden + size_t(row0) * E, q, anchor, tokens.data() + 1, conf.data(),
-                    sampled ? &chain_sampling : nullptr);
+        if (mtp)
+            mtp_draft(*mtp, anchor, q, tokens.data() + 1, sampled ? &chain_sampling : nullptr);
+        else
+            draft_chain(d, *heads, hidden + size_t(row0) * E, q, anchor, tokens.data() + 1, conf.data(),
+                        sampled ? &chain_sampling : nullptr);
         for (int i = 1; i <= q; ++i) {  // test hook: proposals from a known continuation
             const int g = st.n_generated - 1 + i;  // generated index of draft i (the anchor is g - i)
             if (g < p.n_oracle_tokens) tokens[size_t(i)] = p.oracle_tokens[g];
@@ -499,6 +542,7 @@ struct SpecLoop {
                     q = i;
                     break;
                 }
+        log_drafts(q);
         const double t_drafted = now_seconds();
         tokens[0] = anchor;
         ckpt.attach();
@@ -511,7 +555,7 @@ struct SpecLoop {
         // verify's per-row checkpoints (attention only needs n_past lowered).
         if (n + 1 < q + 1) ckpt.restore(start, chain_rows.data(), n + 1);
         const double t_rolled = now_seconds();
-        draft_append_context(d, ctx, taps, n + 1);
+        append_context(tokens.data(), taps, n + 1);
         record_spec_step(st, q, n, q, t0, t_drafted, t_verified, t_rolled);
         policy.after_spec(q, n, now_seconds() - t0);
         tokens[size_t(n + 1)] = bonus;
@@ -528,7 +572,7 @@ struct SpecLoop {
         be.download(tree_U.data(), row_logits, size_t(q) * V * sizeof(float));
         // Nodes occupy cache slots start .. start+budget: stay inside the session's context.
         const int room = std::min(budget, s.n_ctx - start - 1);
-        std::vector<TreeNode> nodes = build_tree(d, heads, tree_U.data(), hidden + size_t(row0) * E, q, anchor, room);
+        std::vector<TreeNode> nodes = build_tree(d, *heads, tree_U.data(), hidden + size_t(row0) * E, q, anchor, room);
         const int T = int(nodes.size());
         // Test hook: the oracle continuation goes on the tree's first-child chain.
         for (int cur = 0, depth = 1; depth <= q; ++depth) {
@@ -580,10 +624,10 @@ struct SpecLoop {
             if (path[size_t(i)] != i)
                 be.copy(taps + size_t(i) * tap_row, taps + size_t(path[size_t(i)]) * tap_row, tap_row * sizeof(float));
         const double t_rolled = now_seconds();
-        draft_append_context(d, ctx, taps, n + 1);
+        for (int i = 1; i <= n; ++i) tokens[size_t(i)] = nodes[size_t(path[size_t(i)])].token;
+        append_context(tokens.data(), taps, n + 1);
         record_spec_step(st, T - 1, n, q, t0, t_drafted, t_verified, t_rolled);
         policy.after_spec(q, n, now_seconds() - t0);
-        for (int i = 1; i <= n; ++i) tokens[size_t(i)] = nodes[size_t(path[size_t(i)])].token;
         tokens[size_t(n + 1)] = bonus;
         anchor = bonus;
         return emit(tokens.data() + 1, n + 1);
@@ -600,8 +644,10 @@ struct SpecLoop {
         // Charged to this step: plain decoding alone would never append the deferred rows, so
         // catching up is part of what speculating costs (a probe after many plain steps pays most).
         flush_context();
-        block[0] = anchor;
-        draft_forward(d, ctx, block.data(), w, hidden);
+        if (!mtp) {  // the block drafters' one forward; the MTP drafts row by row in chain_step
+            block[0] = anchor;
+            draft_forward(d, *ctx, block.data(), w, hidden);
+        }
         return p.ddtree ? tree_step(anchor, q, t0) : chain_step(anchor, q, t0);
     }
 };
@@ -617,6 +663,8 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     // sequence has to go through this loop.
     if (s.n_past != 0)
         fail(LUCE_ERR_INVALID_ARGUMENT, "speculative decoding needs an empty session (%d positions are used)", s.n_past);
+    if (p.ddtree && d.hp.kind == DRAFT_MTP)
+        fail(LUCE_ERR_UNSUPPORTED, "DDTree needs a block drafter's proposal rows; MTP drafting is a chain (drop --ddtree)");
     if (p.ddtree && !s.model->backend->tree_mode())
         fail(LUCE_ERR_UNSUPPORTED, "DDTree tree verification needs tree-mode DeltaNet, which the %s backend does not "
              "have yet; use chain drafting (no --ddtree) or --device cpu", s.model->backend->name());

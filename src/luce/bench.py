@@ -187,7 +187,7 @@ def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, 
 VERIFY_MODES = ("chain", "tree")
 
 
-def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens: int, threads: list[int],
+def bench_speculative(model: Path, draft: Path | str, tests: list[Test], prompt_tokens: int, threads: list[int],
                       block_sizes: list[int | str], verify_modes: list[str], adaptive: bool, device: str,
                       reps: int, warmup: bool, seed: int = 0, prompt_set: list[str] | None = None,
                       sampling: Sampling = GREEDY, last_stats: list | None = None) -> list[Row]:
@@ -228,7 +228,7 @@ def bench_speculative(model: Path, draft: Path, tests: list[Test], prompt_tokens
                         label = (f"auto ({stats[0]['block_size']})" if stats[0]["block_auto"] else
                                  stats[0]["block_size"]) if block == "auto" else block or engine.draft_info.block_size
                         rows.append(Row(model.name, size_gib, f"luce {device}", t, test.name, mean, std, None,
-                                        reps, sampling=sampling.label, draft=draft.name,
+                                        reps, sampling=sampling.label, draft=Path(draft).name,
                                         block=label, verify=mode, tau=tau,
                                         acceptance=acc, speedup=mean / base[0], peak_mib=peak_mib(engine)))
     return rows

@@ -8,6 +8,7 @@
     with Engine("target.gguf", draft="drafter.gguf") as eng:   # speculative decoding
         g = eng.generate("Hello", max_tokens=64)     # draft_block_size="auto", or a number
         print(g.stats["tau"], g.stats["acceptance"], g.stats["block_size"])
+    with Engine("target.gguf", draft="mtp") as eng:            # the target's own MTP block drafts
 
 The engine owns one native model and one session (KV cache + DeltaNet state, `ctx_size`
 positions; `kv_cache="f16"` halves the attention cache at a ~1e-3 relative cost in accuracy). Every call to `generate` or `logits` starts from an empty context. The tokenizer and
@@ -90,7 +91,7 @@ class Generation:
 @dataclass(frozen=True)
 class DrafterInfo:
     """Mirror of luce_drafter_info (native/include/luce.h)."""
-    kind: str                  # DFlash | DFlash 2 | DSpark
+    kind: str                  # DFlash | DFlash 2 | DSpark | MTP
     n_layer: int
     block_size: int            # checkpoint horizon
     target_layer_ids: tuple
@@ -110,7 +111,9 @@ class DrafterInfo:
                    has_markov=bool(info.has_markov), has_confidence=bool(info.has_confidence))
 
 
-DRAFTER_KINDS = ("DFlash", "DFlash 2", "DSpark")
+DRAFTER_KINDS = ("DFlash", "DFlash 2", "DSpark", "MTP")
+# draft=MTP_DRAFT drafts with the target's own MTP block (no drafter file).
+MTP_DRAFT = "mtp"
 
 
 class Engine:
@@ -165,15 +168,21 @@ class Engine:
         self._session = sess[0]
         self.ctx_size = int(ctx_size)
         if draft is not None:
+            mtp = str(draft) == MTP_DRAFT
             try:
-                self._load_drafter(Path(draft))
+                if mtp:
+                    self._bind_mtp()
+                else:
+                    self._load_drafter(Path(draft))
             except BaseException:
                 self.close()
                 raise
             from luce import cost_cache
 
-            self._cost_key = cost_cache.cache_key(self.path, Path(draft),
-                                                  cost_cache.device_identity(self.device, threads))
+            # MTP's costs belong to the target file alone: its identity stands in the drafter's place.
+            device_id = cost_cache.device_identity(self.device, threads)
+            self._cost_key = cost_cache.cache_key(self.path, self.path if mtp else Path(draft),
+                                                  device_id + ("/mtp" if mtp else ""))
 
     def _check_tokenizer_arrays(self) -> None:
         """The target rules only Python applies (converters/target_rules.py; the native loader
@@ -186,6 +195,16 @@ class Engine:
                 check_tokenizer(f, self.info.n_vocab)
             except Refused as e:
                 raise LuceError(f"{self.path}: {e}", status=lib().LUCE_ERR_FORMAT) from None
+
+    def _bind_mtp(self) -> None:
+        """Draft with the target's own MTP block (the native side refuses a target without one,
+        naming the file)."""
+        out = ffi.new("luce_drafter **")
+        check(lib().luce_drafter_mtp(self._model, out), str(self.path))
+        self._drafter = out[0]
+        info = ffi.new("luce_drafter_info *")
+        check(lib().luce_drafter_get_info(self._drafter, info))
+        self.draft_info = DrafterInfo._from_native(info)
 
     def _load_drafter(self, path: Path) -> None:
         """Validate the drafter and the pair with `luce inspect`'s rules (the first error finding
@@ -347,7 +366,7 @@ class Engine:
                  draft_block_size: int | str = "auto", adaptive: bool = True,
                  dspark_confidence_threshold: float = 0.0, verify_cap_from: int = 0,
                  ddtree: bool = False, ddtree_budget: int = 0,
-                 oracle_tokens: Sequence[int] | None = None) -> Generation:
+                 oracle_tokens: Sequence[int] | None = None, draft_log: list | None = None) -> Generation:
         """Prefill the prompt, then decode up to max_tokens (greedy when temperature == 0).
 
         Exactly one of `prompt` (text) and `prompt_ids` is given. on_text(str) receives decoded
@@ -355,7 +374,8 @@ class Engine:
         With a drafter loaded (and speculative=True) decoding is speculative; the knobs are those
         of luce_generate_params (0 = default). draft_block_size="auto" lets the cost model choose
         each step's block width; a number is exactly that width (0: the drafter's checkpoint
-        value). oracle_tokens is a test hook (see luce.h)."""
+        value). oracle_tokens and draft_log are test hooks (see luce.h): a draft_log list receives
+        each chain step's proposals, one list per step."""
         if (prompt is None) == (prompt_ids is None):
             raise LuceError("give exactly one of prompt and prompt_ids")
         ids = self._ids_array(prompt_ids if prompt is None else self.encode_prompt(prompt, chat=chat))
@@ -377,6 +397,11 @@ class Engine:
             "dspark_confidence_threshold": float(dspark_confidence_threshold),
             "verify_cap_from": int(verify_cap_from), "ddtree": int(ddtree), "ddtree_budget": int(ddtree_budget),
             "oracle_tokens": oracle_buf, "n_oracle_tokens": len(oracle)})
+        # A step writes q + 1 ints (q <= 32 proposals) and commits at least one token.
+        log_capacity = max(1, max_tokens) * 34 if draft_log is not None else 0
+        log_buf = ffi.new("int32_t[]", max(1, log_capacity))
+        if draft_log is not None:
+            params.draft_log, params.draft_log_capacity = log_buf, log_capacity
         drafter = self._drafter if (speculative and self._drafter is not None) else ffi.NULL
         prior = self._cost_prior(params) if drafter != ffi.NULL else None
         out_tokens = ffi.new("int32_t[]", max(1, max_tokens))
@@ -407,6 +432,8 @@ class Engine:
             if tail:
                 on_text(tail)
         tokens = [out_tokens[i] for i in range(stats.n_generated)]
+        if draft_log is not None:
+            draft_log.extend(_read_draft_log(log_buf, log_capacity))
         speculative_run = drafter != ffi.NULL
         result = _stats_dict(stats, speculative_run)
         if speculative_run:
@@ -453,6 +480,17 @@ SPEC_STATS = ("spec_steps", "plain_steps", "n_drafted", "n_accepted", "full_acce
               "verify_seconds", "rollback_seconds", "plain_step_seconds", "spec_step_seconds",
               "step_cost_ratio", "expected_speedup", "achieved_speedup")
 WIDTH_STATS = ("width_seconds", "width_model_seconds", "width_tokens")  # by block rows 0..32
+
+
+def _read_draft_log(buf, capacity: int) -> list[list[int]]:
+    """luce_generate_params.draft_log as one list of proposals per step (a step's q is >= 1; the
+    buffer is zeroed past the last step)."""
+    steps, i = [], 0
+    while i < capacity and buf[i] > 0:
+        q = buf[i]
+        steps.append([buf[i + 1 + j] for j in range(q)])
+        i += q + 1
+    return steps
 
 
 def _block_size_param(value) -> tuple[int, bool]:
