@@ -140,6 +140,31 @@ struct RawUnit<TYPE, true> {  // the 1-3-bit types: their block and the unit in 
     const uint8_t *block;
     int j;
 };
+// The 1-3-bit types of the published 2- and 3-bit recipes, whose units are fetched ahead as
+// words like the types above (the others' decode_unit reads its block's bytes where it is).
+__host__ __device__ constexpr bool lowbit_fetched(int type) {
+    return type == GGML_Q2_K || type == GGML_IQ2_XXS || type == GGML_IQ3_XXS || type == GGML_IQ3_S;
+}
+template <>
+struct RawUnit<GGML_Q2_K, true> {  // 84-byte blocks, word-aligned: the unit's 32 bytes of qs (four
+    uint32_t qs[8], sc, dd;          // units' 2-bit fields), the word holding its two scale bytes, d|dmin
+};
+template <>
+struct RawUnit<GGML_IQ2_XXS, true> {  // 66-byte blocks, 2-byte aligned: the unit's 8 bytes (grid | aux)
+    uint32_t w[3], shift;
+    uint16_t d;
+};
+template <>
+struct RawUnit<GGML_IQ3_XXS, true> {  // 98-byte blocks: the unit's 8 grid bytes and its aux word
+    uint32_t qs[3], aux[2], shift;
+    uint16_t d;
+};
+template <>
+struct RawUnit<GGML_IQ3_S, true> {  // 110-byte blocks: 8 grid bytes, 4 sign bytes, qh and scale bytes
+    uint32_t qs[3], signs[2], shift;
+    uint16_t d;
+    uint8_t qh, scale;
+};
 template <>
 struct RawUnit<GGML_Q4_K> {  // f16 d, f16 dmin, u8 scales[12]; the 32 bytes of nibbles holding the unit
     uint4 head, qs[2];
@@ -172,9 +197,30 @@ __device__ __forceinline__ uint32_t fetch_words_a2(const uint8_t *p, uint32_t (&
     return shift;
 }
 
-// Word i of the run fetch_words_a2 fetched.
-__device__ __forceinline__ uint32_t word_a2(const uint32_t (&w)[9], uint32_t shift, int i) {
+// The aligned words around the 2-byte-aligned 4N bytes at p: N words, and when p is not
+// 4-aligned the first half of one more (a whole word would reach 2 bytes past the run).
+template <int N>
+__device__ __forceinline__ uint32_t fetch_run_a2(const uint8_t *p, uint32_t (&w)[N + 1]) {
+    const uint32_t shift = (reinterpret_cast<uintptr_t>(p) & 2) ? 16u : 0u;
+    const uint32_t *a = reinterpret_cast<const uint32_t *>(p - shift / 8);
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = a[i];
+    w[N] = shift ? uint32_t(*reinterpret_cast<const uint16_t *>(a + N)) : 0u;
+    return shift;
+}
+
+// Word i of a run fetch_words_a2 or fetch_run_a2 fetched.
+template <int N>
+__device__ __forceinline__ uint32_t word_a2(const uint32_t (&w)[N], uint32_t shift, int i) {
     return uint32_t(((uint64_t(w[i + 1]) << 32) | w[i]) >> shift);
+}
+
+// Four grid magnitudes (bytes of mag, each >= 1: every IQ2 / IQ3 grid entry is) with the signs of
+// bits 0-3 of `bits` (set: negative): where a bit is set, (mag ^ 0xFF) + 1 = 256 - mag, the
+// byte's negation, which cannot carry into the next byte since mag >= 1.
+__device__ __forceinline__ uint32_t signed_grid4(uint32_t mag, uint32_t bits) {
+    const uint32_t ones = ((bits & 0xFu) * 0x00204081u) & 0x01010101u;  // bit e -> byte e's bit 0
+    return (mag ^ (ones * 0xFFu)) + ones;
 }
 
 // Byte i (0..11, run-time) of the three words w0 w1 w2, without indexing a register array.
@@ -240,6 +286,26 @@ __device__ __forceinline__ void fetch_group_unit(const uint8_t *g, int j, RawUni
         const uint2 *q2 = reinterpret_cast<const uint2 *>(g + 8 + 16 * j);  // 8-byte aligned: 8-byte loads
         r.head = *reinterpret_cast<const uint2 *>(g);
         r.lo = q2[0], r.hi = q2[1];
+    } else if constexpr (TYPE == GGML_Q2_K) {
+        const uint32_t *w = reinterpret_cast<const uint32_t *>(g);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.qs[i] = w[4 + 8 * (j / 4) + i];  // qs at byte 16 + 32 (j / 4)
+        r.sc = w[j / 2];                                               // scales[2j], scales[2j + 1]
+        r.dd = w[20];                                                  // d, dmin at byte 80
+    } else if constexpr (TYPE == GGML_IQ2_XXS) {
+        r.d = u16_at(g);
+        r.shift = fetch_run_a2<2>(g + 2 + 8 * j, r.w);
+    } else if constexpr (TYPE == GGML_IQ3_XXS) {
+        // qs at 2 + 8j and aux at 66 + 4j have the same parity: one shift serves both.
+        r.d = u16_at(g);
+        r.shift = fetch_run_a2<2>(g + 2 + 8 * j, r.qs);
+        fetch_run_a2<1>(g + 66 + 4 * j, r.aux);
+    } else if constexpr (TYPE == GGML_IQ3_S) {
+        r.d = u16_at(g);
+        r.shift = fetch_run_a2<2>(g + 2 + 8 * j, r.qs);
+        fetch_run_a2<1>(g + 74 + 4 * j, r.signs);
+        r.qh = g[66 + j];
+        r.scale = g[106 + j / 2];
     } else if constexpr (is_lowbit_type(TYPE)) {
         // Blocks of 50-110 bytes, mostly only 2-byte aligned: decode_unit reads the bytes it needs
         // (quants_lowbit.h). No loads in flight ahead of the decode, unlike the types above.
@@ -250,6 +316,57 @@ __device__ __forceinline__ void fetch_group_unit(const uint8_t *g, int j, RawUni
 template <int TYPE>
 __device__ __forceinline__ void fetch_unit(const uint8_t *row, int u, RawUnit<TYPE> &r) {
     fetch_group_unit<TYPE>(row + int64_t(group_bytes(TYPE)) * (u / SLOTS), u % SLOTS, r);
+}
+
+// Unit j of a fetched low-bit block: the integers and scales lowbit_unit_int gives (the CPU's
+// contract, quants_lowbit.h), from registers. sc0 / sc1 carry Q2_K's 4-bit min in bits 8-11.
+template <int TYPE>
+__device__ __forceinline__ void decode_fetched_lowbit(const RawUnit<TYPE> &r, int j, Unit &un) {
+    if constexpr (TYPE == GGML_Q2_K) {
+        const int shift = 2 * (j % 4);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) un.q[i] = (r.qs[i] >> shift) & 0x03030303u;
+        const uint32_t sc = r.sc >> (16 * (j & 1));
+        un.s.d = f16_bits(r.dd & 0xFFFF);
+        un.s.dmin = f16_bits(r.dd >> 16);
+        un.s.sc0 = int(sc & 0xF) + int((sc >> 4) & 0xF) * 256;
+        un.s.sc1 = int((sc >> 8) & 0xF) + int((sc >> 12) & 0xF) * 256;
+    } else if constexpr (TYPE == GGML_IQ2_XXS) {
+        const uint32_t grid = word_a2(r.w, r.shift, 0), aux = word_a2(r.w, r.shift, 1);
+        un.s.d = f16_bits(r.d) * 0.125f;
+        un.s.sc0 = un.s.sc1 = 2 * int(aux >> 28) + 1;
+        un.s.dmin = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint64_t entry = kIq2xxsGrid[(grid >> (8 * k)) & 0xFF];
+            const uint32_t signs = kIq2Signs[(aux >> (7 * k)) & 127];
+            un.q[2 * k] = signed_grid4(uint32_t(entry), signs);
+            un.q[2 * k + 1] = signed_grid4(uint32_t(entry >> 32), signs >> 4);
+        }
+    } else if constexpr (TYPE == GGML_IQ3_XXS) {
+        const uint32_t q0 = word_a2(r.qs, r.shift, 0), q1 = word_a2(r.qs, r.shift, 1);
+        const uint32_t aux = word_a2(r.aux, r.shift, 0);
+        un.s.d = f16_bits(r.d) * 0.25f;
+        un.s.sc0 = un.s.sc1 = 2 * int(aux >> 28) + 1;
+        un.s.dmin = 0.f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t code = ((k < 4 ? q0 : q1) >> (8 * (k % 4))) & 0xFF;
+            const uint32_t signs = kIq2Signs[(aux >> (7 * (k / 2))) & 127] >> (4 * (k % 2));
+            un.q[k] = signed_grid4(kIq3xxsGrid[code], signs);
+        }
+    } else if constexpr (TYPE == GGML_IQ3_S) {
+        const uint32_t q0 = word_a2(r.qs, r.shift, 0), q1 = word_a2(r.qs, r.shift, 1);
+        const uint32_t signs = word_a2(r.signs, r.shift, 0);
+        un.s.d = f16_bits(r.d);
+        un.s.sc0 = un.s.sc1 = 1 + 2 * int((r.scale >> (4 * (j % 2))) & 0xF);
+        un.s.dmin = 0.f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t code = ((k < 4 ? q0 : q1) >> (8 * (k % 4))) & 0xFF;
+            un.q[k] = signed_grid4(kIq3sGrid[code | ((uint32_t(r.qh) >> k) & 1) << 8], signs >> (4 * k));
+        }
+    }
 }
 
 // cb: the IQ4_NL codebook (load_codebook), used by IQ4_XS only. u >= 0: `u & 7` is its unit in
@@ -290,6 +407,8 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
         un.s.sc0 = int8_t(r.sc & 0xFF);
         un.s.sc1 = int8_t(r.sc >> 8);
         un.s.d = f16_bits(r.d);
+    } else if constexpr (lowbit_fetched(TYPE)) {
+        decode_fetched_lowbit<TYPE>(r, u & 7, un);
     } else if constexpr (is_lowbit_type(TYPE)) {
         // Integer q and scales (quants_lowbit.h, lowbit_unit_int). sc0 / sc1: the halves' scales,
         // each with its min (Q2_K, 4 bits) in bits 8-11.

@@ -180,7 +180,7 @@ struct Int8Launch {
 
     // Decode keeps four units per lane in flight (eight on long rows, whose matrices have few
     // rows: fewer lanes to spread the loads over; two for Q4_K / Q5_K, whose raw units are
-    // large; for Q6_K a whole row's worth on rows of one part, four on longer ones, which spill
+    // large, and for the 1-3-bit types that decode_unit reads in place (int8_units.cuh); for Q6_K a whole row's worth on rows of one part, four on longer ones, which spill
     // at eight under min_blocks_per_sm's bound);
     // wider steps keep two and apply each to a tile of up to 32 tokens: 2, 4, 8, 16 or 32, the
     // smallest that holds the step, so every verify width reads each weight once (HIP, which has
@@ -193,7 +193,7 @@ struct Int8Launch {
         if constexpr (act_block_of(TYPE) == 0) {
             fail(LUCE_ERR_INTERNAL, "int8 matmul called for float type %d", TYPE);
         } else {
-            constexpr bool light = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0;
+            constexpr bool light = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 || lowbit_fetched(TYPE);
             if (T == 1) {
                 if constexpr (light) {
                     // FFN down's rows (17 units a lane) in two rounds of 9 + 8 instead of 8 + 8 + 1
