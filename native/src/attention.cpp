@@ -22,11 +22,18 @@ void attention_mixer(Session &s, int il, int T) {
     const Backend::MatmulOut proj[] = {{&w.q, b.qg, 2 * int64_t(H) * D}, {&w.k, b.k, int64_t(Hkv) * D},
                                        {&w.v, b.v, int64_t(Hkv) * D}};
     be.matmuls(b.cur, T, proj, 3);
-    KvLayer &kv = s.kv[size_t(il)];
-    // Tree verify: nodes are stored at their slots and see only their ancestors (session.h).
-    be.qk_norm_rope_store(b.qg, w.q_norm.data(), b.q, b.k, w.k_norm.data(), b.v, kv, b.pos,
-                          s.tree ? b.tree_slot : b.pos, T, H, Hkv, D, hp.n_rot, hp.rope_theta, hp.rms_eps);
-    be.attention(b.q, kv, b.pos, s.tree ? b.tree_mask : nullptr, T, H, Hkv, D, b.attn);
+    // Each sequence of the step against its own cache; rows r.. of every buffer are its rows.
+    const int64_t qg_w = 2 * int64_t(H) * D, q_w = int64_t(H) * D, kv_w = int64_t(Hkv) * D;
+    for (const StepSegment &seg : step_segments(s, T)) {
+        KvLayer &kv = (*seg.kv)[size_t(il)];
+        const int64_t r = seg.row0;
+        // Tree verify: nodes are stored at their slots and see only their ancestors (session.h).
+        be.qk_norm_rope_store(b.qg + r * qg_w, w.q_norm.data(), b.q + r * q_w, b.k + r * kv_w, w.k_norm.data(),
+                              b.v + r * kv_w, kv, b.pos + r, s.tree ? b.tree_slot : b.pos + r, seg.T, H, Hkv, D,
+                              hp.n_rot, hp.rope_theta, hp.rms_eps);
+        be.attention(b.q + r * q_w, kv, b.pos + r, s.tree ? b.tree_mask : nullptr, seg.T, H, Hkv, D,
+                     b.attn + r * q_w);
+    }
     be.mul_sigmoid(b.attn, b.qg + D, 2 * D, T * H, D);  // gate_h sits right after q_h
     be.matmul(w.o, b.attn, T, b.mix, E);
 }

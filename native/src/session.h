@@ -85,6 +85,16 @@ struct TreeStep {
     const uint8_t *mask = nullptr;
 };
 
+// One sequence's rows of a batched step (batch.cpp): rows [row0, row0 + T) of the step buffers
+// hold that sequence's new tokens at positions n_past .. n_past+T-1, read and written against its
+// own KV layers and recurrent state. The weight matmuls run over all rows at once; attention, conv
+// and the delta rule run per segment.
+struct StepSegment {
+    std::vector<KvLayer> *kv = nullptr;
+    std::vector<RecurrentState> *recurrent = nullptr;
+    int n_past = 0, row0 = 0, T = 0;
+};
+
 struct Session {
     Model *model = nullptr;
     int n_ctx = 0;
@@ -93,13 +103,18 @@ struct Session {
     std::vector<RecurrentState> recurrent; // per main layer (unused for attention layers)
     StepBuffers buf;
     const TreeStep *tree = nullptr;        // set only around a tree-verify forward_step
+    // Set only around a batched forward_step (batch.cpp): the step's rows belong to these
+    // sequences, not to this session's own state, and n_past is left alone.
+    const std::vector<StepSegment> *segments = nullptr;
     std::vector<void *> allocations;
 
     bool kv_f16 = false;
     int prefill_step = PREFILL_STEP;  // tokens per prompt chunk; the step buffers' rows
     uint64_t graph_id = 0;  // distinguishes this session's step graphs from another's (forward.cpp)
 
-    Session(Model *m, int n_ctx, bool kv_f16);
+    // own_state = false: step buffers only; the KV layers and recurrent state stay null, for a
+    // batch (batch.cpp) whose sequences bring their own.
+    Session(Model *m, int n_ctx, bool kv_f16, bool own_state = true);
     ~Session();
     Session(const Session &) = delete;
     Session &operator=(const Session &) = delete;
@@ -119,6 +134,9 @@ struct Session {
     void restore(const Snapshot &in);
 };
 
+// Zeroes the conv and delta-rule state of every recurrent layer (a sequence starting afresh).
+void clear_recurrent_state(const Model &m, std::vector<RecurrentState> &recurrent);
+
 // PREFILL_STEP, or LUCE_PREFILL_STEP when set (an integer in MAX_STEP..MAX_PREFILL_STEP).
 int prefill_step_setting();
 
@@ -134,6 +152,9 @@ const float *forward_step_rows(Session &s, const int32_t *tokens, int T, int log
 // One greedy decode step of `token`: returns the argmax of its logits (ties -> lowest id),
 // computed by the backend so only the index leaves the device.
 int32_t forward_step_greedy(Session &s, int32_t token);
+
+// The segments of a step: s.segments, or the whole step on the session's own state.
+std::vector<StepSegment> step_segments(Session &s, int T);
 
 // Layer mixers (attention.cpp, deltanet.cpp): read s.buf.cur [T][E], write s.buf.mix [T][E].
 void attention_mixer(Session &s, int layer, int T);
