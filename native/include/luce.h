@@ -286,7 +286,9 @@ void luce_batch_free(luce_batch *batch);
 
 /* One prompt of a batch run: its own params (max_tokens, sampling, seed, stop ids; the
    speculative fields are ignored), output buffer (capacity >= max_tokens) and stats (may be
-   NULL; n_generated counts the tokens in out_tokens). */
+   NULL; n_generated counts the tokens in out_tokens; decode_seconds is wall time from the end of
+   its prefill to its last token, steps shared with the other sequences and pauses for their
+   prefills included). */
 typedef struct {
     const int32_t *prompt;
     int32_t n_prompt;

@@ -29,6 +29,13 @@ size_t kv_page_bytes(const Hparams &hp, int n_ctx, bool f16) {
     return size_t(std::max(max_hkv, 1)) * size_t(n_ctx) * size_t(hp.head_dim) * (f16 ? 2 : 4);
 }
 
+// n_parallel, once it is known to be in 1..MAX_STEP (checked before anything is allocated for it).
+int checked_parallel(int n_parallel) {
+    if (n_parallel < 1 || n_parallel > MAX_STEP)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "n_parallel %d is not in 1..%d", n_parallel, MAX_STEP);
+    return n_parallel;
+}
+
 int attention_layers(const Hparams &hp) {
     return int(std::count(hp.recurrent.begin(), hp.recurrent.end(), false));
 }
@@ -37,12 +44,10 @@ int attention_layers(const Hparams &hp) {
 
 BatchRunner::BatchRunner(Model *m, int n_parallel, int n_ctx, bool kv_f16)
     : model_(m),
-      n_ctx_(n_ctx),
+      n_ctx_((checked_parallel(n_parallel), n_ctx)),
       kv_f16_(kv_f16),
       worker_(m, n_ctx, kv_f16, /*own_state=*/false),
       pool_(*m->backend, kv_page_bytes(m->hp, n_ctx, kv_f16), std::max(1, 2 * attention_layers(m->hp) * n_parallel)) {
-    if (n_parallel < 1 || n_parallel > MAX_STEP)
-        fail(LUCE_ERR_INVALID_ARGUMENT, "n_parallel %d is not in 1..%d", n_parallel, MAX_STEP);
     const Hparams &hp = m->hp;
     Backend &be = *m->backend;
     const size_t n_conv = size_t(hp.ssm_conv - 1) * size_t(hp.conv_channels());
