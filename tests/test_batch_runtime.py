@@ -56,6 +56,8 @@ def test_batch_greedy_equals_one_by_one(engine, parallel):
     assert [len(t) for t in expected] == BUDGETS
     assert sorted(finished) == list(range(len(PROMPTS)))  # each result reported once, as it finished
     assert all(g.stats["parallel"] == parallel and g.prompt_tokens == len(p) for g, p in zip(results, PROMPTS))
+    single = engine.generate(prompt_ids=PROMPTS[0], max_tokens=2, ignore_eos=True)
+    assert set(results[0].stats) == set(single.stats) | {"parallel"}  # the same result record, and its width
 
 
 def test_batch_stops_each_sequence_at_its_end_of_generation_id(tmp_path, engine):

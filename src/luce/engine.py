@@ -503,7 +503,8 @@ class Engine:
                 tokens = [r.out_tokens[k] for k in range(r.stats.n_generated)]
                 results[index] = Generation(text=self.tokenizer.decode(tokens) if tokens else "", tokens=tokens,
                                             prompt_tokens=r.n_prompt,
-                                            stats=_stats_dict(r.stats) | {"parallel": n_parallel})
+                                            stats=_stats_dict(r.stats) | {"parallel": n_parallel}
+                                            | self._memory_stats())
                 if on_result is not None:
                     on_result(index, results[index])
                 return 0
@@ -520,8 +521,7 @@ class Engine:
         if failure:
             raise failure[0]
         check(status)
-        memory = self._memory_stats()
-        return [Generation(g.text, g.tokens, g.prompt_tokens, g.stats | memory) for g in results]
+        return results
 
     def _cost_prior(self, params):
         """Seed params with the cost cache's entry for this target, drafter and device; returns
