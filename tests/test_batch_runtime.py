@@ -131,14 +131,18 @@ prompts, budgets = json.loads(sys.argv[2]), json.loads(sys.argv[3])
 with Engine(sys.argv[1], device="gpu", ctx_size=256) as eng:
     single = [eng.generate(prompt_ids=p, max_tokens=m, ignore_eos=True).tokens for p, m in zip(prompts, budgets)]
     batch = [g.tokens for g in eng.generate(prompt_ids=prompts, max_tokens=budgets, parallel=3, ignore_eos=True)]
-print(json.dumps({"device": eng.device, "single": single, "batch": batch}))
+    kw = dict(temperature=0.9, top_k=20, seed=5, ignore_eos=True)
+    sampled = [eng.generate(prompt_ids=p, max_tokens=m, **kw).tokens for p, m in zip(prompts, budgets)]
+    sampled_batch = [g.tokens for g in eng.generate(prompt_ids=prompts, max_tokens=budgets, parallel=3, **kw)]
+print(json.dumps({"device": eng.device, "single": single, "batch": batch, "sampled": sampled,
+                  "sampled_batch": sampled_batch}))
 """
 
 
 def test_batch_on_the_emulated_cuda_backend(tiny_path):
     """The batched step only calls Backend ops, so the GPU backend runs it as it is: on the emulated
     CUDA path (a child process: the GPU library stays loaded once loaded) the batch equals the GPU's
-    own one-by-one decoding, graph-replayed steps included."""
+    own one-by-one decoding, graph-replayed steps included, greedy and seeded top-k sampling."""
     if not EMU_CUDA.exists():
         pytest.fail(f"{EMU_CUDA} is missing: `make gpu-emu-cuda` builds it (`make test` does)")
     prompts, budgets = PROMPTS[:5], [6, 9, 3, 0, 5]
@@ -149,6 +153,7 @@ def test_batch_on_the_emulated_cuda_backend(tiny_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["device"] == "gpu"
     assert out["batch"] == out["single"] and [len(t) for t in out["single"]] == budgets
+    assert out["sampled_batch"] == out["sampled"] and out["sampled"] != out["single"]
 
 
 def _prompt_file(tmp_path: Path) -> Path:

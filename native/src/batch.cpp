@@ -15,7 +15,6 @@
 #include <algorithm>
 
 #include "errors.h"
-#include "generate.h"
 
 namespace luce {
 
@@ -108,8 +107,12 @@ void BatchRunner::admit(Slot &slot, int index, const luce_batch_request &r) {
     slot.stats = luce_generate_stats{};
     slot.stats.n_prompt = r.n_prompt;
     slot.sampler.reset();
-    if (p.temperature > 0.f)
+    slot.top_k.reset();
+    if (p.temperature > 0.f) {
         slot.sampler = std::make_unique<Sampler>(SamplerParams{p.temperature, p.top_k, p.top_p}, p.seed, hp.n_vocab);
+        // As generate() decodes: the k best ranked where the logits are, only they come back.
+        if (const int k = backend_top_k(p, hp.n_vocab)) slot.top_k = std::make_unique<TopKRows>(be, 1, k);
+    }
 
     // The prompt runs in the worker session on the slot's own state (swapped back on any exit).
     struct StateSwap {
@@ -193,7 +196,13 @@ void BatchRunner::decode_step(const std::vector<Slot *> &active) {
             slot.next = picks[i];
             continue;
         }
-        be.download(host_row_.data(), rows + int64_t(i) * V, size_t(V) * sizeof(float));
+        const float *row = rows + int64_t(i) * V;
+        if (slot.top_k) {
+            slot.top_k->fetch(row, 1, V);
+            slot.next = slot.sampler->sample_ranked(slot.top_k->ids(0), slot.top_k->values(0), slot.top_k->k());
+            continue;
+        }
+        be.download(host_row_.data(), row, size_t(V) * sizeof(float));
         slot.next = slot.sampler->sample(host_row_.data());
     }
 }

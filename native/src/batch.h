@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "generate.h"
 #include "kv_pool.h"
 #include "luce.h"
 #include "sampling.h"
@@ -31,6 +32,7 @@ private:
         int n_past = 0;
         int32_t next = -1;                     // chosen, not yet committed
         std::unique_ptr<Sampler> sampler;      // temperature > 0 only
+        std::unique_ptr<TopKRows> top_k;       // a sampled run's backend top-k (backend_top_k), else null
         luce_generate_stats stats{};
         double decode_start = 0;
     };
