@@ -4,6 +4,7 @@
     with Engine("target.gguf", threads=4) as eng:
         print(eng.generate("Hello", max_tokens=32).text)
         logits = eng.logits([1, 2, 3])          # [3, n_vocab] float32
+        outs = eng.generate(["a", "b", "c"], max_tokens=32, parallel=2)   # continuous batching
 
     with Engine("target.gguf", draft="drafter.gguf") as eng:   # speculative decoding
         g = eng.generate("Hello", max_tokens=64)     # draft_block_size="auto", or a number
