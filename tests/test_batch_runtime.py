@@ -60,6 +60,21 @@ def test_batch_greedy_equals_one_by_one(engine, parallel):
     assert set(results[0].stats) == set(single.stats) | {"parallel"}  # the same result record, and its width
 
 
+def test_batch_with_an_f16_cache_equals_one_by_one_in_half_the_pages(tiny_path):
+    """With kv_cache="f16" the slots' KV pages hold half floats: the same tokens as one-by-one f16
+    generation, and the peak memory of a batch of two slots is less than the f32 engine's by half
+    the cache of three sequences (the engine's session and both slots' pages)."""
+    peak, info = {}, None
+    for kv in ("f32", "f16"):
+        with Engine(tiny_path, threads=2, ctx_size=256, kv_cache=kv) as eng:
+            expected = one_by_one(eng, PROMPTS, BUDGETS, ignore_eos=True)
+            got = eng.generate(prompt_ids=PROMPTS, max_tokens=BUDGETS, parallel=2, ignore_eos=True)
+            assert [g.tokens for g in got] == expected
+            peak[kv], info = eng.memory().peak_bytes, eng.info
+    kv_f32_per_sequence = 2 * info.n_full_attention * info.n_head_kv * 256 * info.head_dim * 4
+    assert peak["f32"] - peak["f16"] == 3 * kv_f32_per_sequence // 2
+
+
 def test_batch_stops_each_sequence_at_its_end_of_generation_id(tmp_path, engine):
     """The same weights with an EOS id that one prompt's output reaches: that sequence stops
     before it (as one-by-one does) while the others run on."""
