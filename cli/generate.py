@@ -17,7 +17,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from luce.batch import ResultLog, generate_record, read_prompt_jobs, result_record
-from luce.engine import DEFAULT_CTX_SIZE, DEFAULT_MAX_TOKENS, DEVICES
+from luce.engine import DEFAULT_CTX_SIZE, DEFAULT_MAX_TOKENS, DEVICES, MAX_PARALLEL
 from luce.errors import LuceError
 
 stderr = Console(stderr=True)
@@ -200,6 +200,9 @@ class Stream:
                    "instance); one engine per GPU, else per CPU worker.")
 @click.option("--ray-workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --ray: engine actors (0: one per GPU of the cluster, else CPUs / --threads).")
+@click.option("--parallel", type=click.IntRange(1, MAX_PARALLEL), default=1, show_default=True, metavar="N",
+              help=f"With --prompts: N sequences in flight (1..{MAX_PARALLEL}), one forward per decode step over all "
+                   "of them (continuous batching); 1 runs the prompts one after another.")
 @click.option("--prompt-ids", metavar="1,2,3", help="Raw prompt token ids (debugging, parity checks).")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=DEFAULT_MAX_TOKENS, show_default=True,
               help="Most tokens to generate.")
@@ -237,7 +240,7 @@ class Stream:
               show_default=True, help="DSpark: cut the chain at the first confidence below this (0: off).")
 @click.option("--verify-cap", type=click.IntRange(min=0), default=DEFAULT_VERIFY_CAP, show_default=True,
               help="From this many committed tokens, verify at most max(8, block/2) rows (0: never cap).")
-def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_address, ray_workers, prompt_ids, max_tokens, temperature, top_k,
+def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_address, ray_workers, parallel, prompt_ids, max_tokens, temperature, top_k,
             top_p, seed, ignore_eos, chat, device, threads, ctx_size, as_json, draft, draft_block_size, ddtree,
             ddtree_budget, no_adaptive, dspark_confidence_threshold, verify_cap):
     """Generate text with a qwen35 target model, plain or speculative (--draft).
@@ -262,6 +265,12 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
         raise click.UsageError("--output goes with --prompts")
     if (ray_address is not None or ray_workers) and prompts_file is None:
         raise click.UsageError("--ray and --ray-workers spread a --prompts batch; give --prompts FILE.jsonl")
+    if parallel > 1 and (prompts_file is None or ray_address is not None):
+        raise click.UsageError("--parallel runs a --prompts batch in this process; give --prompts FILE.jsonl "
+                               "(without --ray)")
+    if parallel > 1 and draft is not None:
+        raise click.UsageError("--parallel > 1 does not combine with --draft yet (speculative decoding inside "
+                               "a batch is not implemented): drop one of them")
     if ray_workers and ray_address is None:
         raise click.UsageError("--ray-workers goes with --ray")
     if resume and output_file is None:
@@ -310,7 +319,11 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
             return
         with open_engine(model, device, threads, ctx_size, draft) as engine:
             if prompts_file is not None:
-                run_batch(lambda todo, *args: run_in_order(engine, todo, *args), jobs, settings, log, as_json)
+                if parallel > 1:
+                    run_batch(lambda todo, *args: run_parallel(engine, parallel, todo, *args), jobs, settings, log,
+                              as_json)
+                else:
+                    run_batch(lambda todo, *args: run_in_order(engine, todo, *args), jobs, settings, log, as_json)
                 if not as_json:
                     note_cpu_fallback(engine)
             elif as_json:
@@ -362,6 +375,35 @@ def run_in_order(engine, todo, settings: dict, write, progress) -> None:
         record = generate_record(engine, job, settings)
         write(record)
         progress(record)
+
+
+def run_parallel(engine, parallel: int, todo, settings: dict, write, progress) -> None:
+    """--parallel N: the prompts through the engine's continuous batching, N sequences in flight;
+    each result is written as its sequence finishes (a finished slot takes the next prompt at once).
+    A prompt the engine refuses (empty, or longer than the context with -n) gets its error line
+    first and stays out of the batch."""
+    runnable, ids_list = [], []
+    for job in todo:
+        try:
+            ids = engine.encode_prompt(job.prompt, chat=settings["chat"])
+            engine.check_fits(ids, settings["max_tokens"])
+        except LuceError as e:
+            record = {"id": job.id, "index": job.index, "error": str(e)}
+            write(record)
+            progress(record)
+            continue
+        runnable.append(job)
+        ids_list.append(ids)
+    if not runnable:
+        return
+
+    def on_result(i: int, gen) -> None:
+        record = {"id": runnable[i].id, "index": runnable[i].index} | result_record(gen)
+        write(record)
+        progress(record)
+
+    options = {key: value for key, value in settings.items() if key != "chat"}
+    engine.generate(prompt_ids=ids_list, parallel=min(parallel, len(ids_list)), on_result=on_result, **options)
 
 
 class BatchProgress:

@@ -280,6 +280,43 @@ luce_status luce_generate(luce_session *session, luce_drafter *drafter,
                           int32_t *out_tokens, int32_t out_capacity,
                           luce_generate_stats *stats);
 
+/* ---- batch: many sequences in one forward (continuous batching) ----------------------------- */
+
+/* Up to n_parallel sequences (1 .. 64) in flight, each with n_ctx positions of its own (KV pages
+   from one pool, DeltaNet state per sequence). Each decode step runs one forward over the newest
+   token of every active sequence: the weight matmuls over all their rows at once, attention and
+   the DeltaNet recurrence per sequence. A prompt is prefilled alone when it enters a free slot.
+   Greedy tokens equal luce_generate's, token for token. Free before luce_model_free. */
+typedef struct luce_batch luce_batch;
+
+luce_status luce_batch_create(luce_model *model, int32_t n_parallel, int32_t n_ctx, int32_t kv_type,
+                              luce_batch **out);
+void luce_batch_free(luce_batch *batch);
+
+/* One prompt of a batch run: its own params (max_tokens, sampling, seed, stop ids; the
+   speculative fields are ignored), output buffer (capacity >= max_tokens) and stats (may be
+   NULL; n_generated counts the tokens in out_tokens; decode_seconds is wall time from the end of
+   its prefill to its last token, steps shared with the other sequences and pauses for their
+   prefills included). */
+typedef struct {
+    const int32_t *prompt;
+    int32_t n_prompt;
+    const luce_generate_params *params;
+    int32_t *out_tokens;
+    int32_t out_capacity;
+    luce_generate_stats *stats;
+} luce_batch_request;
+
+/* Called when request `index` has finished (its out_tokens and stats are final); return nonzero
+   to stop the run (luce_batch_generate then returns LUCE_ERR_CANCELLED). */
+typedef int32_t (*luce_batch_done_callback)(void *user_data, int32_t index);
+
+/* Generates every request, n_parallel at a time in request order; a finished sequence's slot
+   takes the next request before the next step. Every request is checked first (prompt, ids,
+   max_tokens, sampling, prompt + max_tokens within n_ctx). */
+luce_status luce_batch_generate(luce_batch *batch, const luce_batch_request *requests, int32_t n_requests,
+                                luce_batch_done_callback done, void *user_data);
+
 /* ---- test hooks: quantized blocks against gguf.quants ---------------------------------------- */
 
 /* Dequantizes n elements of ggml type `type` from data (nbytes long) into out. */

@@ -11,26 +11,38 @@
 
 namespace luce {
 
-void attention_layer(Backend &be, const Hparams &hp, const AttentionWeights &w, KvLayer &kv, StepBuffers &b, int T,
-                     int H, int Hkv, const int32_t *slot, const uint8_t *mask) {
+void attention_layer(Backend &be, const Hparams &hp, const AttentionWeights &w, StepBuffers &b, int T, int H, int Hkv,
+                     const AttentionRows *seqs, int n_seqs) {
     const int D = hp.head_dim;
     const int64_t E = hp.n_embd;
     const Backend::MatmulOut proj[] = {{&w.q, b.qg, 2 * int64_t(H) * D}, {&w.k, b.k, int64_t(Hkv) * D},
                                        {&w.v, b.v, int64_t(Hkv) * D}};
     be.matmuls(b.cur, T, proj, 3);
-    be.qk_norm_rope_store(b.qg, w.q_norm.data(), b.q, b.k, w.k_norm.data(), b.v, kv, b.pos, slot, T, H, Hkv, D,
-                          hp.n_rot, hp.rope_theta, hp.rms_eps);
-    be.attention(b.q, kv, b.pos, mask, T, H, Hkv, D, b.attn);
+    // Each sequence of the step against its own cache; rows r.. of every buffer are its rows.
+    const int64_t qg_w = 2 * int64_t(H) * D, q_w = int64_t(H) * D, kv_w = int64_t(Hkv) * D;
+    for (int i = 0; i < n_seqs; ++i) {
+        const AttentionRows &seq = seqs[i];
+        const int64_t r = seq.row0;
+        be.qk_norm_rope_store(b.qg + r * qg_w, w.q_norm.data(), b.q + r * q_w, b.k + r * kv_w, w.k_norm.data(),
+                              b.v + r * kv_w, *seq.kv, b.pos + r, seq.slot, seq.T, H, Hkv, D, hp.n_rot,
+                              hp.rope_theta, hp.rms_eps);
+        be.attention(b.q + r * q_w, *seq.kv, b.pos + r, seq.mask, seq.T, H, Hkv, D, b.attn + r * q_w);
+    }
     be.mul_sigmoid(b.attn, b.qg + D, 2 * D, T * H, D);  // gate_h sits right after q_h
     be.matmul(w.o, b.attn, T, b.mix, E);
 }
 
 void attention_mixer(Session &s, int il, int T) {
     StepBuffers &b = s.buf;
-    // Tree verify: nodes are stored at their slots and see only their ancestors (session.h).
-    attention_layer(*s.model->backend, s.model->hp, s.model->layers[size_t(il)].attn, s.kv[size_t(il)], b, T,
-                    s.model->hp.n_head[size_t(il)], s.model->hp.n_head_kv[size_t(il)], s.tree ? b.tree_slot : b.pos,
-                    s.tree ? b.tree_mask : nullptr);
+    std::vector<AttentionRows> seqs;
+    for (const StepSegment &seg : step_segments(s, T)) {
+        // Tree verify (one sequence): nodes are stored at their slots and see only their
+        // ancestors (session.h).
+        seqs.push_back({seg.row0, seg.T, &(*seg.kv)[size_t(il)], s.tree ? b.tree_slot : b.pos + seg.row0,
+                        s.tree ? b.tree_mask : nullptr});
+    }
+    attention_layer(*s.model->backend, s.model->hp, s.model->layers[size_t(il)].attn, b, T,
+                    s.model->hp.n_head[size_t(il)], s.model->hp.n_head_kv[size_t(il)], seqs.data(), int(seqs.size()));
 }
 
 }  // namespace luce

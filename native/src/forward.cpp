@@ -13,6 +13,11 @@
 
 namespace luce {
 
+std::vector<StepSegment> step_segments(Session &s, int T) {
+    if (s.segments) return *s.segments;
+    return {StepSegment{&s.kv, &s.recurrent, s.n_past, 0, T}};
+}
+
 namespace {
 
 void mlp(Session &s, const LayerWeights &L, int T) {
@@ -95,7 +100,9 @@ void upload_tree(Session &s, int T) {
 // attached, taps captured, T, and the logits rows asked for.
 bool graph_key(const Session &s, int T, bool want_logits, int logit_row0, const HiddenCapture *capture,
                uint64_t &key) {
-    if (s.tree || s.model->backend->prefill() || T > MAX_STEP || (capture && !capture->in_backend)) return false;
+    // Batched steps (s.segments) run eagerly: their state pointers change with the sequences in them.
+    if (s.tree || s.segments || s.model->backend->prefill() || T > MAX_STEP || (capture && !capture->in_backend))
+        return false;
     bool history = false;  // Checkpoints attach every recurrent layer's or none
     for (const RecurrentState &st : s.recurrent) history = history || st.ssm_history || st.qkv_history;
     static_assert(MAX_STEP < 128, "T and logit_row0 take 7 bits each");
@@ -116,6 +123,11 @@ const float *forward_rows(Session &s, const int32_t *tokens, int T, bool want_lo
 
     int32_t pos[MAX_PREFILL_STEP];
     for (int t = 0; t < T; ++t) pos[t] = s.tree ? s.tree->pos[t] : s.n_past + t;
+    if (s.segments) {
+        if (s.tree || capture) fail(LUCE_ERR_INTERNAL, "a batched step is causal and captures nothing");
+        for (const StepSegment &seg : *s.segments)
+            for (int t = 0; t < seg.T; ++t) pos[seg.row0 + t] = seg.n_past + t;
+    }
     be.upload(b.pos, pos, sizeof(int32_t) * size_t(T));
     be.upload(b.tokens, tokens, sizeof(int32_t) * size_t(T));
     if (s.tree) upload_tree(s, T);
@@ -124,7 +136,7 @@ const float *forward_rows(Session &s, const int32_t *tokens, int T, bool want_lo
     const auto launches = [&] { step_launches(s, T, want_logits, logit_row0, capture); };
     if (graph_key(s, T, want_logits, logit_row0, capture, key)) run_graphed(be, key, launches);
     else launches();
-    s.n_past += T;
+    if (!s.segments) s.n_past += T;
     return want_logits && logit_row0 < T ? b.logits : nullptr;
 }
 

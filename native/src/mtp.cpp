@@ -61,7 +61,8 @@ void mtp_forward(MtpContext &ctx, const int32_t *tokens, int T, int p0) {
     be.rmsnorm(ctx.h_in, E, w.hnorm.data(), T, int(E), hp.rms_eps, ctx.cat + E, 2 * E);
     be.matmul(w.eh_proj, ctx.cat, T, b.x, E);
     be.rmsnorm(b.x, E, w.block.attn_norm.data(), T, int(E), hp.rms_eps, b.cur, E);
-    attention_layer(be, hp, w.block.attn, ctx.kv, b, T, hp.mtp_n_head, hp.mtp_n_head_kv, b.pos, nullptr);
+    const AttentionRows rows{0, T, &ctx.kv, b.pos, nullptr};
+    attention_layer(be, hp, w.block.attn, b, T, hp.mtp_n_head, hp.mtp_n_head_kv, &rows, 1);
     be.add_rmsnorm(b.x, b.mix, w.block.post_norm.data(), T, int(E), hp.rms_eps, b.cur);
     const Backend::MatmulOut gate_up[] = {{&w.block.ffn_gate, b.ff_gate, F}, {&w.block.ffn_up, b.ff_up, F}};
     be.matmuls(b.cur, T, gate_up, 2);

@@ -31,7 +31,7 @@ int prefill_step_setting() {
     return int(v);
 }
 
-Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), kv_f16(kv_f16_) {
+Session::Session(Model *m, int n_ctx_, bool kv_f16_, bool own_state) : model(m), n_ctx(n_ctx_), kv_f16(kv_f16_) {
     graph_id = new_graph_owner();
     const Hparams &hp = m->hp;
     // Longer than the model's is a context that does not fit (callers such as bench, which size
@@ -45,7 +45,7 @@ Session::Session(Model *m, int n_ctx_, bool kv_f16_) : model(m), n_ctx(n_ctx_), 
         const int64_t inner = int64_t(hp.ssm_hv) * hp.ssm_dv;
         kv.resize(size_t(hp.n_layer));
         recurrent.resize(size_t(hp.n_layer));
-        for (int i = 0; i < hp.n_layer; ++i) {
+        for (int i = 0; own_state && i < hp.n_layer; ++i) {
             if (hp.recurrent[size_t(i)]) {
                 recurrent[size_t(i)].conv = take<float>(*this, int64_t(hp.ssm_conv - 1) * CD);
                 recurrent[size_t(i)].ssm = take<float>(*this, inner * hp.ssm_dk);
@@ -86,18 +86,22 @@ Session::~Session() {
     for (void *p : allocations) model->backend->release(p);
 }
 
-void Session::reset() {
-    // Attention keys past n_past are never visible, so only the recurrent state needs zeroing.
-    const Hparams &hp = model->hp;
+void clear_recurrent_state(const Model &m, std::vector<RecurrentState> &recurrent) {
+    const Hparams &hp = m.hp;
     const int64_t CD = hp.conv_channels(), inner = int64_t(hp.ssm_hv) * hp.ssm_dv;
     std::vector<float> zeros;
     for (int i = 0; i < hp.n_layer; ++i) {
         if (!hp.recurrent[size_t(i)]) continue;
         const size_t n_conv = size_t(hp.ssm_conv - 1) * size_t(CD), n_ssm = size_t(inner * hp.ssm_dk);
         zeros.assign(std::max(n_conv, n_ssm), 0.f);
-        model->backend->upload(recurrent[size_t(i)].conv, zeros.data(), n_conv * sizeof(float));
-        model->backend->upload(recurrent[size_t(i)].ssm, zeros.data(), n_ssm * sizeof(float));
+        m.backend->upload(recurrent[size_t(i)].conv, zeros.data(), n_conv * sizeof(float));
+        m.backend->upload(recurrent[size_t(i)].ssm, zeros.data(), n_ssm * sizeof(float));
     }
+}
+
+void Session::reset() {
+    // Attention keys past n_past are never visible, so only the recurrent state needs zeroing.
+    clear_recurrent_state(*model, recurrent);
     n_past = 0;
 }
 

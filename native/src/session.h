@@ -85,6 +85,16 @@ struct TreeStep {
     const uint8_t *mask = nullptr;
 };
 
+// One sequence's rows of a batched step (batch.cpp): rows [row0, row0 + T) of the step buffers
+// hold that sequence's new tokens at positions n_past .. n_past+T-1, read and written against its
+// own KV layers and recurrent state. The weight matmuls run over all rows at once; attention, conv
+// and the delta rule run per segment.
+struct StepSegment {
+    std::vector<KvLayer> *kv = nullptr;
+    std::vector<RecurrentState> *recurrent = nullptr;
+    int n_past = 0, row0 = 0, T = 0;
+};
+
 struct Session {
     Model *model = nullptr;
     int n_ctx = 0;
@@ -93,13 +103,18 @@ struct Session {
     std::vector<RecurrentState> recurrent; // per main layer (unused for attention layers)
     StepBuffers buf;
     const TreeStep *tree = nullptr;        // set only around a tree-verify forward_step
+    // Set only around a batched forward_step (batch.cpp): the step's rows belong to these
+    // sequences, not to this session's own state, and n_past is left alone.
+    const std::vector<StepSegment> *segments = nullptr;
     std::vector<void *> allocations;
 
     bool kv_f16 = false;
     int prefill_step = PREFILL_STEP;  // tokens per prompt chunk; the step buffers' rows
     uint64_t graph_id = 0;  // distinguishes this session's step graphs from another's (forward.cpp)
 
-    Session(Model *m, int n_ctx, bool kv_f16);
+    // own_state = false: step buffers only; the KV layers and recurrent state stay null, for a
+    // batch (batch.cpp) whose sequences bring their own.
+    Session(Model *m, int n_ctx, bool kv_f16, bool own_state = true);
     ~Session();
     Session(const Session &) = delete;
     Session &operator=(const Session &) = delete;
@@ -119,6 +134,9 @@ struct Session {
     void restore(const Snapshot &in);
 };
 
+// Zeroes the conv and delta-rule state of every recurrent layer (a sequence starting afresh).
+void clear_recurrent_state(const Model &m, std::vector<RecurrentState> &recurrent);
+
 // PREFILL_STEP, or LUCE_PREFILL_STEP when set (an integer in MAX_STEP..MAX_PREFILL_STEP).
 int prefill_step_setting();
 
@@ -135,11 +153,24 @@ const float *forward_step_rows(Session &s, const int32_t *tokens, int T, int log
 // computed by the backend so only the index leaves the device.
 int32_t forward_step_greedy(Session &s, int32_t token);
 
+// The segments of a step: s.segments, or the whole step on the session's own state.
+std::vector<StepSegment> step_segments(Session &s, int T);
+
+// One sequence's rows [row0, row0 + T) of an attention step: k, v stored in kv at slot[t], keys
+// visible by position (mask null) or by mask.
+struct AttentionRows {
+    int64_t row0;
+    int T;
+    KvLayer *kv;
+    const int32_t *slot;
+    const uint8_t *mask;
+};
 // The gated attention of one full-attention layer with H query and Hkv kv heads over b.cur [T][E]
-// at positions b.pos into b.mix [T][E]: k, v stored at slot[t], keys visible by position (mask
-// null) or by mask. The target's layers (attention_mixer) and the MTP block (mtp.cpp) both run it.
-void attention_layer(Backend &be, const Hparams &hp, const AttentionWeights &w, KvLayer &kv, StepBuffers &b, int T,
-                     int H, int Hkv, const int32_t *slot, const uint8_t *mask);
+// at positions b.pos into b.mix [T][E]: the projections over all T rows, then each sequence's rows
+// against its own cache. The target's layers (attention_mixer: one range per sequence of a batch)
+// and the MTP block (mtp.cpp: one range) both run it.
+void attention_layer(Backend &be, const Hparams &hp, const AttentionWeights &w, StepBuffers &b, int T, int H, int Hkv,
+                     const AttentionRows *seqs, int n_seqs);
 
 // Layer mixers (attention.cpp, deltanet.cpp): read s.buf.cur [T][E], write s.buf.mix [T][E].
 void attention_mixer(Session &s, int layer, int T);

@@ -4,6 +4,7 @@
     with Engine("target.gguf", threads=4) as eng:
         print(eng.generate("Hello", max_tokens=32).text)
         logits = eng.logits([1, 2, 3])          # [3, n_vocab] float32
+        outs = eng.generate(["a", "b", "c"], max_tokens=32, parallel=2)   # continuous batching
 
     with Engine("target.gguf", draft="drafter.gguf") as eng:   # speculative decoding
         g = eng.generate("Hello", max_tokens=64)     # draft_block_size="auto", or a number
@@ -34,6 +35,8 @@ DEVICES = ("cpu", "gpu", "auto")
 KV_CACHE_TYPES = {"f32": 0, "f16": 1}  # luce_kv_type
 DEFAULT_CTX_SIZE = 4096
 DEFAULT_MAX_TOKENS = 128
+MAX_PARALLEL = 64          # sequences one batch forward holds (luce_batch_create)
+DEFAULT_PARALLEL = 8       # Engine.generate(list) without parallel=
 
 _DEVICE_IDS = {"cpu": 0, "gpu": 1}
 
@@ -167,6 +170,7 @@ class Engine:
             raise
         self._session = sess[0]
         self.ctx_size = int(ctx_size)
+        self._kv_type = KV_CACHE_TYPES[kv_cache]
         if draft is not None:
             mtp = str(draft) == MTP_DRAFT
             try:
@@ -359,15 +363,25 @@ class Engine:
                                  add_generation_prompt=True)
         return self.tokenizer.encode(prompt)
 
-    def generate(self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,
-                 max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0, top_k: int = 0,
+    def generate(self, prompt: str | Sequence[str] | None = None, *,
+                 prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+                 max_tokens: int | Sequence[int] = DEFAULT_MAX_TOKENS, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, ignore_eos: bool = False, chat: bool = False,
                  on_text: Callable[[str], None] | None = None, speculative: bool = True,
                  draft_block_size: int | str = "auto", adaptive: bool = True,
                  dspark_confidence_threshold: float = 0.0, verify_cap_from: int = 0,
                  ddtree: bool = False, ddtree_budget: int = 0,
-                 oracle_tokens: Sequence[int] | None = None, draft_log: list | None = None) -> Generation:
+                 oracle_tokens: Sequence[int] | None = None, draft_log: list | None = None,
+                 parallel: int | None = None,
+                 on_result: Callable[[int, Generation], None] | None = None) -> Generation | list[Generation]:
         """Prefill the prompt, then decode up to max_tokens (greedy when temperature == 0).
+
+        A list of prompts (texts, or id lists in prompt_ids) gives a list of Generations, one per
+        prompt in order, run `parallel` at a time (default min(len, 8), at most 64) by continuous
+        batching: one forward per decode step over every sequence in flight; max_tokens may then
+        be a list too. on_result(i, generation) is called as prompt i finishes. Greedy results
+        equal one-by-one generation's. Speculative decoding inside the batch is not implemented: with
+        a drafter loaded the prompts run in turn (parallel defaults to 1; parallel > 1 is refused).
 
         Exactly one of `prompt` (text) and `prompt_ids` is given. on_text(str) receives decoded
         text as tokens are committed (incomplete UTF-8 is held back until it completes).
@@ -378,6 +392,16 @@ class Engine:
         each chain step's proposals, one list per step."""
         if (prompt is None) == (prompt_ids is None):
             raise LuceError("give exactly one of prompt and prompt_ids")
+        if _is_many(prompt, prompt_ids):
+            return self._generate_many(
+                prompt, prompt_ids, max_tokens=max_tokens, parallel=parallel, on_result=on_result, chat=chat,
+                speculative=speculative,
+                settings=dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, ignore_eos=ignore_eos,
+                              draft_block_size=draft_block_size, adaptive=adaptive,
+                              dspark_confidence_threshold=dspark_confidence_threshold,
+                              verify_cap_from=verify_cap_from, ddtree=ddtree, ddtree_budget=ddtree_budget))
+        if parallel is not None or on_result is not None:
+            raise LuceError("parallel and on_result go with a list of prompts")
         ids = self._ids_array(prompt_ids if prompt is None else self.encode_prompt(prompt, chat=chat))
         if max_tokens < 0:
             raise LuceError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -444,6 +468,90 @@ class Engine:
                           | ({"adaptive": bool(adaptive), "costs_from_cache": prior is not None}
                              if speculative_run else {}))
 
+    def check_fits(self, token_ids: Sequence[int], max_tokens: int) -> None:
+        """Refuses, as generate() would, a prompt whose tokens plus max_tokens exceed the context."""
+        if len(token_ids) + max_tokens > self.ctx_size:
+            raise LuceError(f"prompt ({len(token_ids)} tokens) + max_tokens ({max_tokens}) exceed the context "
+                            f"size {self.ctx_size} (0 already used)")
+
+    def _generate_many(self, prompts, prompt_ids, *, max_tokens, parallel, on_result, chat, speculative,
+                       settings) -> list[Generation]:
+        """generate() of a list: the prompts' ids and budgets checked, then the batch runtime
+        (or, with a drafter and parallel=1, one speculative generate per prompt)."""
+        ids_list = ([self._ids_array(self.encode_prompt(p, chat=chat)) for p in prompts] if prompt_ids is None
+                    else [self._ids_array(ids) for ids in prompt_ids])
+        if not ids_list:
+            return []
+        budgets = _per_prompt(max_tokens, len(ids_list))
+        speculative = speculative and self._drafter is not None
+        n_parallel = (1 if speculative else min(len(ids_list), DEFAULT_PARALLEL)) if parallel is None else parallel
+        if isinstance(n_parallel, bool) or not isinstance(n_parallel, int) or not 1 <= n_parallel <= MAX_PARALLEL:
+            raise LuceError(f"parallel must be an integer in 1..{MAX_PARALLEL}, got {parallel!r}")
+        if speculative:
+            if n_parallel > 1:
+                raise LuceError("speculative decoding inside a batch is not implemented: "
+                                "give parallel=1 or speculative=False")
+            results = []
+            for i, (ids, budget) in enumerate(zip(ids_list, budgets)):
+                results.append(self.generate(prompt_ids=ids.tolist(), max_tokens=budget, **settings))
+                if on_result is not None:
+                    on_result(i, results[-1])
+            return results
+        return self._run_batch(ids_list, budgets, n_parallel, on_result, settings)
+
+    def _run_batch(self, ids_list, budgets, n_parallel, on_result, settings) -> list[Generation]:
+        """The prompts through luce_batch_generate, each result built as its sequence finishes."""
+        if self._model is None:
+            raise LuceError("the engine is closed")
+        stop = self._stop_ids() if not settings["ignore_eos"] else []
+        stop_buf = ffi.new("int32_t[]", stop or [0])
+        n = len(ids_list)
+        keep = [stop_buf]  # cffi buffers the requests point into, alive through the call
+        requests = ffi.new("luce_batch_request[]", n)
+        for i, (ids, budget) in enumerate(zip(ids_list, budgets)):
+            if budget < 0:
+                raise LuceError(f"max_tokens must be >= 0, got {budget}")
+            params = ffi.new("luce_generate_params *", {
+                "max_tokens": int(budget), "temperature": float(settings["temperature"]),
+                "top_k": int(settings["top_k"]), "top_p": float(settings["top_p"]),
+                "seed": int(settings["seed"]) & (2**64 - 1), "ignore_eos": int(settings["ignore_eos"]),
+                "stop_ids": stop_buf, "n_stop_ids": len(stop)})
+            prompt = ffi.from_buffer("int32_t[]", ids)
+            out = ffi.new("int32_t[]", max(1, budget))
+            stats = ffi.new("luce_generate_stats *")
+            keep += [params, prompt, out, stats]
+            requests[i] = {"prompt": prompt, "n_prompt": len(ids), "params": params, "out_tokens": out,
+                           "out_capacity": max(1, budget), "stats": stats}
+        results: list[Generation | None] = [None] * n
+        failure: list[BaseException] = []
+
+        @ffi.callback("int32_t(void *, int32_t)")
+        def on_done(_user, index):
+            try:
+                r = requests[index]
+                tokens = [r.out_tokens[k] for k in range(r.stats.n_generated)]
+                results[index] = Generation(text=self.tokenizer.decode(tokens) if tokens else "", tokens=tokens,
+                                            prompt_tokens=r.n_prompt,
+                                            stats=_stats_dict(r.stats) | {"parallel": n_parallel}
+                                            | self._memory_stats())
+                if on_result is not None:
+                    on_result(index, results[index])
+                return 0
+            except BaseException as e:  # surfaced after the native call returns
+                failure.append(e)
+                return 1
+
+        batch = ffi.new("luce_batch **")
+        check(lib().luce_batch_create(self._model, n_parallel, self.ctx_size, self._kv_type, batch))
+        try:
+            status = lib().luce_batch_generate(batch[0], requests, n, on_done, ffi.NULL)
+        finally:
+            lib().luce_batch_free(batch[0])
+        if failure:
+            raise failure[0]
+        check(status)
+        return results
+
     def _cost_prior(self, params):
         """Seed params with the cost cache's entry for this target, drafter and device; returns
         (entry, the arrays params point to, which must live through the call), or None."""
@@ -491,6 +599,24 @@ def _read_draft_log(buf, capacity: int) -> list[list[int]]:
         steps.append([buf[i + 1 + j] for j in range(q)])
         i += q + 1
     return steps
+
+
+def _is_many(prompt, prompt_ids) -> bool:
+    """Whether generate() got a list of prompts: texts, or id lists."""
+    if prompt is not None:
+        return not isinstance(prompt, str)
+    items = list(prompt_ids)
+    return bool(items) and not isinstance(items[0], (int, np.integer))
+
+
+def _per_prompt(max_tokens, n: int) -> list[int]:
+    """max_tokens for each of n prompts: one number for all, or one each."""
+    if isinstance(max_tokens, (int, np.integer)) and not isinstance(max_tokens, bool):
+        return [int(max_tokens)] * n
+    budgets = list(max_tokens)
+    if len(budgets) != n or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in budgets):
+        raise LuceError(f"max_tokens must be a number or a list of {n} numbers (one per prompt)")
+    return [int(b) for b in budgets]
 
 
 def _block_size_param(value) -> tuple[int, bool]:

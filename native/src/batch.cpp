@@ -1,0 +1,256 @@
+// batch.cpp — continuous batching (luce_batch_*): up to n_parallel sequences in flight, one
+// forward per decode step over the newest token of each.
+//
+// A request entering a free slot takes KV pages from the pool and zeroed DeltaNet state, and is
+// prefilled alone in the worker session (chunked, as session_eval always runs, on the slot's state
+// swapped in). Decode steps then run all active slots together: one row each, one StepSegment each
+// (session.h), so the weight matmuls read every weight once for the whole batch while attention,
+// conv and the delta rule run per sequence on its own state. A matmul row does not depend on the
+// number of rows in the step (T <= MAX_STEP, which n_parallel never exceeds), attention and the
+// recurrence see only the sequence's own state, and prefill and the token choice are the ones
+// generate() runs: greedy tokens equal one-by-one generation's. A slot whose sequence finishes is
+// given the next request before the next step.
+#include "batch.h"
+
+#include <algorithm>
+
+#include "errors.h"
+
+namespace luce {
+
+namespace {
+
+// Bytes of one KV page: one attention layer's K or V for a whole context, sized for the widest layer.
+size_t kv_page_bytes(const Hparams &hp, int n_ctx, bool f16) {
+    int max_hkv = 0;
+    for (int i = 0; i < hp.n_layer; ++i)
+        if (!hp.recurrent[size_t(i)]) max_hkv = std::max(max_hkv, hp.n_head_kv[size_t(i)]);
+    return size_t(std::max(max_hkv, 1)) * size_t(n_ctx) * size_t(hp.head_dim) * (f16 ? 2 : 4);
+}
+
+// n_parallel, once it is known to be in 1..MAX_STEP (checked before anything is allocated for it).
+int checked_parallel(int n_parallel) {
+    if (n_parallel < 1 || n_parallel > MAX_STEP)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "n_parallel %d is not in 1..%d", n_parallel, MAX_STEP);
+    return n_parallel;
+}
+
+int attention_layers(const Hparams &hp) {
+    return int(std::count(hp.recurrent.begin(), hp.recurrent.end(), false));
+}
+
+}  // namespace
+
+BatchRunner::BatchRunner(Model *m, int n_parallel, int n_ctx, bool kv_f16)
+    : model_(m),
+      n_ctx_((checked_parallel(n_parallel), n_ctx)),
+      kv_f16_(kv_f16),
+      worker_(m, n_ctx, kv_f16, /*own_state=*/false),
+      pool_(*m->backend, kv_page_bytes(m->hp, n_ctx, kv_f16), std::max(1, 2 * attention_layers(m->hp) * n_parallel)) {
+    const Hparams &hp = m->hp;
+    Backend &be = *m->backend;
+    const size_t n_conv = size_t(hp.ssm_conv - 1) * size_t(hp.conv_channels());
+    const size_t n_ssm = size_t(hp.ssm_hv) * size_t(hp.ssm_dv) * size_t(hp.ssm_dk);
+    auto take = [&](size_t n) {
+        state_memory_.push_back(be.alloc(std::max<size_t>(n, 1) * sizeof(float)));
+        return static_cast<float *>(state_memory_.back());
+    };
+    try {
+        slots_.resize(size_t(n_parallel));
+        for (Slot &slot : slots_) {
+            slot.kv.resize(size_t(hp.n_layer));
+            slot.recurrent.resize(size_t(hp.n_layer));
+            for (int i = 0; i < hp.n_layer; ++i) {
+                if (!hp.recurrent[size_t(i)]) continue;
+                slot.recurrent[size_t(i)].conv = take(n_conv);
+                slot.recurrent[size_t(i)].ssm = take(n_ssm);
+            }
+        }
+        argmax_out_ = static_cast<int32_t *>(be.alloc(MAX_STEP * sizeof(int32_t)));
+        host_row_.resize(size_t(hp.n_vocab));
+    } catch (...) {
+        for (void *p : state_memory_) be.release(p);
+        throw;
+    }
+}
+
+BatchRunner::~BatchRunner() {
+    Backend &be = *model_->backend;
+    if (argmax_out_) be.release(argmax_out_);
+    for (void *p : state_memory_) be.release(p);
+}
+
+void BatchRunner::check_request(const luce_batch_request &r, int index) const {
+    try {
+        if (!r.params) fail(LUCE_ERR_INVALID_ARGUMENT, "params is NULL");
+        check_generate_request(worker_, r.prompt, r.n_prompt, *r.params, r.out_tokens, r.out_capacity);
+    } catch (const Error &e) {
+        fail(e.status, "request %d: %s", index, e.what());
+    }
+}
+
+void BatchRunner::admit(Slot &slot, int index, const luce_batch_request &r) {
+    const Hparams &hp = model_->hp;
+    Backend &be = *model_->backend;
+    const luce_generate_params &p = *r.params;
+    slot.request = index;
+    for (int i = 0; i < hp.n_layer; ++i) {
+        if (hp.recurrent[size_t(i)]) continue;
+        const int k = pool_.take();
+        slot.pages.push_back(k);
+        const int v = pool_.take();
+        slot.pages.push_back(v);
+        slot.kv[size_t(i)] = KvLayer{pool_.data(k), pool_.data(v), n_ctx_, kv_f16_};
+    }
+    clear_recurrent_state(*model_, slot.recurrent);
+    slot.n_past = 0;
+    slot.stats = luce_generate_stats{};
+    slot.stats.n_prompt = r.n_prompt;
+    slot.sampler.reset();
+    slot.top_k.reset();
+    if (p.temperature > 0.f) {
+        slot.sampler = std::make_unique<Sampler>(SamplerParams{p.temperature, p.top_k, p.top_p}, p.seed, hp.n_vocab);
+        // As generate() decodes: the k best ranked where the logits are, only they come back.
+        if (const int k = backend_top_k(p, hp.n_vocab)) slot.top_k = std::make_unique<TopKRows>(be, 1, k);
+    }
+
+    // The prompt runs in the worker session on the slot's own state (swapped back on any exit).
+    struct StateSwap {
+        Session &s;
+        Slot &slot;
+        StateSwap(Session &s_, Slot &slot_) : s(s_), slot(slot_) { swap(); }
+        ~StateSwap() {
+            slot.n_past = s.n_past;
+            s.n_past = 0;
+            swap();
+        }
+        void swap() {
+            s.kv.swap(slot.kv);
+            s.recurrent.swap(slot.recurrent);
+        }
+    };
+    const double t0 = now_seconds();
+    {
+        const StateSwap in_worker(worker_, slot);
+        worker_.n_past = 0;
+        if (p.max_tokens > 0) {
+            session_eval(worker_, r.prompt, r.n_prompt, host_row_.data(), 1);
+            slot.next = p.temperature == 0.f ? be.argmax(host_row_.data(), hp.n_vocab) : slot.sampler->sample(host_row_.data());
+        } else {
+            session_eval(worker_, r.prompt, r.n_prompt, nullptr, 0);
+        }
+    }
+    slot.decode_start = now_seconds();
+    slot.stats.prefill_seconds = slot.decode_start - t0;
+}
+
+void BatchRunner::release(Slot &slot) {
+    for (int page : slot.pages) pool_.give_back(page);
+    slot.pages.clear();
+    slot.request = -1;
+}
+
+// generate()'s loop body: stop at an end-of-generation id, else commit the pending token.
+bool BatchRunner::commit(Slot &slot, const luce_batch_request &r) {
+    const luce_generate_params &p = *r.params;
+    luce_generate_stats &st = slot.stats;
+    if (st.n_generated >= p.max_tokens) return false;
+    const bool stop = !p.ignore_eos && std::find(p.stop_ids, p.stop_ids + p.n_stop_ids, slot.next) != p.stop_ids + p.n_stop_ids;
+    if (stop) {
+        st.stopped_by_eos = 1;
+        return false;
+    }
+    r.out_tokens[st.n_generated++] = slot.next;
+    return st.n_generated < p.max_tokens;
+}
+
+void BatchRunner::decode_step(const std::vector<Slot *> &active) {
+    Backend &be = *model_->backend;
+    const int64_t V = model_->hp.n_vocab;
+    const int T = int(active.size());
+    std::vector<StepSegment> segments;
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < T; ++i) {
+        segments.push_back(StepSegment{&active[size_t(i)]->kv, &active[size_t(i)]->recurrent, active[size_t(i)]->n_past, i, 1});
+        tokens.push_back(active[size_t(i)]->next);
+    }
+    worker_.segments = &segments;
+    const float *rows = nullptr;
+    try {
+        rows = forward_step_rows(worker_, tokens.data(), T, 0, nullptr);
+    } catch (...) {
+        worker_.segments = nullptr;
+        throw;
+    }
+    worker_.segments = nullptr;
+    const bool any_greedy = std::any_of(active.begin(), active.end(), [](const Slot *s) { return !s->sampler; });
+    int32_t picks[MAX_STEP];
+    if (any_greedy) {
+        be.argmax_rows(rows, T, V, argmax_out_);
+        be.download(picks, argmax_out_, size_t(T) * sizeof(int32_t));
+    }
+    for (int i = 0; i < T; ++i) {
+        Slot &slot = *active[size_t(i)];
+        slot.n_past += 1;
+        if (!slot.sampler) {
+            slot.next = picks[i];
+            continue;
+        }
+        const float *row = rows + int64_t(i) * V;
+        if (slot.top_k) {
+            slot.top_k->fetch(row, 1, V);
+            slot.next = slot.sampler->sample_ranked(slot.top_k->ids(0), slot.top_k->values(0), slot.top_k->k());
+            continue;
+        }
+        be.download(host_row_.data(), row, size_t(V) * sizeof(float));
+        slot.next = slot.sampler->sample(host_row_.data());
+    }
+}
+
+luce_status BatchRunner::run(const luce_batch_request *requests, int n, luce_batch_done_callback done,
+                             void *user_data) {
+    if (n < 0 || (n > 0 && !requests)) fail(LUCE_ERR_INVALID_ARGUMENT, "no requests");
+    for (int i = 0; i < n; ++i) check_request(requests[i], i);
+    // Every slot gives its pages back however the run ends.
+    struct ReleaseAll {
+        BatchRunner &b;
+        ~ReleaseAll() {
+            for (Slot &slot : b.slots_)
+                if (slot.request >= 0) b.release(slot);
+        }
+    } release_all{*this};
+
+    int next_request = 0;
+    // Records a finished sequence and frees its slot; false when the caller asked to stop.
+    auto finish = [&](Slot &slot) {
+        const int index = slot.request;
+        slot.stats.decode_seconds = now_seconds() - slot.decode_start;
+        if (requests[index].stats) *requests[index].stats = slot.stats;
+        release(slot);
+        return !(done && done(user_data, index) != 0);
+    };
+    while (true) {
+        for (Slot &slot : slots_) {
+            while (slot.request < 0 && next_request < n) {
+                const luce_batch_request &r = requests[next_request];
+                admit(slot, next_request++, r);
+                if (!commit(slot, r) && !finish(slot)) {
+                    set_last_error("generation stopped by the done callback");
+                    return LUCE_ERR_CANCELLED;
+                }
+            }
+        }
+        std::vector<Slot *> active;
+        for (Slot &slot : slots_)
+            if (slot.request >= 0) active.push_back(&slot);
+        if (active.empty()) return LUCE_OK;
+        decode_step(active);
+        for (Slot *slot : active) {
+            if (commit(*slot, requests[slot->request]) || finish(*slot)) continue;
+            set_last_error("generation stopped by the done callback");
+            return LUCE_ERR_CANCELLED;
+        }
+    }
+}
+
+}  // namespace luce

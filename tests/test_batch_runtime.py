@@ -1,0 +1,225 @@
+"""Continuous batching (native/src/batch.cpp, luce_batch_*): many sequences in one forward per
+decode step. The oracle is the invariant the issue states: every prompt's greedy tokens from the
+batch equal one-by-one Engine.generate of that prompt, token for token, whatever the number of
+sequences in flight (1, 2, 3, with more prompts than slots, so finished slots take new prompts),
+with per-prompt max_tokens and end-of-generation stops; the same on the emulated CUDA backend; and
+the CLI's --parallel output equal to --parallel 1's."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_luce
+from fixtures.random_qwen35_gguf import SPEC_TINY, write_random_qwen35
+from luce import Engine
+from luce.binding import ffi, lib
+from luce.errors import LuceError
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = REPO / "models" / "reference" / "target-q8_0.gguf"
+CODE_PROMPTS = REPO / "models" / "reference" / "prompts" / "code.jsonl"
+EMU_CUDA = REPO / "build" / "gpu-emu-cuda" / "libluce_gpu_emu.so"
+
+# Prompts of different lengths (one longer than a 64-token step), each with its own budget, one 0.
+PROMPTS = [[5, 17, 42, 99, 3, 250, 7], [11], [200, 3] * 40, [9, 8, 7, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+           [77, 78]]
+BUDGETS = [9, 14, 5, 0, 11, 7]
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return write_random_qwen35(tmp_path_factory.mktemp("batch") / "tiny.gguf", SPEC_TINY, seed=2)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path):
+    with Engine(tiny_path, threads=2, ctx_size=256) as eng:
+        yield eng
+
+
+def one_by_one(engine, prompts, budgets, **kw):
+    return [engine.generate(prompt_ids=p, max_tokens=m, **kw).tokens for p, m in zip(prompts, budgets)]
+
+
+@pytest.mark.parametrize("parallel", [1, 2, 3])
+def test_batch_greedy_equals_one_by_one(engine, parallel):
+    expected = one_by_one(engine, PROMPTS, BUDGETS, ignore_eos=True)
+    finished = []
+    results = engine.generate(prompt_ids=PROMPTS, max_tokens=BUDGETS, parallel=parallel, ignore_eos=True,
+                              on_result=lambda i, gen: finished.append(i))
+    assert [g.tokens for g in results] == expected
+    assert [len(t) for t in expected] == BUDGETS
+    assert sorted(finished) == list(range(len(PROMPTS)))  # each result reported once, as it finished
+    assert all(g.stats["parallel"] == parallel and g.prompt_tokens == len(p) for g, p in zip(results, PROMPTS))
+    single = engine.generate(prompt_ids=PROMPTS[0], max_tokens=2, ignore_eos=True)
+    assert set(results[0].stats) == set(single.stats) | {"parallel"}  # the same result record, and its width
+
+
+def test_batch_with_an_f16_cache_equals_one_by_one_in_half_the_pages(tiny_path):
+    """With kv_cache="f16" the slots' KV pages hold half floats: the same tokens as one-by-one f16
+    generation, and the peak memory of a batch of two slots is less than the f32 engine's by half
+    the cache of three sequences (the engine's session and both slots' pages)."""
+    peak, info = {}, None
+    for kv in ("f32", "f16"):
+        with Engine(tiny_path, threads=2, ctx_size=256, kv_cache=kv) as eng:
+            expected = one_by_one(eng, PROMPTS, BUDGETS, ignore_eos=True)
+            got = eng.generate(prompt_ids=PROMPTS, max_tokens=BUDGETS, parallel=2, ignore_eos=True)
+            assert [g.tokens for g in got] == expected
+            peak[kv], info = eng.memory().peak_bytes, eng.info
+    kv_f32_per_sequence = 2 * info.n_full_attention * info.n_head_kv * 256 * info.head_dim * 4
+    assert peak["f32"] - peak["f16"] == 3 * kv_f32_per_sequence // 2
+
+
+def test_batch_stops_each_sequence_at_its_end_of_generation_id(tmp_path, engine):
+    """The same weights with an EOS id that one prompt's output reaches: that sequence stops
+    before it (as one-by-one does) while the others run on."""
+    free = engine.generate(prompt_ids=PROMPTS[0], max_tokens=12, ignore_eos=True).tokens
+    path = write_random_qwen35(tmp_path / "eos.gguf", SPEC_TINY, seed=2, eos_token_id=free[4])
+    with Engine(path, threads=2, ctx_size=256) as eng:
+        budgets = [12] * len(PROMPTS)
+        expected = [eng.generate(prompt_ids=p, max_tokens=12) for p in PROMPTS]
+        got = eng.generate(prompt_ids=PROMPTS, max_tokens=budgets, parallel=3)
+    assert [g.tokens for g in got] == [g.tokens for g in expected]
+    assert [g.stats["stopped_by_eos"] for g in got] == [g.stats["stopped_by_eos"] for g in expected]
+    assert got[0].stats["stopped_by_eos"] and len(got[0].tokens) <= 4
+
+
+@pytest.mark.parametrize("top_k", [0, 20])
+def test_batch_sampling_equals_one_by_one_with_the_same_seed(engine, top_k):
+    """Each sequence draws from its own sampler seeded as one-by-one generation seeds it (with
+    top_k one-by-one ranks on the backend and draws from the k best; the batch from the whole row:
+    the same draws)."""
+    kw = dict(temperature=0.9, top_k=top_k, top_p=0.95, seed=31, ignore_eos=True)
+    expected = one_by_one(engine, PROMPTS, BUDGETS, **kw)
+    assert [g.tokens for g in engine.generate(prompt_ids=PROMPTS, max_tokens=BUDGETS, parallel=3, **kw)] == expected
+
+
+def test_reference_target_text_prompts(tmp_path):
+    """The trained reference target on real code prompts, four in flight."""
+    prompts = [json.loads(line)["prompt"] for line in CODE_PROMPTS.read_text().splitlines()[:6]]
+    with Engine(TARGET, threads=2, ctx_size=1024) as eng:
+        expected = [eng.generate(p, max_tokens=10 + 3 * i, ignore_eos=True) for i, p in enumerate(prompts)]
+        got = eng.generate(prompts, max_tokens=[10 + 3 * i for i in range(6)], parallel=4, ignore_eos=True)
+    assert [g.tokens for g in got] == [g.tokens for g in expected]
+    assert [g.text for g in got] == [g.text for g in expected]
+
+
+def test_bad_batch_requests_are_refused(engine):
+    with pytest.raises(LuceError, match="parallel must be an integer in 1..64"):
+        engine.generate(prompt_ids=PROMPTS, parallel=0)
+    with pytest.raises(LuceError, match="request 2: prompt .* exceed the context size 256"):
+        engine.generate(prompt_ids=[[1], [2], [3] * 250], max_tokens=10)
+    with pytest.raises(LuceError, match="a list of 2 numbers"):
+        engine.generate(prompt_ids=[[1], [2]], max_tokens=[1, 2, 3])
+    out = ffi.new("luce_batch **")
+    for bad in (0, -3, 65):  # the runtime's own bound, below the Python check
+        assert lib().luce_batch_create(engine._model, bad, 64, 0, out) == lib().LUCE_ERR_INVALID_ARGUMENT
+        assert "n_parallel" in ffi.string(lib().luce_last_error()).decode()
+    assert engine.generate(prompt_ids=[[1, 2]], max_tokens=3, ignore_eos=True)[0].tokens == \
+        engine.generate(prompt_ids=[1, 2], max_tokens=3, ignore_eos=True).tokens  # the session still works
+
+
+def test_with_a_drafter_the_list_runs_in_turn():
+    """Speculative decoding inside the batch is not built: with a drafter the prompts run one by
+    one, speculatively (== plain greedy); parallel > 1 is refused unless speculative=False."""
+    prompts = [json.loads(line)["prompt"] for line in CODE_PROMPTS.read_text().splitlines()[:2]]
+    with Engine(TARGET, threads=2, ctx_size=1024, draft=REPO / "models" / "reference" / "dflash-q8_0.gguf") as eng:
+        plain = [eng.generate(p, max_tokens=16, ignore_eos=True, speculative=False).tokens for p in prompts]
+        got = eng.generate(prompts, max_tokens=16, ignore_eos=True)
+        assert [g.tokens for g in got] == plain and all("tau" in g.stats for g in got)
+        with pytest.raises(LuceError, match="speculative decoding inside a batch is not implemented"):
+            eng.generate(prompts, max_tokens=16, parallel=2)
+        batched = eng.generate(prompts, max_tokens=16, ignore_eos=True, parallel=2, speculative=False)
+        assert [g.tokens for g in batched] == plain
+
+
+_EMU_PROBE = r"""
+import json, sys
+from luce import Engine
+from luce.binding import ffi, lib
+prompts, budgets = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+with Engine(sys.argv[1], device="gpu", ctx_size=256) as eng:
+    single = [eng.generate(prompt_ids=p, max_tokens=m, ignore_eos=True).tokens for p, m in zip(prompts, budgets)]
+    batch = [g.tokens for g in eng.generate(prompt_ids=prompts, max_tokens=budgets, parallel=3, ignore_eos=True)]
+    kw = dict(temperature=0.9, top_k=20, seed=5, ignore_eos=True)
+    sampled = [eng.generate(prompt_ids=p, max_tokens=m, **kw).tokens for p, m in zip(prompts, budgets)]
+    sampled_batch = [g.tokens for g in eng.generate(prompt_ids=prompts, max_tokens=budgets, parallel=3, **kw)]
+print(json.dumps({"device": eng.device, "single": single, "batch": batch, "sampled": sampled,
+                  "sampled_batch": sampled_batch}))
+"""
+
+
+def test_batch_on_the_emulated_cuda_backend(tiny_path):
+    """The batched step only calls Backend ops, so the GPU backend runs it as it is: on the emulated
+    CUDA path (a child process: the GPU library stays loaded once loaded) the batch equals the GPU's
+    own one-by-one decoding, graph-replayed steps included, greedy and seeded top-k sampling."""
+    if not EMU_CUDA.exists():
+        pytest.fail(f"{EMU_CUDA} is missing: `make gpu-emu-cuda` builds it (`make test` does)")
+    prompts, budgets = PROMPTS[:5], [6, 9, 3, 0, 5]
+    proc = subprocess.run([sys.executable, "-c", _EMU_PROBE, str(tiny_path), json.dumps(prompts), json.dumps(budgets)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "LUCE_GPU_LIBRARY": str(EMU_CUDA)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["device"] == "gpu"
+    assert out["batch"] == out["single"] and [len(t) for t in out["single"]] == budgets
+    assert out["sampled_batch"] == out["sampled"] and out["sampled"] != out["single"]
+
+
+def _prompt_file(tmp_path: Path) -> Path:
+    lines = CODE_PROMPTS.read_text().splitlines()[:5]
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("\n".join(json.dumps({"prompt": json.loads(line)["prompt"], "id": f"p{i}"})
+                             for i, line in enumerate(lines)) + "\n")
+    return src
+
+
+def test_cli_parallel_writes_every_id_once_as_parallel_1(tmp_path):
+    src = _prompt_file(tmp_path)
+    results = {}
+    for parallel in (1, 2):
+        out = tmp_path / f"out{parallel}.jsonl"
+        proc = run_luce("generate", "-m", TARGET, "--prompts", src, "--output", out, "-n", 12, "-t", 2,
+                        "--device", "cpu", "--parallel", parallel)
+        assert proc.returncode == 0, proc.stderr
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert sorted(r["id"] for r in records) == [f"p{i}" for i in range(5)]  # every id exactly once
+        results[parallel] = {r["id"]: (r["text"], r["tokens"]) for r in records}
+    assert results[2] == results[1]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "65"])
+def test_cli_bad_parallel_is_one_error_line(tmp_path, value):
+    proc = run_luce("generate", "-m", TARGET, "--prompts", _prompt_file(tmp_path), "--parallel", value)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+    assert proc.stdout == "" and len(errors) == 1 and "--parallel" in errors[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_parallel_with_a_drafter_is_refused(tmp_path):
+    proc = run_luce("generate", "-m", TARGET, "--prompts", _prompt_file(tmp_path), "--parallel", 2,
+                    "--draft", REPO / "models" / "reference" / "dflash-q8_0.gguf")
+    assert proc.returncode == 2 and "--parallel > 1 does not combine with --draft" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_parallel_keeps_going_past_a_refused_prompt(tmp_path):
+    """A prompt that does not fit the context gets the same error line as with --parallel 1, the
+    others their results; the run exits 1."""
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("\n".join(json.dumps(p) for p in ["short", "word " * 40, "also short", "x"]) + "\n")
+    lines = {}
+    for parallel in (1, 2):
+        out = tmp_path / f"out{parallel}.jsonl"
+        proc = run_luce("generate", "-m", TARGET, "--prompts", src, "--output", out, "-n", 2, "-c", 16, "-t", 2,
+                        "--device", "cpu", "--parallel", parallel)
+        assert proc.returncode == 1 and "1 of 4 prompts failed" in proc.stderr
+        lines[parallel] = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["id"])
+    assert [("error" in r) for r in lines[2]] == [False, True, False, False]
+    assert [r.get("error", r.get("tokens")) for r in lines[2]] == [r.get("error", r.get("tokens")) for r in lines[1]]
