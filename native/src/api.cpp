@@ -96,10 +96,9 @@ LUCE_API luce_status luce_session_create(luce_model *model, int32_t n_ctx, int32
         require(model, "model");
         require(out, "out");
         *out = nullptr;
-        if (kv_type != LUCE_KV_F32 && kv_type != LUCE_KV_F16)
-            fail(LUCE_ERR_INVALID_ARGUMENT, "unknown KV cache type %d", kv_type);
+        const bool kv_f16 = luce::kv_type_is_f16(kv_type);
         auto h = std::make_unique<luce_session>();
-        h->s = std::make_unique<luce::Session>(model->m.get(), n_ctx, kv_type == LUCE_KV_F16);
+        h->s = std::make_unique<luce::Session>(model->m.get(), n_ctx, kv_f16);
         *out = h.release();
     });
 }

@@ -16,10 +16,9 @@ LUCE_API luce_status luce_batch_create(luce_model *model, int32_t n_parallel, in
         require(model, "model");
         require(out, "out");
         *out = nullptr;
-        if (kv_type != LUCE_KV_F32 && kv_type != LUCE_KV_F16)
-            fail(LUCE_ERR_INVALID_ARGUMENT, "unknown KV cache type %d", kv_type);
+        const bool kv_f16 = luce::kv_type_is_f16(kv_type);
         auto h = std::make_unique<luce_batch>();
-        h->b = std::make_unique<luce::BatchRunner>(model->m.get(), n_parallel, n_ctx, kv_type == LUCE_KV_F16);
+        h->b = std::make_unique<luce::BatchRunner>(model->m.get(), n_parallel, n_ctx, kv_f16);
         *out = h.release();
     });
 }

@@ -34,15 +34,19 @@ void attention_layer(Backend &be, const Hparams &hp, const AttentionWeights &w, 
 
 void attention_mixer(Session &s, int il, int T) {
     StepBuffers &b = s.buf;
-    std::vector<AttentionRows> seqs;
-    for (const StepSegment &seg : step_segments(s, T)) {
+    const SegmentSpan segs = step_segments(s, T);
+    // A batch's steps hold at most MAX_STEP rows, so at most MAX_STEP sequences.
+    if (segs.n > MAX_STEP) fail(LUCE_ERR_INTERNAL, "attention step of %d sequences", segs.n);
+    AttentionRows seqs[MAX_STEP];
+    for (int i = 0; i < segs.n; ++i) {
+        const StepSegment &seg = segs.first[i];
         // Tree verify (one sequence): nodes are stored at their slots and see only their
         // ancestors (session.h).
-        seqs.push_back({seg.row0, seg.T, &(*seg.kv)[size_t(il)], s.tree ? b.tree_slot : b.pos + seg.row0,
-                        s.tree ? b.tree_mask : nullptr});
+        seqs[i] = {seg.row0, seg.T, &(*seg.kv)[size_t(il)], s.tree ? b.tree_slot : b.pos + seg.row0,
+                   s.tree ? b.tree_mask : nullptr};
     }
     attention_layer(*s.model->backend, s.model->hp, s.model->layers[size_t(il)].attn, b, T,
-                    s.model->hp.n_head[size_t(il)], s.model->hp.n_head_kv[size_t(il)], seqs.data(), int(seqs.size()));
+                    s.model->hp.n_head[size_t(il)], s.model->hp.n_head_kv[size_t(il)], seqs, segs.n);
 }
 
 }  // namespace luce

@@ -13,9 +13,10 @@
 
 namespace luce {
 
-std::vector<StepSegment> step_segments(Session &s, int T) {
-    if (s.segments) return *s.segments;
-    return {StepSegment{&s.kv, &s.recurrent, s.n_past, 0, T}};
+SegmentSpan step_segments(Session &s, int T) {
+    if (s.segments) return {s.segments->data(), int(s.segments->size())};
+    s.whole_step = StepSegment{&s.kv, &s.recurrent, s.n_past, 0, T};
+    return {&s.whole_step, 1};
 }
 
 namespace {

@@ -106,6 +106,7 @@ struct Session {
     // Set only around a batched forward_step (batch.cpp): the step's rows belong to these
     // sequences, not to this session's own state, and n_past is left alone.
     const std::vector<StepSegment> *segments = nullptr;
+    StepSegment whole_step;  // step_segments' one segment when segments is null
     std::vector<void *> allocations;
 
     bool kv_f16 = false;
@@ -153,8 +154,15 @@ const float *forward_step_rows(Session &s, const int32_t *tokens, int T, int log
 // computed by the backend so only the index leaves the device.
 int32_t forward_step_greedy(Session &s, int32_t token);
 
-// The segments of a step: s.segments, or the whole step on the session's own state.
-std::vector<StepSegment> step_segments(Session &s, int T);
+// The segments of a step: s.segments, or the whole step on the session's own state. A view, no
+// copy: every mixer asks for it once per layer and step.
+struct SegmentSpan {
+    const StepSegment *first;
+    int n;
+    const StepSegment *begin() const { return first; }
+    const StepSegment *end() const { return first + n; }
+};
+SegmentSpan step_segments(Session &s, int T);
 
 // One sequence's rows [row0, row0 + T) of an attention step: k, v stored in kv at slot[t], keys
 // visible by position (mask null) or by mask.
