@@ -109,7 +109,7 @@ peer-gpu:
 	cmake -S $(PEER_SRC) -B $(PEER_GPU_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
 	  -DCMAKE_CUDA_ARCHITECTURES=$(PEER_CUDA_ARCHS) -DGGML_NATIVE=OFF -DLLAMA_BUILD_SERVER=OFF \
 	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
-	cmake --build $(PEER_GPU_BUILD) -j $(JOBS) --target llama-bench llama-speculative-simple
+	cmake --build $(PEER_GPU_BUILD) -j $(JOBS) --target llama-bench llama-speculative-simple llama-batched-bench
 
 # The GPU benchmark matrix (tools/bench_matrix.py, docs/benchmarks.md): luce and llama.cpp on the
 # same 27B files in the recipes users download. On the GPU machine, with .whl and the peer carried.

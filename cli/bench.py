@@ -87,8 +87,11 @@ class BlockList(IntList):
               help="With --draft: decode after every prompt of this set (one JSON string or "
                    "{\"prompt\": ...} per line) instead of one random prompt; e.g. "
                    "models/reference/prompts/code.jsonl.")
+@click.option("-np", "--parallel", type=IntList(), default=None, metavar="LIST",
+              help="Decode this many sequences at once (list, 1..64; continuous batching): tgN after a prompt "
+                   "of the first -p length per sequence, aggregate tok/s as llama-batched-bench's S_TG.")
 def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_warmup, seed, temperature, top_k,
-            top_p, draft, block_sizes, verify_modes, no_adaptive, prompts_file):
+            top_p, draft, block_sizes, verify_modes, no_adaptive, prompts_file, parallel):
     """Measure prefill (ppN) and decode (tgN) tok/s of a qwen35 GGUF, or with --draft the
     speculative decode speed per block size and verify mode against plain decoding.
 
@@ -98,6 +101,7 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
       luce bench -m model.gguf --draft drafter.gguf -p 64 -n 128 --draft-block-size 8,16 --verify chain,tree
       luce bench -m model.gguf --draft drafter.gguf --draft-block-size 4,8,16,auto
       luce bench -m model.gguf --draft drafter.gguf --temp 0.7 --top-k 20 --top-p 0.95
+      luce bench -m model.gguf --device gpu -p 512 -n 128 --parallel 1,8,32,64
     """
     from luce import bench
     from luce.batch import read_prompt_jobs
@@ -107,6 +111,10 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
         raise click.BadParameter("the llama.cpp peer decodes without a sampler; compare greedy runs",
                                  param_hint="--peer")
 
+    if parallel is not None:
+        _bench_parallel(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_warmup, seed,
+                        sampling, draft, parallel)
+        return
     if prompts_file and draft is None:
         raise click.BadParameter("a prompt set only applies to speculative runs (--draft)",
                                  param_hint="--prompts")
@@ -143,6 +151,30 @@ def command(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_
         peer_rows = bench.bench_llama_cpp(model, tests, threads, repetitions, not no_warmup, seed)
         bench.attach_peer_ratios(rows, peer_rows)
         rows += peer_rows
+    click.echo(bench.PRINTERS[fmt](rows))
+    if fmt == "md":
+        click.echo("\n" + bench.footer())
+
+
+def _bench_parallel(model, n_prompt, n_gen, threads, repetitions, device, peer, fmt, no_warmup, seed, sampling,
+                    draft, parallel):
+    """luce bench --parallel: aggregate decode rows, one per number of sequences."""
+    from luce import bench
+    from luce.engine import MAX_PARALLEL
+
+    bad = [n for n in parallel if not 1 <= n <= MAX_PARALLEL]
+    if bad:
+        raise click.BadParameter(f"{bad[0]} sequences: choose 1..{MAX_PARALLEL}", param_hint="--parallel")
+    for given, hint in ((draft is not None, "--draft"), (peer != "none", "--peer"), (sampling.label, "--temp")):
+        if given:
+            raise click.BadParameter("not measured with --parallel (greedy, plain decoding, luce alone; "
+                                     "tools/bench_matrix.py runs llama-batched-bench beside it)", param_hint=hint)
+    if not model.is_file():
+        raise LuceError(f"model not found: {model}")
+    if not any(n > 0 for n in n_gen):
+        raise click.BadParameter("nothing to measure: -n is 0", param_hint="-n")
+    rows = bench.bench_parallel(model, n_gen, n_prompt[0], parallel, threads, device, repetitions, not no_warmup,
+                                seed)
     click.echo(bench.PRINTERS[fmt](rows))
     if fmt == "md":
         click.echo("\n" + bench.footer())

@@ -24,10 +24,18 @@ def test_dry_run_writes_a_row_per_mix(tmp_path):
         spec = row["luce_spec"]
         assert {"plain_ms", "block8", "block16", "verify16"} <= set(spec)
         assert spec["block16"]["step_ms"] > 0 and spec["verify16"]["x_plain"] > 0
+        assert set(row["luce_parallel"]) == {"1", "8", "32", "64"} and min(row["luce_parallel"].values()) > 0
         assert "peer" not in row and "error" not in row
     assert not list(work.glob("synthetic-tiny-lq-*.gguf"))  # each mix's file went after its row
     markdown = (out / "matrix.md").read_text()
-    assert all(markdown.count(f"| {mix} |") == 3 for mix in MIXES)  # one row in each of the three tables
+    # one row in each of the three tables, and one per number of sequences in the batched one
+    assert all(markdown.count(f"| {mix} |") == 3 + 4 for mix in MIXES)
+
+
+def test_bad_parallel_list_is_one_clear_error(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/bench_matrix.py"), "--dut", "cpu", "--parallel", "8,x",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--parallel '8,x'" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_unknown_mix_is_one_clear_error(tmp_path):

@@ -91,3 +91,42 @@ def test_decode_bytes_leave_out_the_untied_embedding(tmp_path):
         got = bench.decode_weight_bytes(path, engine.info)
         assert got == engine.info.weight_bytes - int(embd.n_bytes)
         assert got < engine.info.weight_bytes
+
+
+REFERENCE_TARGET = Path(__file__).resolve().parents[1] / "models" / "reference" / "target-q8_0.gguf"
+
+
+def test_bench_parallel_rows_count_every_sequences_tokens():
+    """--parallel 1,3: one row per number of sequences, named as llama-bench names a decode at depth;
+    every sequence's decoded tokens are counted (n_gen each, not n_gen in all)."""
+    from luce.engine import Engine
+    with Engine(REFERENCE_TARGET, ctx_size=32, threads=2) as engine:
+        calls = []
+        real = engine.generate
+
+        def spy(**kw):
+            results = real(**kw)
+            calls.append((kw, results))
+            return results
+        engine.generate = spy
+        seconds = bench.parallel_timer(engine, n_gen=5, depth=6, n_parallel=3, seed=1)()
+    (kw, results), = calls
+    assert kw["parallel"] == 3 and [len(p) for p in kw["prompt_ids"]] == [6, 6, 6]
+    assert [len(r.tokens) for r in results] == [6, 6, 6]  # the prefill's token + 5 decoded, each
+    assert seconds > 0
+    rows = bench.bench_parallel(REFERENCE_TARGET, [4], 8, [1, 3], [2], "cpu", reps=1, warmup=False)
+    assert [(r.test, r.parallel) for r in rows] == [("tg4 @ d8", 1), ("tg4 @ d8", 3)]
+    assert "| np |" in bench.to_markdown(rows).splitlines()[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--parallel", "0"], "0 sequences: choose 1..64"),
+    (["--parallel", "65"], "65 sequences: choose 1..64"),
+    (["--parallel", "4", "--peer", "llama.cpp"], "not measured with --parallel"),
+    (["--parallel", "4", "--temp", "0.5"], "not measured with --parallel"),
+    (["--parallel", "4", "-n", "0"], "nothing to measure"),
+])
+def test_bench_parallel_refuses_what_it_cannot_measure(args, message):
+    from luce.cli.main import cli
+    result = CliRunner().invoke(cli, ["bench", "-m", str(REFERENCE_TARGET), *args])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output

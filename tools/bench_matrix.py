@@ -13,9 +13,12 @@ with its small DeltaNet projections F32, Q8_0 and BF16, an unsloth-style UD-Q4_K
 - DFlash 2 (a random drafter of the published Qwen3.8 shape, models/synthetic_drafter.py): a
   whole speculative step at block 8 and 16 with every draft rejected (draft, verify, rollback)
   against a plain step, and a 16-row verify step as the loop runs it, against a plain step;
-- llama.cpp, when given a CUDA build (--peer-llama-cpp DIR holding llama-bench and
-  llama-speculative-simple): `llama-bench -fa 1 -ngl 99` with the same tests, and
-  `llama-speculative-simple --spec-type draft-dflash --spec-draft-n-max 7 / 15` with the same drafter.
+- many sequences at once (--parallel, default 1,8,32,64): aggregate decode tok/s of tg128, each
+  sequence after its own 512-token prompt (`luce bench --parallel`: the batch runtime);
+- llama.cpp, when given a CUDA build (--peer-llama-cpp DIR holding llama-bench,
+  llama-speculative-simple and llama-batched-bench): `llama-bench -fa 1 -ngl 99` with the same
+  tests, `llama-speculative-simple --spec-type draft-dflash --spec-draft-n-max 7 / 15` with the
+  same drafter, and `llama-batched-bench -npp 512 -ntg 128 -npl ...` (its S_TG) for the batches.
 Then deletes the file (--keep-files keeps it) and goes on. Writes matrix.json and matrix.md to
 --out ($OUT by default). Performance numbers only: nothing here asserts a speed.
 `--dut cpu --shape tiny` runs the same script on a CPU machine (its dry run; CI runs it).
@@ -46,6 +49,8 @@ PROMPT_WIDTHS = (1, 2, 4, 8, 16, 32, 512, 2048)
 GEN_TOKENS = 128
 SPEC_BLOCKS = (8, 16)
 SPEC_TOKENS = 64
+PARALLEL_DEPTH = 512  # each batched sequence's own prompt
+DEFAULT_PARALLEL = "1,8,32,64"
 PEER_TIMEOUT_S = 300
 PEER_LABEL = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36; make peer-gpu)"
 
@@ -89,6 +94,14 @@ def luce_tests(path: Path, dut: str, reps: int) -> dict:
     return {r.test: round(r.tok_s, 2) for r in rows} | {"peak_mib": round(max(r.peak_mib for r in rows), 1)}
 
 
+def luce_parallel(path: Path, dut: str, reps: int, parallel: list[int]) -> dict:
+    """{sequences: aggregate tok/s} of tg128 after a PARALLEL_DEPTH-token prompt per sequence."""
+    from luce import bench
+
+    rows = bench.bench_parallel(path, [GEN_TOKENS], PARALLEL_DEPTH, parallel, [0], dut, reps, warmup=True)
+    return {str(r.parallel): round(r.tok_s, 2) for r in rows}
+
+
 def luce_speculative(target: Path, drafter: Path, dut: str) -> dict:
     """A DFlash 2 step at each SPEC_BLOCKS block with every draft rejected, and a verify of 16 rows
     as the loop runs it, each against a plain step (gpucheck.spec_bench.bench_drafter's method)."""
@@ -129,6 +142,21 @@ def peer_tests(peer: Path, path: Path, reps: int) -> dict:
         test = f"pp{run['n_prompt']}" if run["n_gen"] == 0 else f"tg{run['n_gen']}"
         res[test] = round(run["avg_ts"], 2)
         res["device"] = run.get("gpu_info") or run.get("cpu_info") or "?"
+    return res
+
+
+def peer_parallel(peer: Path, path: Path, parallel: list[int]) -> dict:
+    """{sequences: S_TG} from llama-batched-bench on the same file: every sequence its own
+    PARALLEL_DEPTH-token prompt (not shared), then GEN_TOKENS decoded by all at once."""
+    cmd = [str(peer / "llama-batched-bench"), "-m", str(path), "-c", str(max(parallel) * (PARALLEL_DEPTH + GEN_TOKENS)),
+           "-b", "2048", "-ub", "512", "-npp", str(PARALLEL_DEPTH), "-ntg", str(GEN_TOKENS),
+           "-npl", ",".join(map(str, parallel)), "-ngl", "99", "-fa", "on", "--output-format", "jsonl"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
+    out = proc.stdout + "\n" + proc.stderr
+    res = {str(run["pl"]): round(run["speed_tg"], 2)
+           for run in (json.loads(line) for line in out.splitlines() if line.startswith('{"n_kv_max"'))}
+    if proc.returncode != 0 or not res:
+        res["error"] = _first_error(out)
     return res
 
 
@@ -182,12 +210,17 @@ def measure_mix(mix: str, args, bandwidth: float | None, drafter: Path | None) -
     try:
         log(f"{mix}: luce")
         row["luce"] = luce_tests(path, args.dut, args.reps)
+        if args.parallel:
+            log(f"{mix}: luce, {args.parallel} sequences at once")
+            row["luce_parallel"] = luce_parallel(path, args.dut, args.reps, args.parallel)
         if drafter:
             log(f"{mix}: luce DFlash 2")
             row["luce_spec"] = luce_speculative(path, drafter, args.dut)
         if args.peer_llama_cpp:
             log(f"{mix}: llama.cpp")
             row["peer"] = peer_tests(args.peer_llama_cpp, path, args.reps)
+            if args.parallel and (args.peer_llama_cpp / "llama-batched-bench").exists():
+                row["peer_parallel"] = peer_parallel(args.peer_llama_cpp, path, args.parallel)
             if drafter:
                 row["peer_spec"] = peer_speculative(args.peer_llama_cpp, path, drafter,
                                                     row["peer"].get(f"tg{GEN_TOKENS}"))
@@ -248,7 +281,25 @@ def write_markdown(report: dict, path: Path) -> None:
         lines.append(f"| {row['mix']} | {spec.get('plain_ms', '')} | {cell(spec, 'block8')} | {cell(spec, 'block16')} | "
                      + (f"{verify['ms']} ms, {verify['x_plain']}x" if verify else "")
                      + f" | {cell(peer, 'block8')} | {cell(peer, 'block16')} |")
+    lines += parallel_table(report)
     path.write_text("\n".join(lines) + "\n")
+
+
+def parallel_table(report: dict) -> list[str]:
+    """Aggregate decode tok/s by number of sequences; x np1 = over luce's own single sequence."""
+    if not any("luce_parallel" in row for row in report["rows"]):
+        return []
+    lines = ["", f"## Many sequences at once (aggregate tg{GEN_TOKENS} tok/s, a {PARALLEL_DEPTH}-token prompt each; "
+             "llama.cpp: llama-batched-bench S_TG)", "",
+             "| mix | sequences | luce | x luce np1 | llama.cpp | ratio |", "|---|---:|---:|---:|---:|---:|"]
+    for row in report["rows"]:
+        luce, peer = row.get("luce_parallel", {}), row.get("peer_parallel", {})
+        for n, tok_s in luce.items():
+            one, theirs = luce.get("1"), peer.get(n)
+            lines.append(f"| {row['mix']} | {n} | {tok_s} | " + (f"{tok_s / one:.2f}" if one else "")
+                         + f" | {theirs if theirs is not None else peer.get('error', '')[:60]} | "
+                         + (f"{tok_s / theirs:.2f}" if isinstance(theirs, float) and theirs > 0 else "") + " |")
+    return lines
 
 
 def git_commit() -> str:
@@ -271,11 +322,19 @@ def main(argv=None) -> int:
     ap.add_argument("--dut", default="gpu", choices=("gpu", "cpu"), help="cpu: the script's dry run")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per test, both tools")
     ap.add_argument("--no-drafter", dest="drafter", action="store_false", help="skip the DFlash 2 columns")
+    ap.add_argument("--parallel", default=DEFAULT_PARALLEL, metavar="LIST",
+                    help="numbers of sequences decoding at once for the batched columns ('' skips them)")
     ap.add_argument("--keep-files", action="store_true", help="keep each mix's file after its row")
     ap.add_argument("--skip-build", action="store_true", help="use the luce installed for this python")
     ap.add_argument("--archs", default=os.environ.get("LUCE_GPU_ARCHS", "90"), help="CUDA architectures to build")
     args = ap.parse_args(argv)
     mixes = [m.strip() for m in args.mixes.split(",") if m.strip()]
+    try:
+        args.parallel = [int(x) for x in args.parallel.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--parallel {args.parallel!r}: a comma-separated list of numbers of sequences")
+    if any(not 1 <= n <= 64 for n in args.parallel):
+        ap.error("--parallel: each number of sequences must be in 1..64")
     unknown = sorted(set(mixes) - set(synth.MIXES))
     if unknown:
         ap.error(f"unknown mix {', '.join(unknown)} (known: {', '.join(synth.MIXES)})")

@@ -66,6 +66,8 @@ class Row:
     # The engine's peak backend memory by the end of this row's runs (Engine.memory: on a GPU
     # weights, caches, state and scratch; on the CPU all but the mapped weights).
     peak_mib: float | None = None
+    # Batched rows (luce bench --parallel): sequences decoding at once; tok/s is their aggregate.
+    parallel: int | None = None
 
 
 def tests_from(prompt_tokens: Iterable[int], gen_tokens: Iterable[int]) -> list[Test]:
@@ -179,6 +181,51 @@ def bench_luce(model: Path, tests: list[Test], threads: list[int], device: str, 
                                 weight_gb * mean if test.kind == "tg" else None, reps,
                                 sampling=sampling.label if test.kind == "tg" else None,
                                 peak_mib=peak_mib(engine)))
+    return rows
+
+
+# ---- many sequences at once ------------------------------------------------------------------
+
+def parallel_test_name(n_gen: int, depth: int) -> str:
+    """llama-bench's name for decoding after a `depth`-token prompt: tg128 @ d512."""
+    return f"tg{n_gen} @ d{depth}"
+
+
+def parallel_timer(engine, n_gen: int, depth: int, n_parallel: int, seed: int) -> Callable[[], float]:
+    """Seconds for n_parallel * n_gen decoded tokens, n_parallel sequences at once after their
+    own `depth`-token prompts (the batch runtime, Engine.generate of a list): the aggregate decode
+    rate that llama-batched-bench calls S_TG. Every prompt is prefilled as its sequence is admitted,
+    before the first shared decode step, so the decode time is the wall time less the prefills."""
+    prompts = [random_prompt(depth, engine.info.n_vocab, seed + i) for i in range(n_parallel)]
+
+    def decode_seconds() -> float:
+        t0 = time.perf_counter()
+        results = engine.generate(prompt_ids=prompts, max_tokens=n_gen + 1, ignore_eos=True, parallel=n_parallel)
+        wall = time.perf_counter() - t0
+        prefill = sum(r.stats["prefill_seconds"] for r in results)
+        decoded = sum(len(r.tokens) - 1 for r in results)  # each first token comes from its prefill
+        return (wall - prefill) * n_parallel * n_gen / max(1, decoded)
+
+    return decode_seconds
+
+
+def bench_parallel(model: Path, n_gen: list[int], depth: int, parallel: list[int], threads: list[int], device: str,
+                   reps: int, warmup: bool, seed: int = 0) -> list[Row]:
+    """Aggregate decode tok/s of each number of sequences in `parallel`, each decoding tgN after
+    its own random prompt of `depth` tokens (at least 1)."""
+    depth = max(1, depth)
+    tests = [Test("tg", n) for n in n_gen if n > 0]
+    rows = []
+    size_gib = model.stat().st_size / 2**30
+    for t in map(resolve_threads, threads):
+        ctx = depth + max([x.n for x in tests] + [16]) + 2
+        with _bench_engine(model, tests, ctx, device=device, threads=t) as engine:
+            for test in tests:
+                for n_par in parallel:
+                    timer = parallel_timer(engine, test.n, depth, n_par, seed)
+                    mean, std = measure(timer, test.n * n_par, reps, warmup)
+                    rows.append(Row(model.name, size_gib, f"luce {device}", t, parallel_test_name(test.n, depth),
+                                    mean, std, None, reps, parallel=n_par, peak_mib=peak_mib(engine)))
     return rows
 
 
@@ -352,6 +399,7 @@ COLUMNS = [  # (field, header, format)
     ("threads", "threads", "{}"),
     ("test", "test", "{}"),
     ("sampling", "sampling", "{}"),
+    ("parallel", "np", "{}"),
     ("tok_s", "t/s", None),
     ("gb_s", "GB/s", "{:.1f}"),
     ("vs_peer", "vs llama.cpp", "{:.2f}x"),
@@ -378,10 +426,10 @@ def to_markdown(rows: list[Row]) -> str:
     cols = [c for c in COLUMNS
             if c[0] in always or len({getattr(r, c[0]) for r in rows}) > 1
             or (c[0] in ("size_gib", "threads") and rows)
-            or (c[0] in ("sampling", "gb_s", "vs_peer", "draft", "tau", "acceptance", "speedup", "peak_mib")
+            or (c[0] in ("sampling", "parallel", "gb_s", "vs_peer", "draft", "tau", "acceptance", "speedup", "peak_mib")
                 and any(getattr(r, c[0]) is not None for r in rows))]
     lines = ["| " + " | ".join(h for _, h, _ in cols) + " |",
-             "| " + " | ".join("---:" if f in ("tok_s", "gb_s", "vs_peer", "threads", "size_gib", "block", "tau", "acceptance",
+             "| " + " | ".join("---:" if f in ("tok_s", "parallel", "gb_s", "vs_peer", "threads", "size_gib", "block", "tau", "acceptance",
                                               "speedup", "peak_mib") else "---"
                                for f, _, _ in cols) + " |"]
     lines += ["| " + " | ".join(_cell(r, f, fmt) for f, _, fmt in cols) + " |" for r in rows]
