@@ -17,23 +17,23 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from luce.batch import ResultLog, generate_record, read_prompt_jobs, result_record
-from luce.engine import DEFAULT_CTX_SIZE, DEFAULT_MAX_TOKENS, DEVICES, MAX_PARALLEL
+from luce.engine import DEFAULT_CTX_SIZE, DEFAULT_MAX_TOKENS, DEVICES, KV_CACHE_TYPES, MAX_PARALLEL
 from luce.errors import LuceError
 
 stderr = Console(stderr=True)
 
 
-def open_engine(model, device: str, threads: int, ctx_size: int, draft):
+def open_engine(model, **engine_kwargs):
     """The Engine, with a progress bar on stderr while its weights upload to a GPU (when stderr is
     a terminal: a 15 GB upload takes seconds; the CPU maps the file and shows nothing)."""
     from luce.engine import Engine  # imported on use: `luce --help` stays fast
 
-    if device == "cpu" or not stderr.is_terminal:
-        return Engine(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft)
+    if engine_kwargs["device"] == "cpu" or not stderr.is_terminal:
+        return Engine(model, **engine_kwargs)
     with Progress(TextColumn("uploading weights"), BarColumn(), DownloadColumn(), console=stderr,
                   transient=True) as bar:
         task = bar.add_task("upload", total=None)
-        return Engine(model, device=device, threads=threads, ctx_size=ctx_size, draft=draft,
+        return Engine(model, **engine_kwargs,
                       progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
@@ -222,6 +222,14 @@ class Stream:
               help="CPU threads (0: one per core).")
 @click.option("-c", "--ctx-size", type=click.IntRange(min=1), default=DEFAULT_CTX_SIZE, show_default=True,
               help="Context length in tokens (prompt + generated).")
+@click.option("-ctk", "--cache-type-k", type=click.Choice(list(KV_CACHE_TYPES)), default="f32", show_default=True,
+              help="Attention K cache type (llama.cpp's -ctk): f16 halves it, q8_0 / q4_0 store llama.cpp's blocks "
+              "(CPU; the GPU keeps f32 so far).")
+@click.option("-ctv", "--cache-type-v", type=click.Choice(list(KV_CACHE_TYPES)), default="f32", show_default=True,
+              help="Attention V cache type (llama.cpp's -ctv).")
+@click.option("--kv-rotate", is_flag=True,
+              help="Store K rotated by a Walsh-Hadamard matrix (queries read alike; exact in math): spreads "
+              "outliers before a q8_0 / q4_0 cache rounds them.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt and nothing else.")
 @click.option("--draft", type=DraftSource(), metavar="DRAFTER.gguf|mtp",
               help="Speculative decoding with this DFlash / DFlash 2 / DSpark drafter (checked like luce inspect), "
@@ -241,8 +249,8 @@ class Stream:
 @click.option("--verify-cap", type=click.IntRange(min=0), default=DEFAULT_VERIFY_CAP, show_default=True,
               help="From this many committed tokens, verify at most max(8, block/2) rows (0: never cap).")
 def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_address, ray_workers, parallel, prompt_ids, max_tokens, temperature, top_k,
-            top_p, seed, ignore_eos, chat, device, threads, ctx_size, as_json, draft, draft_block_size, ddtree,
-            ddtree_budget, no_adaptive, dspark_confidence_threshold, verify_cap):
+            top_p, seed, ignore_eos, chat, device, threads, ctx_size, cache_type_k, cache_type_v, kv_rotate, as_json,
+            draft, draft_block_size, ddtree, ddtree_budget, no_adaptive, dspark_confidence_threshold, verify_cap):
     """Generate text with a qwen35 target model, plain or speculative (--draft).
 
     Text streams to stdout as it is produced; a stats block (prompt tokens, prefill tok/s,
@@ -306,18 +314,19 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
         settings.update(draft_block_size=draft_block_size, ddtree=ddtree, ddtree_budget=ddtree_budget,
                         adaptive=not no_adaptive, dspark_confidence_threshold=dspark_confidence_threshold,
                         verify_cap_from=verify_cap if verify_cap > 0 else -1)
+    engine_kwargs = dict(device=device, threads=threads, ctx_size=ctx_size, draft=draft, cache_type_k=cache_type_k,
+                         cache_type_v=cache_type_v, kv_rotate=kv_rotate)
     # an --output that would lose results is refused before the model load, too
     log = ResultLog(output_file, resume=resume) if output_file is not None else None
     try:
         if ray_address is not None:
             from luce.ray_batch import RayBatch
 
-            engine_kwargs = dict(device=device, threads=threads, ctx_size=ctx_size, draft=draft)
             with RayBatch(model, None if ray_address == LOCAL_RAY else ray_address, ray_workers,
                           engine_kwargs) as batch:
                 run_batch(batch.run, jobs, settings, log, as_json)
             return
-        with open_engine(model, device, threads, ctx_size, draft) as engine:
+        with open_engine(model, **engine_kwargs) as engine:
             if prompts_file is not None:
                 if parallel > 1:
                     run_batch(lambda todo, *args: run_parallel(engine, parallel, todo, *args), jobs, settings, log,

@@ -60,19 +60,22 @@ def test_batch_greedy_equals_one_by_one(engine, parallel):
     assert set(results[0].stats) == set(single.stats) | {"parallel"}  # the same result record, and its width
 
 
-def test_batch_with_an_f16_cache_equals_one_by_one_in_half_the_pages(tiny_path):
-    """With kv_cache="f16" the slots' KV pages hold half floats: the same tokens as one-by-one f16
-    generation, and the peak memory of a batch of two slots is less than the f32 engine's by half
-    the cache of three sequences (the engine's session and both slots' pages)."""
+@pytest.mark.parametrize("kv, row_bytes", [("f16", lambda d: 2 * d), ("q8_0", lambda d: d + 2 * d // 32),
+                                           ("q4_0", lambda d: d // 2 + 2 * d // 32)])
+def test_batch_with_a_narrow_cache_equals_one_by_one_in_smaller_pages(tiny_path, kv, row_bytes):
+    """With an f16, q8_0 or q4_0 cache the slots' KV pages hold rows of that type: the same tokens as
+    one-by-one generation on that cache, and the peak memory of a batch of two slots is less than
+    the f32 engine's by the row bytes saved over the cache of three sequences (the engine's session
+    and both slots' pages)."""
     peak, info = {}, None
-    for kv in ("f32", "f16"):
-        with Engine(tiny_path, threads=2, ctx_size=256, kv_cache=kv) as eng:
+    for kind in ("f32", kv):
+        with Engine(tiny_path, threads=2, ctx_size=256, kv_cache=kind) as eng:
             expected = one_by_one(eng, PROMPTS, BUDGETS, ignore_eos=True)
             got = eng.generate(prompt_ids=PROMPTS, max_tokens=BUDGETS, parallel=2, ignore_eos=True)
             assert [g.tokens for g in got] == expected
-            peak[kv], info = eng.memory().peak_bytes, eng.info
-    kv_f32_per_sequence = 2 * info.n_full_attention * info.n_head_kv * 256 * info.head_dim * 4
-    assert peak["f32"] - peak["f16"] == 3 * kv_f32_per_sequence // 2
+            peak[kind], info = eng.memory().peak_bytes, eng.info
+    rows_per_sequence = 2 * info.n_full_attention * info.n_head_kv * 256
+    assert peak["f32"] - peak[kv] == 3 * rows_per_sequence * (4 * info.head_dim - row_bytes(info.head_dim))
 
 
 def test_batch_stops_each_sequence_at_its_end_of_generation_id(tmp_path, engine):

@@ -333,13 +333,15 @@ def test_speculative_generation_needs_an_empty_session(pair):
         assert status == 1 and "empty session" in ffi.string(lib().luce_last_error()).decode()
 
 
-def test_f16_kv_cache_chain_and_tree(pair):
-    """With an f16 attention cache, speculative output equals plain output on the same cache type
-    (tree commits move f16 rows)."""
+@pytest.mark.parametrize("cache", [dict(kv_cache="f16"), dict(kv_cache="q8_0", kv_rotate=True),
+                                   dict(cache_type_k="q4_0", cache_type_v="q8_0")])
+def test_narrow_kv_cache_chain_and_tree(pair, cache):
+    """With an f16, q8_0 (K rotated) or q4_0/q8_0 attention cache, speculative output equals plain
+    output on the same cache (tree commits move rows of each type's size)."""
     prompt = PROMPTS["short"]
-    with Engine(pair.target, threads=1, kv_cache="f16") as eng:
+    with Engine(pair.target, threads=1, **cache) as eng:
         ref = eng.generate(prompt_ids=prompt, max_tokens=80, ignore_eos=True).tokens
-    with Engine(pair.target, threads=1, kv_cache="f16", draft=pair.drafters["dflash2"]) as eng:
+    with Engine(pair.target, threads=1, draft=pair.drafters["dflash2"], **cache) as eng:
         oracle = _corrupt(ref, 11, 4)
         chain = eng.generate(prompt_ids=prompt, max_tokens=80, ignore_eos=True, adaptive=False, oracle_tokens=oracle)
         tree = eng.generate(prompt_ids=prompt, max_tokens=80, ignore_eos=True, adaptive=False, oracle_tokens=oracle,

@@ -476,9 +476,13 @@ void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_h
                   theta);
 }
 
-// The GPU kernels read an f32 cache only so far; the f16 cache is a CPU-backend option.
+// The GPU kernels read an f32 cache only so far; the other cache types and the rotation are
+// CPU-backend options.
 static void require_f32_cache(const KvLayer &kv) {
-    if (kv.f16) fail(LUCE_ERR_UNSUPPORTED, "the GPU backend has no f16 KV cache yet; use the f32 cache");
+    const KvFormat &f = kv.format;
+    if (f.k != KvType::F32 || f.v != KvType::F32 || f.rotate)
+        fail(LUCE_ERR_UNSUPPORTED, "the GPU backend keeps an f32 KV cache only so far (asked: K %s, V %s%s)",
+             kv_type_name(f.k), kv_type_name(f.v), f.rotate ? ", rotated" : "");
 }
 
 void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,

@@ -104,11 +104,21 @@ luce_status luce_model_memory(const luce_model *model, luce_memory_info *out);
 typedef struct luce_session luce_session;
 
 typedef enum {
-    LUCE_KV_F32 = 0,  /* exact: the reference for parity */
-    LUCE_KV_F16 = 1   /* half the memory; keys/values rounded to IEEE half */
+    LUCE_KV_F32 = 0,   /* exact: the reference for parity */
+    LUCE_KV_F16 = 1,   /* half the memory; keys/values rounded to IEEE half */
+    LUCE_KV_Q8_0 = 2,  /* llama.cpp's q8_0 blocks (32 values, an f16 scale): 8.5 bits a value */
+    LUCE_KV_Q4_0 = 3,  /* q4_0 blocks: 4.5 bits a value */
+    /* A kv_type argument is one type for K and V both, or
+       K type | V type << LUCE_KV_V_SHIFT | LUCE_KV_V_GIVEN, optionally | LUCE_KV_ROTATE: K rows
+       stored rotated by the orthonormal Walsh-Hadamard matrix and queries read rotated alike
+       (q.k unchanged; spreads outliers over a block; head dim a power of two). Block types need
+       a head dim that is a multiple of 32. The GPU backend keeps an f32 cache only so far. */
+    LUCE_KV_V_SHIFT = 8,
+    LUCE_KV_V_GIVEN = 0x20000,
+    LUCE_KV_ROTATE = 0x10000
 } luce_kv_type;
 
-/* n_ctx positions (1 .. the model's context length); kv_type is a luce_kv_type.
+/* n_ctx positions (1 .. the model's context length); kv_type as above.
    A session uses its model: free every session before luce_model_free. */
 luce_status luce_session_create(luce_model *model, int32_t n_ctx, int32_t kv_type, luce_session **out);
 void luce_session_free(luce_session *session);
@@ -318,6 +328,10 @@ luce_status luce_batch_generate(luce_batch *batch, const luce_batch_request *req
                                 luce_batch_done_callback done, void *user_data);
 
 /* ---- test hooks: quantized blocks against gguf.quants ---------------------------------------- */
+
+/* What a KV cache of luce_kv_type `kv_type` (one type, no flags) gives back for the n values x
+   stored as rows of n_dim (n a multiple of n_dim; n_dim a multiple of 32 for the block types). */
+luce_status luce_kv_round_trip(int32_t kv_type, const float *x, int64_t n, int32_t n_dim, float *out);
 
 /* Dequantizes n elements of ggml type `type` from data (nbytes long) into out. */
 luce_status luce_dequantize(int32_t type, const void *data, size_t nbytes, float *out, int64_t n);

@@ -16,9 +16,9 @@ LUCE_API luce_status luce_batch_create(luce_model *model, int32_t n_parallel, in
         require(model, "model");
         require(out, "out");
         *out = nullptr;
-        const bool kv_f16 = luce::kv_type_is_f16(kv_type);
+        const luce::KvFormat kv_format = luce::kv_format_from_api(kv_type);
         auto h = std::make_unique<luce_batch>();
-        h->b = std::make_unique<luce::BatchRunner>(model->m.get(), n_parallel, n_ctx, kv_f16);
+        h->b = std::make_unique<luce::BatchRunner>(model->m.get(), n_parallel, n_ctx, kv_format);
         *out = h.release();
     });
 }

@@ -18,13 +18,6 @@ void require(const T *p, const char *what) {
     if (!p) fail(LUCE_ERR_INVALID_ARGUMENT, "%s is NULL", what);
 }
 
-// luce.h's KV cache type (LUCE_KV_F32 / LUCE_KV_F16) as "store half floats", refusing others.
-inline bool kv_type_is_f16(int32_t kv_type) {
-    if (kv_type != LUCE_KV_F32 && kv_type != LUCE_KV_F16)
-        fail(LUCE_ERR_INVALID_ARGUMENT, "unknown KV cache type %d", kv_type);
-    return kv_type == LUCE_KV_F16;
-}
-
 }  // namespace luce
 
 struct luce_model {

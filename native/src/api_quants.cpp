@@ -3,9 +3,12 @@
 // These take caller-supplied buffers, so every size is checked before a byte is read:
 // the type must be supported, n / n_cols a multiple of its block, and nbytes exactly what
 // the element count needs (computed with overflow checks).
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "errors.h"
+#include "kv_cache.h"
 #include "luce.h"
 #include "quants.h"
 
@@ -42,6 +45,23 @@ void require_nbytes(const luce::TypeTraits &t, size_t nbytes, uint64_t need) {
 }
 
 }  // namespace
+
+LUCE_API luce_status luce_kv_round_trip(int32_t kv_type, const float *x, int64_t n, int32_t n_dim, float *out) {
+    return luce::guard([&] {
+        if (x == nullptr || out == nullptr) luce::fail(LUCE_ERR_INVALID_ARGUMENT, "null buffer");
+        if (kv_type < LUCE_KV_F32 || kv_type > LUCE_KV_Q4_0) luce::fail(LUCE_ERR_INVALID_ARGUMENT, "unknown KV cache type %d", kv_type);
+        const luce::KvType t = luce::KvType(kv_type);
+        if (n_dim < 1 || n < 0 || n % n_dim != 0 || (luce::kv_quantized(t) && n_dim % luce::KV_BLOCK != 0))
+            luce::fail(LUCE_ERR_INVALID_ARGUMENT, "%lld values in rows of %d", (long long)n, n_dim);
+        std::vector<uint8_t> row(luce::kv_row_bytes(t, n_dim));
+        std::vector<float> scratch(static_cast<size_t>(n_dim));
+        for (int64_t r = 0; r < n / n_dim; ++r) {
+            luce::kv_encode_row(t, x + r * n_dim, n_dim, row.data());
+            const float *back = luce::kv_decode_row(t, row.data(), 0, n_dim, scratch.data());
+            std::copy(back, back + n_dim, out + r * n_dim);
+        }
+    });
+}
 
 LUCE_API luce_status luce_dequantize(int32_t type, const void *data, size_t nbytes, float *out, int64_t n) {
     return luce::guard([&] {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "kv_cache.h"  // KvLayer
 
 namespace luce {
 
@@ -32,14 +33,6 @@ struct Weight {
     bool present() const { return data != nullptr; }
 };
 
-// Attention KV storage of one full-attention layer: k and v are [Hkv][n_ctx][D], f32 or IEEE
-// half (f16 = true; stored rounded to nearest even, read back exactly).
-struct KvLayer {
-    void *k = nullptr;
-    void *v = nullptr;
-    int n_ctx = 0;
-    bool f16 = false;
-};
 
 // Dimensions of one Gated DeltaNet layer (GGUF tiled head order: v head j reads k head j % HK).
 struct DeltaNetDims {
@@ -51,6 +44,10 @@ class Backend {
 public:
     virtual ~Backend() = default;
     virtual const char *name() const = 0;
+    // Whether the attention ops read and write a cache of this format (the CPU backend: all).
+    virtual bool kv_format_supported(const KvFormat &f) const {
+        return f.k == KvType::F32 && f.v == KvType::F32 && !f.rotate;
+    }
 
     // Memory -------------------------------------------------------------------------------
     virtual void *alloc(size_t n_bytes) = 0;  // zero-initialised, 64-byte aligned

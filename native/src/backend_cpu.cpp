@@ -47,35 +47,6 @@ int64_t grain_for(int64_t work_per_item, int64_t floor = 1) {
 
 constexpr int LANES = 16;
 
-// IEEE binary32 -> binary16, round to nearest even (overflow -> inf, NaN kept quiet).
-uint16_t f32_to_f16(float f) {
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    const uint32_t abs = x & 0x7FFFFFFFu;
-    if (abs > 0x7F800000u) return uint16_t(sign | 0x7E00u);          // NaN
-    if (abs >= 0x477FF000u) return uint16_t(sign | 0x7C00u);         // rounds to >= 65520: inf
-    if (abs < 0x38800000u) {                                         // subnormal half (or 0)
-        // value = abs_float; half subnormal unit = 2^-24: round(value * 2^24) to nearest even.
-        float a;
-        std::memcpy(&a, &abs, 4);
-        return uint16_t(sign | uint32_t(std::nearbyint(a * 16777216.0f)));
-    }
-    // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest even.
-    uint32_t h = (abs - 0x38000000u) >> 13;
-    const uint32_t rest = abs & 0x1FFFu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;        // carry may bump the exponent
-    return uint16_t(sign | h);
-}
-
-// A row of the KV cache as floats: f32 rows are used in place, f16 rows converted into scratch.
-inline const float *kv_row(const void *base, bool f16, int64_t index, int dim, float *scratch) {
-    if (!f16) return static_cast<const float *>(base) + index * dim;
-    const uint16_t *h = static_cast<const uint16_t *>(base) + index * dim;
-    for (int i = 0; i < dim; ++i) scratch[i] = f16_to_f32(h[i]);
-    return scratch;
-}
-
 LUCE_MULTIVERSION float dot(const float *a, const float *b, int n) {
     float acc[LANES] = {};
     int i = 0;
@@ -235,20 +206,21 @@ void CpuBackend::rope_neox(float *x, const int32_t *pos, int T, int n_head, int 
 
 void CpuBackend::kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
                           int n_head_kv, int head_dim) {
+    const KvFormat &f = kv.format;
+    const size_t k_row = kv_row_bytes(f.k, head_dim), v_row = kv_row_bytes(f.v, head_dim);
+    std::vector<float> rotated(f.rotate ? size_t(head_dim) : 0);
     for (int t = 0; t < T; ++t)
         for (int h = 0; h < n_head_kv; ++h) {
-            const int64_t dst = (int64_t(h) * kv.n_ctx + pos[t]) * head_dim;
+            const int64_t dst = int64_t(h) * kv.n_ctx + pos[t];
             const int64_t src = (int64_t(t) * n_head_kv + h) * head_dim;
-            if (kv.f16) {
-                uint16_t *kd = static_cast<uint16_t *>(kv.k) + dst, *vd = static_cast<uint16_t *>(kv.v) + dst;
-                for (int d = 0; d < head_dim; ++d) {
-                    kd[d] = f32_to_f16(k[src + d]);
-                    vd[d] = f32_to_f16(v[src + d]);
-                }
-            } else {
-                std::memcpy(static_cast<float *>(kv.k) + dst, k + src, sizeof(float) * size_t(head_dim));
-                std::memcpy(static_cast<float *>(kv.v) + dst, v + src, sizeof(float) * size_t(head_dim));
+            const float *k_src = k + src;
+            if (f.rotate) {
+                std::copy(k_src, k_src + head_dim, rotated.begin());
+                fwht(rotated.data(), head_dim);
+                k_src = rotated.data();
             }
+            kv_encode_row(f.k, k_src, head_dim, static_cast<uint8_t *>(kv.k) + dst * int64_t(k_row));
+            kv_encode_row(f.v, v + src, head_dim, static_cast<uint8_t *>(kv.v) + dst * int64_t(v_row));
         }
 }
 
@@ -258,19 +230,26 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
     const float scale = 1.0f / std::sqrt(float(head_dim));
     pool_.run(int64_t(T) * n_head, [&](int64_t u0, int64_t u1) {
         // Per-thread scratch that only grows: no allocation per decoded token.
-        thread_local std::vector<float> scores, row;
+        thread_local std::vector<float> scores, row, q_rotated;
         if (scores.size() < size_t(kv.n_ctx)) scores.resize(size_t(kv.n_ctx));
         if (row.size() < size_t(head_dim)) row.resize(size_t(head_dim));
+        if (q_rotated.size() < size_t(head_dim)) q_rotated.resize(size_t(head_dim));
+        const KvFormat &f = kv.format;
         for (int64_t u = u0; u < u1; ++u) {
             const int t = int(u / n_head), h = int(u % n_head);
             const float *qh = q + u * head_dim;
+            if (f.rotate) {  // keys are stored rotated: (H q).(H k) = q.k
+                std::copy(qh, qh + head_dim, q_rotated.begin());
+                fwht(q_rotated.data(), head_dim);
+                qh = q_rotated.data();
+            }
             const int64_t kv_base = int64_t(h / group) * kv.n_ctx;  // row index of key 0 of this head
             const int n_keys = mask ? kv.n_ctx : pos[t] + 1;
             const uint8_t *m = mask ? mask + int64_t(t) * kv.n_ctx : nullptr;
             float max_s = -INFINITY;
             for (int j = 0; j < n_keys; ++j) {
                 if (m && !m[j]) { scores[j] = -INFINITY; continue; }
-                scores[j] = dot(qh, kv_row(kv.k, kv.f16, kv_base + j, head_dim, row.data()), head_dim) * scale;
+                scores[j] = dot(qh, kv_decode_row(f.k, kv.k, kv_base + j, head_dim, row.data()), head_dim) * scale;
                 max_s = std::max(max_s, scores[j]);
             }
             float *oh = out + u * head_dim;
@@ -280,7 +259,7 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
                 if (scores[j] == -INFINITY) continue;
                 float p = std::exp(scores[j] - max_s);
                 sum += p;
-                axpy(oh, p, kv_row(kv.v, kv.f16, kv_base + j, head_dim, row.data()), head_dim);
+                axpy(oh, p, kv_decode_row(f.v, kv.v, kv_base + j, head_dim, row.data()), head_dim);
             }
             const float inv = sum > 0.f ? 1.0f / sum : 0.f;
             for (int d = 0; d < head_dim; ++d) oh[d] *= inv;

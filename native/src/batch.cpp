@@ -20,12 +20,14 @@ namespace luce {
 
 namespace {
 
-// Bytes of one KV page: one attention layer's K or V for a whole context, sized for the widest layer.
-size_t kv_page_bytes(const Hparams &hp, int n_ctx, bool f16) {
+// Bytes of one KV page: one attention layer's K or V for a whole context, sized for the widest
+// layer and the wider of the K and V row types.
+size_t kv_page_bytes(const Hparams &hp, int n_ctx, KvFormat f) {
     int max_hkv = 0;
     for (int i = 0; i < hp.n_layer; ++i)
         if (!hp.recurrent[size_t(i)]) max_hkv = std::max(max_hkv, hp.n_head_kv[size_t(i)]);
-    return size_t(std::max(max_hkv, 1)) * size_t(n_ctx) * size_t(hp.head_dim) * (f16 ? 2 : 4);
+    const size_t row = std::max(kv_row_bytes(f.k, hp.head_dim), kv_row_bytes(f.v, hp.head_dim));
+    return size_t(std::max(max_hkv, 1)) * size_t(n_ctx) * row;
 }
 
 // n_parallel, once it is known to be in 1..MAX_STEP (checked before anything is allocated for it).
@@ -41,12 +43,12 @@ int attention_layers(const Hparams &hp) {
 
 }  // namespace
 
-BatchRunner::BatchRunner(Model *m, int n_parallel, int n_ctx, bool kv_f16)
+BatchRunner::BatchRunner(Model *m, int n_parallel, int n_ctx, KvFormat kv_format)
     : model_(m),
       n_ctx_((checked_parallel(n_parallel), n_ctx)),
-      kv_f16_(kv_f16),
-      worker_(m, n_ctx, kv_f16, /*own_state=*/false),
-      pool_(*m->backend, kv_page_bytes(m->hp, n_ctx, kv_f16), std::max(1, 2 * attention_layers(m->hp) * n_parallel)) {
+      kv_format_(kv_format),
+      worker_(m, n_ctx, kv_format, /*own_state=*/false),
+      pool_(*m->backend, kv_page_bytes(m->hp, n_ctx, kv_format), std::max(1, 2 * attention_layers(m->hp) * n_parallel)) {
     const Hparams &hp = m->hp;
     Backend &be = *m->backend;
     const size_t n_conv = size_t(hp.ssm_conv - 1) * size_t(hp.conv_channels());
@@ -100,7 +102,7 @@ void BatchRunner::admit(Slot &slot, int index, const luce_batch_request &r) {
         slot.pages.push_back(k);
         const int v = pool_.take();
         slot.pages.push_back(v);
-        slot.kv[size_t(i)] = KvLayer{pool_.data(k), pool_.data(v), n_ctx_, kv_f16_};
+        slot.kv[size_t(i)] = KvLayer{pool_.data(k), pool_.data(v), n_ctx_, kv_format_};
     }
     clear_recurrent_state(*model_, slot.recurrent);
     slot.n_past = 0;

@@ -14,7 +14,7 @@ namespace luce {
 
 class BatchRunner {
 public:
-    BatchRunner(Model *m, int n_parallel, int n_ctx, bool kv_f16);
+    BatchRunner(Model *m, int n_parallel, int n_ctx, KvFormat kv_format);
     ~BatchRunner();
     BatchRunner(const BatchRunner &) = delete;
     BatchRunner &operator=(const BatchRunner &) = delete;
@@ -45,7 +45,7 @@ private:
 
     Model *model_;
     int n_ctx_;
-    bool kv_f16_;
+    KvFormat kv_format_;
     Session worker_;      // the step buffers; a prefill runs in it on the slot's state
     KvPagePool pool_;
     std::vector<Slot> slots_;

@@ -39,7 +39,7 @@ DraftContext::DraftContext(const Drafter &d, int cap_) : be(*d.target->backend),
     const size_t G = hp.conv_group ? size_t(hp.n_embd / hp.conv_group) : 0;
     try {
         for (int l = 0; l < hp.n_layer; ++l)
-            kv.push_back(KvLayer{take(KW * size_t(cap) * F), take(KW * size_t(cap) * F), cap, false});
+            kv.push_back(KvLayer{take(KW * size_t(cap) * F), take(KW * size_t(cap) * F), cap, KvFormat{}});
         for (float **b : {&x, &cur, &tmp, &mix}) *b = static_cast<float *>(take(R * E * F));
         q = static_cast<float *>(take(R * QW * F));
         attn = static_cast<float *>(take(R * QW * F));

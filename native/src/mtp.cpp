@@ -17,7 +17,7 @@ MtpContext::MtpContext(const Model &m_, int cap_) : be(*m_.backend), m(m_), cap(
     const Hparams &hp = m.hp;
     const size_t E = size_t(hp.n_embd), R = ROWS, QW = size_t(hp.mtp_n_head) * hp.head_dim,
                  KW = size_t(hp.mtp_n_head_kv) * hp.head_dim, F = size_t(hp.mtp_n_ff);
-    kv = KvLayer{dev_.array<float>(KW * size_t(cap)), dev_.array<float>(KW * size_t(cap)), cap, false};
+    kv = KvLayer{dev_.array<float>(KW * size_t(cap)), dev_.array<float>(KW * size_t(cap)), cap, KvFormat{}};
     b.tokens = dev_.array<int32_t>(R);
     b.pos = dev_.array<int32_t>(R);
     for (float **p : {&b.x, &b.cur, &b.mix}) *p = dev_.array<float>(R * E);

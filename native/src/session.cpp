@@ -31,7 +31,13 @@ int prefill_step_setting() {
     return int(v);
 }
 
-Session::Session(Model *m, int n_ctx_, bool kv_f16_, bool own_state) : model(m), n_ctx(n_ctx_), kv_f16(kv_f16_) {
+Session::Session(Model *m, int n_ctx_, KvFormat kv_format_, bool own_state)
+    : model(m), n_ctx(n_ctx_), kv_format(kv_format_) {
+    kv_format.check(m->hp.head_dim);
+    if (!m->backend->kv_format_supported(kv_format))
+        fail(LUCE_ERR_UNSUPPORTED, "the %s backend keeps an f32 KV cache only so far (asked: K %s, V %s%s)",
+             m->backend->name(), kv_type_name(kv_format.k), kv_type_name(kv_format.v),
+             kv_format.rotate ? ", rotated" : "");
     graph_id = new_graph_owner();
     const Hparams &hp = m->hp;
     // Longer than the model's is a context that does not fit (callers such as bench, which size
@@ -50,9 +56,10 @@ Session::Session(Model *m, int n_ctx_, bool kv_f16_, bool own_state) : model(m),
                 recurrent[size_t(i)].conv = take<float>(*this, int64_t(hp.ssm_conv - 1) * CD);
                 recurrent[size_t(i)].ssm = take<float>(*this, inner * hp.ssm_dk);
             } else {
-                const int64_t n = int64_t(hp.n_head_kv[size_t(i)]) * n_ctx * hp.head_dim;
-                if (kv_f16) kv[size_t(i)] = KvLayer{take<uint16_t>(*this, n), take<uint16_t>(*this, n), n_ctx, true};
-                else kv[size_t(i)] = KvLayer{take<float>(*this, n), take<float>(*this, n), n_ctx, false};
+                const int64_t rows = int64_t(hp.n_head_kv[size_t(i)]) * n_ctx;
+                kv[size_t(i)] = KvLayer{take<uint8_t>(*this, rows * int64_t(kv_row_bytes(kv_format.k, hp.head_dim))),
+                                        take<uint8_t>(*this, rows * int64_t(kv_row_bytes(kv_format.v, hp.head_dim))),
+                                        n_ctx, kv_format};
             }
         }
         buf.tokens = take<int32_t>(*this, T);

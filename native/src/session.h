@@ -109,13 +109,13 @@ struct Session {
     StepSegment whole_step;  // step_segments' one segment when segments is null
     std::vector<void *> allocations;
 
-    bool kv_f16 = false;
+    KvFormat kv_format;  // the attention cache's element types and rotation
     int prefill_step = PREFILL_STEP;  // tokens per prompt chunk; the step buffers' rows
     uint64_t graph_id = 0;  // distinguishes this session's step graphs from another's (forward.cpp)
 
     // own_state = false: step buffers only; the KV layers and recurrent state stay null, for a
     // batch (batch.cpp) whose sequences bring their own.
-    Session(Model *m, int n_ctx, bool kv_f16, bool own_state = true);
+    Session(Model *m, int n_ctx, KvFormat kv_format, bool own_state = true);
     ~Session();
     Session(const Session &) = delete;
     Session &operator=(const Session &) = delete;

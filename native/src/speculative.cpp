@@ -245,13 +245,13 @@ void compact_kv(Session &s, int start, const std::vector<int32_t> &path) {
     for (int il = 0; il < hp.n_layer; ++il) {
         if (hp.recurrent[size_t(il)]) continue;
         KvLayer &kv = s.kv[size_t(il)];
-        const size_t row = size_t(hp.head_dim) * (kv.f16 ? 2 : 4);
+        const size_t k_row = kv_row_bytes(kv.format.k, hp.head_dim), v_row = kv_row_bytes(kv.format.v, hp.head_dim);
         for (size_t i = 1; i < path.size(); ++i) {
             if (path[i] == int32_t(i)) continue;
             for (int h = 0; h < hp.n_head_kv[size_t(il)]; ++h) {
-                const size_t dst = (size_t(h) * kv.n_ctx + start + i) * row, src = (size_t(h) * kv.n_ctx + start + path[i]) * row;
-                be.copy(static_cast<char *>(kv.k) + dst, static_cast<char *>(kv.k) + src, row);
-                be.copy(static_cast<char *>(kv.v) + dst, static_cast<char *>(kv.v) + src, row);
+                const size_t dst = size_t(h) * kv.n_ctx + start + i, src = size_t(h) * kv.n_ctx + start + path[i];
+                be.copy(static_cast<char *>(kv.k) + dst * k_row, static_cast<char *>(kv.k) + src * k_row, k_row);
+                be.copy(static_cast<char *>(kv.v) + dst * v_row, static_cast<char *>(kv.v) + src * v_row, v_row);
             }
         }
     }

@@ -12,7 +12,10 @@
     with Engine("target.gguf", draft="mtp") as eng:            # the target's own MTP block drafts
 
 The engine owns one native model and one session (KV cache + DeltaNet state, `ctx_size`
-positions; `kv_cache="f16"` halves the attention cache at a ~1e-3 relative cost in accuracy). Every call to `generate` or `logits` starts from an empty context. The tokenizer and
+positions; `kv_cache="f16"` halves the attention cache at a ~1e-3 relative cost in accuracy, "q8_0"
+and "q4_0" store llama.cpp's blocks; `cache_type_k` / `cache_type_v` set K and V apart, and
+`kv_rotate=True` stores K rotated by a Walsh-Hadamard matrix, which spreads a row's outliers
+before it is quantized; docs/formats.md, "KV cache"). Every call to `generate` or `logits` starts from an empty context. The tokenizer and
 chat template come from the GGUF itself. Errors are LuceError with one line from the runtime.
 `progress=callable(done, total)` reports the weights being placed (bytes; per tensor while they
 upload to a GPU; `luce generate` draws it as a progress bar).
@@ -32,7 +35,7 @@ from luce.binding import check, ffi, lib
 from luce.errors import LuceError
 
 DEVICES = ("cpu", "gpu", "auto")
-KV_CACHE_TYPES = {"f32": 0, "f16": 1}  # luce_kv_type
+KV_CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 3}  # luce_kv_type
 DEFAULT_CTX_SIZE = 4096
 DEFAULT_MAX_TOKENS = 128
 MAX_PARALLEL = 64          # sequences one batch forward holds (luce_batch_create)
@@ -119,13 +122,23 @@ DRAFTER_KINDS = ("DFlash", "DFlash 2", "DSpark", "MTP")
 MTP_DRAFT = "mtp"
 
 
+def kv_type_argument(type_k: str, type_v: str, rotate: bool) -> int:
+    """luce.h's packed kv_type: the K type, the V type and the rotation flag."""
+    for name in (type_k, type_v):
+        if name not in KV_CACHE_TYPES:
+            raise LuceError(f"unknown KV cache type '{name}' (choose from {', '.join(KV_CACHE_TYPES)})")
+    lib()
+    return (KV_CACHE_TYPES[type_k] | KV_CACHE_TYPES[type_v] << lib().LUCE_KV_V_SHIFT | lib().LUCE_KV_V_GIVEN
+            | (lib().LUCE_KV_ROTATE if rotate else 0))
+
+
 class Engine:
     def __init__(self, model: str | os.PathLike, *, device: str = "cpu", threads: int = 0,
                  ctx_size: int = DEFAULT_CTX_SIZE, kv_cache: str = "f32",
+                 cache_type_k: str | None = None, cache_type_v: str | None = None, kv_rotate: bool = False,
                  draft: str | os.PathLike | None = None,
                  progress: Callable[[int, int], None] | None = None):
-        if kv_cache not in KV_CACHE_TYPES:
-            raise LuceError(f"unknown KV cache type '{kv_cache}' (choose from {', '.join(KV_CACHE_TYPES)})")
+        kv_type = kv_type_argument(cache_type_k or kv_cache, cache_type_v or kv_cache, kv_rotate)
         if device not in DEVICES:
             raise LuceError(f"unknown device '{device}' (choose from {', '.join(DEVICES)})")
         if not isinstance(threads, int) or threads < 0:
@@ -164,13 +177,13 @@ class Engine:
             raise
         sess = ffi.new("luce_session **")
         try:
-            check(lib().luce_session_create(self._model, int(ctx_size), KV_CACHE_TYPES[kv_cache], sess))
+            check(lib().luce_session_create(self._model, int(ctx_size), kv_type, sess))
         except LuceError:
             self.close()
             raise
         self._session = sess[0]
         self.ctx_size = int(ctx_size)
-        self._kv_type = KV_CACHE_TYPES[kv_cache]
+        self._kv_type = kv_type
         if draft is not None:
             mtp = str(draft) == MTP_DRAFT
             try:
