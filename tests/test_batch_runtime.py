@@ -60,8 +60,8 @@ def test_batch_greedy_equals_one_by_one(engine, parallel):
     assert set(results[0].stats) == set(single.stats) | {"parallel"}  # the same result record, and its width
 
 
-@pytest.mark.parametrize("kv, row_bytes", [("f16", lambda d: 2 * d), ("q8_0", lambda d: d + 2 * d // 32),
-                                           ("q4_0", lambda d: d // 2 + 2 * d // 32)])
+@pytest.mark.parametrize("kv, row_bytes", [("f16", lambda d: 2 * d), ("q8_0", lambda d: (d + 2 * d // 32 + 3) // 4 * 4),
+                                           ("q4_0", lambda d: (d // 2 + 2 * d // 32 + 3) // 4 * 4)])
 def test_batch_with_a_narrow_cache_equals_one_by_one_in_smaller_pages(tiny_path, kv, row_bytes):
     """With an f16, q8_0 or q4_0 cache the slots' KV pages hold rows of that type: the same tokens as
     one-by-one generation on that cache, and the peak memory of a batch of two slots is less than

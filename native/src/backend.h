@@ -136,13 +136,19 @@ public:
     // x is [T][n_head][head_dim]; pos is [T].
     virtual void rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
                            float theta) = 0;
-    // Writes k, v ([T][Hkv][D]) into the cache at positions pos[t].
+    // Writes k, v ([T][Hkv][D]) into the cache at positions pos[t], as rows of the cache's types.
     virtual void kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
                           int n_head_kv, int head_dim) = 0;
+    // x = H x for each of n_rows rows of dim (a power of two), H the orthonormal Walsh-Hadamard
+    // matrix: the default prologue's rotation of q and k for a rotated cache (kv_cache.h).
+    virtual void hadamard_rows(float * /*x*/, int /*n_rows*/, int /*dim*/) {
+        fail(LUCE_ERR_UNSUPPORTED, "%s: no Walsh-Hadamard rotation op", name());
+    }
     // An attention layer's prologue: q = rmsnorm(q_h) * q_norm for the query heads of qg
     // ([T][H][2D], q_h the first D of each head's row) into q [T][H][D]; k = rmsnorm(k) * k_norm
-    // in place; NeoX RoPE on both at pos; then k and v into the cache at slot[t] (pos, or a tree
-    // step's slots). The default is those five ops; a GPU backend runs them in one launch.
+    // in place; NeoX RoPE on both at pos; for a rotated cache both rotated (so attention reads q
+    // and the cache as they are); then k and v into the cache at slot[t] (pos, or a tree step's
+    // slots). The default is those ops; a GPU backend runs them in one launch.
     virtual void qk_norm_rope_store(const float *qg, const float *q_norm, float *q, float *k, const float *k_norm,
                                     const float *v, KvLayer &kv, const int32_t *pos, const int32_t *slot, int T,
                                     int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps) {
@@ -150,6 +156,10 @@ public:
         rmsnorm(k, head_dim, k_norm, T * n_head_kv, head_dim, eps, k, head_dim);
         rope_neox(q, pos, T, n_head, head_dim, n_rot, theta);
         rope_neox(k, pos, T, n_head_kv, head_dim, n_rot, theta);
+        if (kv.format.rotate) {
+            hadamard_rows(q, T * n_head, head_dim);
+            hadamard_rows(k, T * n_head_kv, head_dim);
+        }
         kv_store(kv, k, v, slot, T, n_head_kv, head_dim);
     }
     // out[t][h] = softmax(q[t][h] . K[h/(H/Hkv)][j] / sqrt(D)) V over visible keys j. Visible:

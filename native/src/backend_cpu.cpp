@@ -208,20 +208,19 @@ void CpuBackend::kv_store(KvLayer &kv, const float *k, const float *v, const int
                           int n_head_kv, int head_dim) {
     const KvFormat &f = kv.format;
     const size_t k_row = kv_row_bytes(f.k, head_dim), v_row = kv_row_bytes(f.v, head_dim);
-    std::vector<float> rotated(f.rotate ? size_t(head_dim) : 0);
     for (int t = 0; t < T; ++t)
         for (int h = 0; h < n_head_kv; ++h) {
             const int64_t dst = int64_t(h) * kv.n_ctx + pos[t];
             const int64_t src = (int64_t(t) * n_head_kv + h) * head_dim;
-            const float *k_src = k + src;
-            if (f.rotate) {
-                std::copy(k_src, k_src + head_dim, rotated.begin());
-                fwht(rotated.data(), head_dim);
-                k_src = rotated.data();
-            }
-            kv_encode_row(f.k, k_src, head_dim, static_cast<uint8_t *>(kv.k) + dst * int64_t(k_row));
+            kv_encode_row(f.k, k + src, head_dim, static_cast<uint8_t *>(kv.k) + dst * int64_t(k_row));
             kv_encode_row(f.v, v + src, head_dim, static_cast<uint8_t *>(kv.v) + dst * int64_t(v_row));
         }
+}
+
+void CpuBackend::hadamard_rows(float *x, int n_rows, int dim) {
+    pool_.run(n_rows, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) fwht(x + r * dim, dim);
+    }, grain_for(int64_t(dim) * 8));
 }
 
 void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask,
@@ -230,19 +229,13 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
     const float scale = 1.0f / std::sqrt(float(head_dim));
     pool_.run(int64_t(T) * n_head, [&](int64_t u0, int64_t u1) {
         // Per-thread scratch that only grows: no allocation per decoded token.
-        thread_local std::vector<float> scores, row, q_rotated;
+        thread_local std::vector<float> scores, row;
         if (scores.size() < size_t(kv.n_ctx)) scores.resize(size_t(kv.n_ctx));
         if (row.size() < size_t(head_dim)) row.resize(size_t(head_dim));
-        if (q_rotated.size() < size_t(head_dim)) q_rotated.resize(size_t(head_dim));
         const KvFormat &f = kv.format;
         for (int64_t u = u0; u < u1; ++u) {
             const int t = int(u / n_head), h = int(u % n_head);
             const float *qh = q + u * head_dim;
-            if (f.rotate) {  // keys are stored rotated: (H q).(H k) = q.k
-                std::copy(qh, qh + head_dim, q_rotated.begin());
-                fwht(q_rotated.data(), head_dim);
-                qh = q_rotated.data();
-            }
             const int64_t kv_base = int64_t(h / group) * kv.n_ctx;  // row index of key 0 of this head
             const int n_keys = mask ? kv.n_ctx : pos[t] + 1;
             const uint8_t *m = mask ? mask + int64_t(t) * kv.n_ctx : nullptr;

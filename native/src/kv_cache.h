@@ -6,10 +6,12 @@
 // largest magnitude) / -8, q = min(15, trunc(x / d + 8.5))), so a cached row dequantizes to what
 // gguf.quants gives for it. The bytes are laid out per cache row of its own: the row's quants
 // first (q8_0 one byte a value; q4_0 a byte per pair, value 2i in the low nibble, 2i+1 in the
-// high), then the row's block scales. A row of D values then starts at row * kv_row_bytes, and
-// a reader of four consecutive values touches one aligned word of quants and one scale.
+// high), then the row's block scales, padded to whole 4-byte words. A row of D values then starts
+// at row * kv_row_bytes, and a reader of four consecutive values touches one aligned word of
+// quants and one scale.
 //
-// Rotation: K rows are stored as H k and queries read as H q, H the orthonormal Walsh-Hadamard
+// Rotation: K rows are stored as H k and queries read as H q (both rotated in the attention
+// prologue, Backend::qk_norm_rope_store), H the orthonormal Walsh-Hadamard
 // matrix of size D (H^T H = I, so q.k is unchanged in exact arithmetic); it spreads a row's
 // outliers over all its values, which is what a block scale shared by 32 values needs. V is not
 // rotated: attention's output is a sum of V rows, read back as stored.
@@ -37,13 +39,15 @@ inline const char *kv_type_name(KvType t) {
 }
 
 // Bytes of one cache row of `dim` values (dim a multiple of KV_BLOCK for the block types).
+// Block rows are padded to a multiple of 4 bytes, so a row's quants load as aligned words.
 inline size_t kv_row_bytes(KvType t, int dim) {
     const size_t n = size_t(dim), blocks = n / KV_BLOCK;
+    auto words = [](size_t bytes) { return (bytes + 3) / 4 * 4; };
     switch (t) {
         case KvType::F32: return 4 * n;
         case KvType::F16: return 2 * n;
-        case KvType::Q8_0: return n + 2 * blocks;
-        case KvType::Q4_0: return n / 2 + 2 * blocks;
+        case KvType::Q8_0: return words(n + 2 * blocks);
+        case KvType::Q4_0: return words(n / 2 + 2 * blocks);
     }
     return 0;
 }
