@@ -224,7 +224,7 @@ class Stream:
               help="Context length in tokens (prompt + generated).")
 @click.option("-ctk", "--cache-type-k", type=click.Choice(list(KV_CACHE_TYPES)), default="f32", show_default=True,
               help="Attention K cache type (llama.cpp's -ctk): f16 halves it, q8_0 / q4_0 store llama.cpp's blocks "
-              "(CPU; the GPU keeps f32 so far).")
+              "(CPU and GPU).")
 @click.option("-ctv", "--cache-type-v", type=click.Choice(list(KV_CACHE_TYPES)), default="f32", show_default=True,
               help="Attention V cache type (llama.cpp's -ctv).")
 @click.option("--kv-rotate", is_flag=True,

@@ -9,6 +9,12 @@ cache gives the unrotated logits to float rounding.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -134,3 +140,43 @@ def test_unknown_cache_type_is_one_clear_error(tiny):
     path, _, _ = tiny
     with pytest.raises(LuceError, match="unknown KV cache type 'q5_0'"):
         Engine(path, cache_type_k="q5_0")
+
+
+_EMU_PROBE = r"""
+import json, sys
+import numpy as np
+from luce import Engine
+ids = [int(i) for i in np.random.default_rng(3).integers(0, 200, 150)]
+out = {}
+for name, kw in json.loads(sys.argv[2]).items():
+    res = {}
+    for dev in ("cpu", "gpu"):
+        with Engine(sys.argv[1], device=dev, threads=2, ctx_size=256, **kw) as eng:
+            res[dev] = eng.logits(ids)
+            res[dev + " tokens"] = eng.generate(prompt_ids=ids[:20], max_tokens=12, ignore_eos=True).tokens
+    out[name] = [float(np.abs(res["gpu"] - res["cpu"]).max() / np.abs(res["cpu"]).max()),
+                 res["gpu tokens"] == res["cpu tokens"]]
+print(json.dumps(out))
+"""
+EMU_CACHES = {"f16": dict(kv_cache="f16"), "q8_0": dict(kv_cache="q8_0"), "q4_0 rotated": dict(kv_cache="q4_0", kv_rotate=True),
+              "q8_0 / f16 rotated": dict(cache_type_k="q8_0", cache_type_v="f16", kv_rotate=True)}
+
+
+def test_gpu_cache_rows_are_the_cpu_rows(tiny):
+    """The GPU backend stores and reads every cache type as the CPU does (the same block math, the
+    same rotation butterflies): on the emulated CUDA backend (a child process) each type's logits
+    of a 150-token prompt (prefill kernel and one-query kernels) are the CPU's on the same cache
+    within the f32 cache's GPU-vs-CPU bar (1e-4), widened for a block type to a quarter of its
+    rounding step (the GPU's fused prologue may leave a k value one ulp off the CPU's, which can
+    round to the next quant), and greedy tokens are equal."""
+    path, _, _ = tiny
+    emu = Path(__file__).resolve().parents[1] / "build" / "gpu-emu-cuda" / "libluce_gpu_emu.so"
+    if not emu.exists():
+        pytest.fail(f"{emu} is missing: `make gpu-emu-cuda` builds it (`make test` does)")
+    proc = subprocess.run([sys.executable, "-c", _EMU_PROBE, str(path), json.dumps(EMU_CACHES)], capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "LUCE_GPU_LIBRARY": str(emu)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    step = {"f16": 0.0, "q8_0": 1 / 127, "q4_0 rotated": 1 / 8, "q8_0 / f16 rotated": 1 / 127}
+    for name, (err, same_tokens) in got.items():
+        assert err <= max(1e-4, step[name] / 4) and same_tokens, (name, err, same_tokens)

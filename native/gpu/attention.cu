@@ -46,18 +46,120 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int T, int n_head
     xh[i + half] = b;
 }
 
-// One thread per (t, h, d): cache[h][pos[t]][d] = k[t][h][d] (and v).
-__global__ void kv_store_kernel(float *kc, float *vc, int n_ctx, const float *k, const float *v,
-                                const int32_t *pos, int T, int n_head_kv, int head_dim) {
+// ---- cache rows (kv_cache.h: the row layouts, the block math) ----------------------------------
+
+// A cache layer as the kernels address it: K and V rows of their own types and byte sizes.
+struct KvRows {
+    uint8_t *k, *v;
+    KvType tk, tv;
+    int k_row, v_row;  // bytes of one row
+};
+
+KvRows kv_rows(const KvLayer &kv, int head_dim) {
+    return {static_cast<uint8_t *>(kv.k), static_cast<uint8_t *>(kv.v), kv.format.k, kv.format.v,
+            int(kv_row_bytes(kv.format.k, head_dim)), int(kv_row_bytes(kv.format.v, head_dim))};
+}
+
+__device__ __forceinline__ float f16_word(uint32_t bits) { return __half2float(__ushort_as_half(uint16_t(bits))); }
+
+// Values 4c .. 4c+3 of a row of D values of type t: one aligned load of quants and, for the block
+// types, one scale.
+__device__ __forceinline__ float4 kv_load4(const uint8_t *row, KvType t, int c, int D) {
+    switch (t) {
+        case KvType::F16: {
+            const uint2 w = reinterpret_cast<const uint2 *>(row)[c];
+            return make_float4(f16_word(w.x & 0xffffu), f16_word(w.x >> 16), f16_word(w.y & 0xffffu), f16_word(w.y >> 16));
+        }
+        case KvType::Q8_0: {
+            const uint32_t w = reinterpret_cast<const uint32_t *>(row)[c];
+            const float d = f16_word(reinterpret_cast<const uint16_t *>(row + D)[c / 8]);
+            return make_float4(d * float(int8_t(w)), d * float(int8_t(w >> 8)), d * float(int8_t(w >> 16)),
+                               d * float(int8_t(w >> 24)));
+        }
+        case KvType::Q4_0: {
+            const uint32_t w = reinterpret_cast<const uint16_t *>(row)[c];
+            const float d = f16_word(reinterpret_cast<const uint16_t *>(row + D / 2)[c / 8]);
+            return make_float4(d * float(int(w & 0xfu) - 8), d * float(int((w >> 4) & 0xfu) - 8),
+                               d * float(int((w >> 8) & 0xfu) - 8), d * float(int((w >> 12) & 0xfu) - 8));
+        }
+        default: return reinterpret_cast<const float4 *>(row)[c];
+    }
+}
+
+// x (D floats, visible to the whole block) as one cache row of type t at dst, by the block's
+// threads together; the block types by llama.cpp's math, as kv_encode_row (kv_cache.cpp) does.
+__device__ void kv_store_row(uint8_t *dst, KvType t, const float *x, int D) {
+    if (t == KvType::F32) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x) reinterpret_cast<float *>(dst)[i] = x[i];
+        return;
+    }
+    if (t == KvType::F16) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x)
+            reinterpret_cast<uint16_t *>(dst)[i] = __half_as_ushort(__float2half_rn(x[i]));
+        return;
+    }
+    for (int b = threadIdx.x; b < D / KV_BLOCK; b += blockDim.x) {  // a thread a block of 32
+        const float *xb = x + b * KV_BLOCK;
+        float amax = 0.f, max = 0.f;
+        for (int i = 0; i < KV_BLOCK; ++i)
+            if (fabsf(xb[i]) > amax) amax = fabsf(xb[i]), max = xb[i];
+        if (t == KvType::Q8_0) {
+            const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+            for (int i = 0; i < KV_BLOCK; ++i) reinterpret_cast<int8_t *>(dst)[b * KV_BLOCK + i] = int8_t(roundf(xb[i] * id));
+            reinterpret_cast<uint16_t *>(dst + D)[b] = __half_as_ushort(__float2half_rn(d));
+        } else {
+            const float d = max / -8.f, id = d != 0.f ? 1.f / d : 0.f;
+            for (int i = 0; i < KV_BLOCK; i += 2) {
+                const int lo = min(15, int(xb[i] * id + 8.5f)), hi = min(15, int(xb[i + 1] * id + 8.5f));
+                dst[(b * KV_BLOCK + i) / 2] = uint8_t(lo | (hi << 4));
+            }
+            reinterpret_cast<uint16_t *>(dst + D / 2)[b] = __half_as_ushort(__float2half_rn(d));
+        }
+    }
+}
+
+// x = H x in place (D floats in shared memory, a power of two), by the block's threads: the
+// butterflies of kv_cache.cpp's fwht, stage by stage, so the bits are the CPU's.
+__device__ void hadamard_shared(float *x, int D) {
+    for (int len = 1; len < D; len *= 2) {
+        __syncthreads();
+        for (int p = threadIdx.x; p < D / 2; p += blockDim.x) {
+            const int i = (p / len) * 2 * len + p % len;
+            const float a = x[i], b = x[i + len];
+            x[i] = a + b;
+            x[i + len] = a - b;
+        }
+    }
+    __syncthreads();
+    const float scale = 1.f / sqrtf(float(D));
+    for (int i = threadIdx.x; i < D; i += blockDim.x) x[i] *= scale;
+    __syncthreads();
+}
+
+// One block per (t, h): cache[h][pos[t]] = k[t][h] (and v), as rows of the cache's types.
+__global__ void kv_store_kernel(KvRows kv, int n_ctx, const float *k, const float *v, const int32_t *pos,
+                                int n_head_kv, int head_dim) {
+    LUCE_DYNAMIC_SHARED(float, row);  // the K row, then the V row
     wait_for_inputs();
-    const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-    if (idx >= int64_t(T) * n_head_kv * head_dim) return;
-    const int d = int(idx % head_dim);
-    const int64_t th = idx / head_dim;
-    const int t = int(th / n_head_kv), h = int(th % n_head_kv);
-    const int64_t dst = (int64_t(h) * n_ctx + pos[t]) * head_dim + d;
-    kc[dst] = k[idx];
-    vc[dst] = v[idx];
+    const int t = blockIdx.x / n_head_kv, h = blockIdx.x % n_head_kv, D = head_dim;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        row[i] = k[int64_t(blockIdx.x) * D + i];
+        row[D + i] = v[int64_t(blockIdx.x) * D + i];
+    }
+    __syncthreads();
+    const int64_t r = int64_t(h) * n_ctx + pos[t];
+    kv_store_row(kv.k + r * kv.k_row, kv.tk, row, D);
+    kv_store_row(kv.v + r * kv.v_row, kv.tv, row + D, D);
+}
+
+// One block per row: x = H x (Backend::hadamard_rows, the unfused prologue's rotation).
+__global__ void hadamard_rows_kernel(float *x, int dim) {
+    LUCE_DYNAMIC_SHARED(float, row);
+    wait_for_inputs();
+    float *xr = x + int64_t(blockIdx.x) * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) row[i] = xr[i];
+    hadamard_shared(row, dim);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = row[i];
 }
 
 // An attention layer's prologue in one launch (the rmsnorm, rope_neox and kv_store kernels
@@ -65,13 +167,14 @@ __global__ void kv_store_kernel(float *kc, float *vc, int n_ctx, const float *k,
 // the norm's sum and every other step are theirs to the bit. Blocks [0, T H) take the query
 // heads (q_h, the first D of each 2D row of qg), the rest the key heads, which also store the
 // token's k and v rows in the cache at slot[t]. k is rewritten in place, as the five ops leave it.
+// A rotated cache (kv_cache.h) has q and k rotated after RoPE, as Backend::qk_norm_rope_store does.
 __global__ void __launch_bounds__(1024) qk_norm_rope_store_kernel(const float *qg, const float *q_norm, float *q,
                                                                   float *k, const float *k_norm, const float *v,
-                                                                  float *kc, float *vc, int n_ctx, const int32_t *pos,
-                                                                  const int32_t *slot, int T, int n_head,
-                                                                  int n_head_kv, int D, int n_rot, float theta,
-                                                                  float eps) {
-    LUCE_DYNAMIC_SHARED(float, head);  // the normalised row, D floats
+                                                                  KvRows kv, bool rotate, int n_ctx,
+                                                                  const int32_t *pos, const int32_t *slot, int T,
+                                                                  int n_head, int n_head_kv, int D, int n_rot,
+                                                                  float theta, float eps) {
+    LUCE_DYNAMIC_SHARED(float, head);  // the normalised row, D floats; then the V row, D floats
     wait_for_inputs();
     const int q_rows = T * n_head;
     const bool is_q = int(blockIdx.x) < q_rows;
@@ -85,14 +188,16 @@ __global__ void __launch_bounds__(1024) qk_norm_rope_store_kernel(const float *q
     const int half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) rope_rotate(head[i], head[i + half], i, n_rot, theta, pos[t]);
     __syncthreads();
+    if (rotate) hadamard_shared(head, D);
     float *y = is_q ? q + int64_t(r) * D : k + int64_t(r) * D;
     for (int i = threadIdx.x; i < D; i += blockDim.x) y[i] = head[i];
     if (is_q) return;
-    const int64_t dst = (int64_t(r % n_head_kv) * n_ctx + slot[t]) * D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        kc[dst + i] = head[i];
-        vc[dst + i] = v[int64_t(r) * D + i];
-    }
+    float *vrow = head + D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) vrow[i] = v[int64_t(r) * D + i];
+    __syncthreads();
+    const int64_t dst = int64_t(r % n_head_kv) * n_ctx + slot[t];
+    kv_store_row(kv.k + dst * kv.k_row, kv.tk, head, D);
+    kv_store_row(kv.v + dst * kv.v_row, kv.tv, vrow, D);
 }
 
 // A warp's share of the keys [j0, j1) visible to one query (mrow: the tree or drafter mask row,
@@ -110,8 +215,10 @@ __global__ void __launch_bounds__(1024) qk_norm_rope_store_kernel(const float *q
 // Leaves the warp's unnormalised output in acc_s[warp][D] and its m and l in sm, sl (shared).
 // The query is staged in shared memory (sq, D floats; read back as broadcasts), which leaves the
 // registers to the round's loads: 176 registers with it in registers, two blocks per SM.
-template <int QC>  // 16-byte chunks of a row per lane: ceil(D / 32)
-__device__ __forceinline__ void attend_keys(const float *qh, float *sq, const float *K, const float *V, int D,
+// Cache rows are read four values at a time (kv_load4); F32 = both types f32, the plain float4
+// loads without the type switch.
+template <int QC, bool F32>  // QC: 16-byte chunks of a row per lane: ceil(D / 32)
+__device__ __forceinline__ void attend_keys(const float *qh, float *sq, const KvRows &kv, int64_t row0, int D,
                                             const uint8_t *mrow, int j0, int j1, float scale, float *acc_s,
                                             float *sm, float *sl) {
     constexpr int KEY_LANES = 8;
@@ -129,13 +236,18 @@ __device__ __forceinline__ void attend_keys(const float *qh, float *sq, const fl
     for (; key - lane / KEY_LANES < j1; key += stride) {
         const bool vis_next = key + stride < j1 && (!mrow || mrow[key + stride]);
         if (warp_any(vis)) {
-            const int64_t row = int64_t(min(key, j1 - 1)) * nc;
-            const auto *k4 = reinterpret_cast<const float4 *>(K) + row, *v4 = reinterpret_cast<const float4 *>(V) + row;
+            const int64_t row = row0 + min(key, j1 - 1);
+            const uint8_t *kr = kv.k + row * kv.k_row, *vr = kv.v + row * kv.v_row;
             float4 k[QC], v[QC];
 #pragma unroll
             for (int c = 0; c < QC; ++c) {
                 const int ch = sub + KEY_LANES * c;
-                if (ch < nc) k[c] = k4[ch], v[c] = v4[ch];
+                if (ch >= nc) continue;
+                if (F32) {
+                    k[c] = reinterpret_cast<const float4 *>(kr)[ch], v[c] = reinterpret_cast<const float4 *>(vr)[ch];
+                } else {
+                    k[c] = kv_load4(kr, kv.tk, ch, D), v[c] = kv_load4(vr, kv.tv, ch, D);
+                }
             }
             float dot = 0.f;
 #pragma unroll
@@ -231,19 +343,18 @@ struct Partials {
 };
 
 // Dynamic shared memory: q[D] | acc[W][D] | m[W] | l[W].
-template <int QC>
+template <int QC, bool F32>
 __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
-    attention_kernel(const float *q, const float *kc, const float *vc, int n_ctx, const int32_t *pos,
-                     const uint8_t *mask, int n_head, int group, int head_dim, float scale, float *out) {
+    attention_kernel(const float *q, KvRows kv, int n_ctx, const int32_t *pos, const uint8_t *mask, int n_head,
+                     int group, int head_dim, float scale, float *out) {
     wait_for_inputs();
     LUCE_DYNAMIC_SHARED(float, smem);
     const int h = blockIdx.x, t = blockIdx.y, D = head_dim, W = blockDim.x / LUCE_WARP;
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
-    const float *K = kc + int64_t(h / group) * n_ctx * D;
-    const float *V = vc + int64_t(h / group) * n_ctx * D;
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    attend_keys<QC>(qh, sq, K, V, D, mrow, 0, visible_keys(pos, mask, t, n_ctx), scale, acc, sm, sl);
+    attend_keys<QC, F32>(qh, sq, kv, int64_t(h / group) * n_ctx, D, mrow, 0, visible_keys(pos, mask, t, n_ctx), scale,
+                         acc, sm, sl);
 
     const Partials warps{sm, sl, acc, 1, D, W};
     const float M = warps.max(), den = warps.den(M);
@@ -258,24 +369,22 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
 // part[((t * n_head + h) * n_split + split) * (D + 2)]. A few heads times one token cannot fill
 // the device; the splits over the KV length can.
 // Dynamic shared memory as attention_kernel.
-template <int QC>
+template <int QC, bool F32>
 __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
-    attention_split_kernel(const float *q, const float *kc, const float *vc, int n_ctx, const int32_t *pos,
-                           const uint8_t *mask, int n_head, int group, int head_dim, float scale, float *part) {
+    attention_split_kernel(const float *q, KvRows kv, int n_ctx, const int32_t *pos, const uint8_t *mask,
+                           int n_head, int group, int head_dim, float scale, float *part) {
     wait_for_inputs();
     LUCE_DYNAMIC_SHARED(float, smem);
     const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z, n_split = gridDim.z, D = head_dim;
     const int W = blockDim.x / LUCE_WARP;
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
-    const float *K = kc + int64_t(h / group) * n_ctx * D;
-    const float *V = vc + int64_t(h / group) * n_ctx * D;
 
     const int n_keys = visible_keys(pos, mask, t, n_ctx), chunk = split_chunk(n_keys, n_split);
     const int j0 = split * chunk, j1 = min(j0 + chunk, n_keys);
     if (j0 >= n_keys) return;  // past a short context: the merge does not read this split
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    attend_keys<QC>(qh, sq, K, V, D, mrow, j0, j1, scale, acc, sm, sl);
+    attend_keys<QC, F32>(qh, sq, kv, int64_t(h / group) * n_ctx, D, mrow, j0, j1, scale, acc, sm, sl);
 
     const Partials warps{sm, sl, acc, 1, D, W};
     const float M = warps.max();
@@ -340,10 +449,10 @@ struct PrefillSmem {
     static constexpr size_t bytes = size_t(l + PREFILL_ROWS) * sizeof(float);
 };
 
-template <int D>
+template <int D, bool F32>
 __global__ void __launch_bounds__(ATTENTION_THREADS)
-    attention_prefill_kernel(const float *q, const float *kc, const float *vc, int n_ctx, const int32_t *pos, int T,
-                             int n_head, int group, float scale, float *out) {
+    attention_prefill_kernel(const float *q, KvRows kv, int n_ctx, const int32_t *pos, int T, int n_head, int group,
+                             float scale, float *out) {
     wait_for_inputs();
     using L = PrefillSmem<D>;
     constexpr int NC = D / 4, ROW_GROUPS = ATTENTION_THREADS / NC, ROWS = PREFILL_ROWS / ROW_GROUPS;
@@ -352,8 +461,16 @@ __global__ void __launch_bounds__(ATTENTION_THREADS)
     const int h = blockIdx.x, t0 = blockIdx.y * PREFILL_ROWS, n_rows = min(PREFILL_ROWS, T - t0);
     const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP;
     const int rg = threadIdx.x / NC, c = threadIdx.x % NC;  // the value phase's rows and chunk
-    const auto *K = reinterpret_cast<const float4 *>(kc + int64_t(h / group) * n_ctx * D);
-    const auto *V = reinterpret_cast<const float4 *>(vc + int64_t(h / group) * n_ctx * D);
+    const int64_t row0 = int64_t(h / group) * n_ctx;
+    // Values 4 ch .. 4 ch + 3 of key j's K or V row.
+    auto key4 = [&](int j, int ch) {
+        const uint8_t *r = kv.k + (row0 + j) * kv.k_row;
+        return F32 ? reinterpret_cast<const float4 *>(r)[ch] : kv_load4(r, kv.tk, ch, D);
+    };
+    auto value4 = [&](int j, int ch) {
+        const uint8_t *r = kv.v + (row0 + j) * kv.v_row;
+        return F32 ? reinterpret_cast<const float4 *>(r)[ch] : kv_load4(r, kv.tv, ch, D);
+    };
 
     int n_keys = 0, row_pos[WARP_ROWS];
     for (int r = 0; r < n_rows; ++r) n_keys = max(n_keys, min(pos[t0 + r] + 1, n_ctx));
@@ -381,8 +498,8 @@ __global__ void __launch_bounds__(ATTENTION_THREADS)
             const int j = e / NC, ch = e % NC;
             const bool in = j0 + j < n_keys;
             const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-            *reinterpret_cast<float4 *>(smem + L::k + j * L::line + 4 * ch) = in ? K[int64_t(j0 + j) * NC + ch] : zero;
-            *reinterpret_cast<float4 *>(smem + L::v + j * D + 4 * ch) = in ? V[int64_t(j0 + j) * NC + ch] : zero;
+            *reinterpret_cast<float4 *>(smem + L::k + j * L::line + 4 * ch) = in ? key4(j0 + j, ch) : zero;
+            *reinterpret_cast<float4 *>(smem + L::v + j * D + 4 * ch) = in ? value4(j0 + j, ch) : zero;
         }
         __syncthreads();
         const int key = j0 + lane;
@@ -442,18 +559,24 @@ __global__ void __launch_bounds__(ATTENTION_THREADS)
     }
 }
 
+// The prefill kernel for D, its shared memory opted in once: more than 48 KB at D = 256 is an opt-in.
+template <int D, bool F32>
+auto prefill_kernel() {
+    static const cudaError_t opt_in = cudaFuncSetAttribute(
+        attention_prefill_kernel<D, F32>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(PrefillSmem<D>::bytes));
+    LUCE_GPU_CHECK(opt_in);
+    return attention_prefill_kernel<D, F32>;
+}
+
 // Launches the prefill kernel for a head dim it has (32, 64, 128, 256): false otherwise.
-bool attention_prefill(cudaStream_t stream, const float *q, const float *kc, const float *vc, int n_ctx,
+bool attention_prefill(cudaStream_t stream, const float *q, const KvRows &kv, bool f32, int n_ctx,
                        const int32_t *pos, int T, int n_head, int group, int head_dim, float scale, float *out) {
     auto launch = [&](auto dim) {
         constexpr int D = decltype(dim)::value;
-        // More than 48 KB of shared memory at D = 256 is an opt-in, once per kernel.
-        static const cudaError_t opt_in = cudaFuncSetAttribute(
-            attention_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(PrefillSmem<D>::bytes));
-        LUCE_GPU_CHECK(opt_in);
+        const auto kernel = f32 ? prefill_kernel<D, true>() : prefill_kernel<D, false>();
         const dim3 grid(unsigned(n_head), unsigned((T + PREFILL_ROWS - 1) / PREFILL_ROWS));
-        launch_kernel(attention_prefill_kernel<D>, grid, ATTENTION_THREADS, PrefillSmem<D>::bytes, stream, q, kc, vc,
-                      n_ctx, pos, T, n_head, group, scale, out);
+        launch_kernel(kernel, grid, ATTENTION_THREADS, PrefillSmem<D>::bytes, stream, q, kv, n_ctx, pos, T, n_head,
+                      group, scale, out);
         return true;
     };
     switch (head_dim) {
@@ -476,32 +599,28 @@ void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_h
                   theta);
 }
 
-// The GPU kernels read an f32 cache only so far; the other cache types and the rotation are
-// CPU-backend options.
-static void require_f32_cache(const KvLayer &kv) {
-    const KvFormat &f = kv.format;
-    if (f.k != KvType::F32 || f.v != KvType::F32 || f.rotate)
-        fail(LUCE_ERR_UNSUPPORTED, "the GPU backend keeps an f32 KV cache only so far (asked: K %s, V %s%s)",
-             kv_type_name(f.k), kv_type_name(f.v), f.rotate ? ", rotated" : "");
-}
+// Threads of a block that stores or rotates rows of D values: one a value, whole warps.
+unsigned row_threads(int head_dim) { return unsigned(std::min(1024, (head_dim + 31) / 32 * 32)); }
 
 void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
               int n_head_kv, int head_dim) {
-    const int64_t n = int64_t(T) * n_head_kv * head_dim;
-    if (n < 1) return;
-    require_f32_cache(kv);
-    launch_kernel(kv_store_kernel, blocks_for(n), ELEMENT_THREADS, 0, stream, static_cast<float *>(kv.k),
-                  static_cast<float *>(kv.v), kv.n_ctx, k, v, pos, T, n_head_kv, head_dim);
+    if (T < 1 || n_head_kv < 1) return;
+    launch_kernel(kv_store_kernel, unsigned(T * n_head_kv), row_threads(head_dim), 2 * size_t(head_dim) * sizeof(float),
+                  stream, kv_rows(kv, head_dim), kv.n_ctx, k, v, pos, n_head_kv, head_dim);
+}
+
+void hadamard_rows(cudaStream_t stream, float *x, int n_rows, int dim) {
+    if (n_rows < 1) return;
+    launch_kernel(hadamard_rows_kernel, unsigned(n_rows), row_threads(dim), size_t(dim) * sizeof(float), stream, x, dim);
 }
 
 void qk_norm_rope_store(cudaStream_t stream, const float *qg, const float *q_norm, float *q, float *k,
                         const float *k_norm, const float *v, KvLayer &kv, const int32_t *pos, const int32_t *slot,
                         int T, int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps) {
     if (T < 1) return;
-    require_f32_cache(kv);
     launch_kernel(qk_norm_rope_store_kernel, unsigned(T * (n_head + n_head_kv)), norm_threads(head_dim),
-                  size_t(head_dim) * sizeof(float), stream, qg, q_norm, q, k, k_norm, v, static_cast<float *>(kv.k),
-                  static_cast<float *>(kv.v), kv.n_ctx, pos, slot, T, n_head, n_head_kv, head_dim, n_rot, theta, eps);
+                  2 * size_t(head_dim) * sizeof(float), stream, qg, q_norm, q, k, k_norm, v, kv_rows(kv, head_dim),
+                  kv.format.rotate, kv.n_ctx, pos, slot, T, n_head, n_head_kv, head_dim, n_rot, theta, eps);
 }
 
 // Splits over the KV length: chunks of at least SPLIT_MIN_KEYS keys, and about SPLIT_TARGET_BLOCKS
@@ -541,19 +660,18 @@ void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv,
                const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out, void *scratch,
                int64_t scratch_bytes) {
     if (T < 1) return;
-    require_f32_cache(kv);
     if (n_head_kv < 1 || n_head % n_head_kv != 0 || head_dim < 1 || kv.n_ctx < 1)
         fail(LUCE_ERR_INTERNAL, "GPU attention: bad shape (%d heads, %d kv heads, dim %d, ctx %d)", n_head, n_head_kv,
              head_dim, kv.n_ctx);
     const int W = ATTENTION_THREADS / warp;
     const size_t shared = sizeof(float) * (size_t(head_dim) * (1 + W) + 2 * size_t(W));
-    const auto *kc = static_cast<const float *>(kv.k);
-    const auto *vc = static_cast<const float *>(kv.v);
+    const KvRows rows = kv_rows(kv, head_dim);
+    const bool f32 = rows.tk == KvType::F32 && rows.tv == KvType::F32;
     const int group = n_head / n_head_kv;
     const float scale = 1.0f / sqrtf(float(head_dim));
 #if !defined(LUCE_HIP)
     if (!mask && T > MAX_STEP && warp == 32 &&
-        attention_prefill(stream, q, kc, vc, kv.n_ctx, pos, T, n_head, group, head_dim, scale, out))
+        attention_prefill(stream, q, rows, f32, kv.n_ctx, pos, T, n_head, group, head_dim, scale, out))
         return;
 #endif
     const int n_split = scratch ? attention_splits(T, n_head, kv.n_ctx) : 1;
@@ -563,14 +681,16 @@ void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv,
         if (split) {
             auto *part = static_cast<float *>(scratch);
             const dim3 grid{unsigned(n_head), unsigned(T), unsigned(n_split)};
-            launch_kernel(attention_split_kernel<QC>, grid, ATTENTION_THREADS, shared, stream, q, kc, vc, kv.n_ctx,
-                          pos, mask, n_head, group, head_dim, scale, part);
+            launch_kernel(f32 ? attention_split_kernel<QC, true> : attention_split_kernel<QC, false>, grid,
+                          ATTENTION_THREADS, shared, stream, q, rows, kv.n_ctx, pos, mask, n_head, group, head_dim,
+                          scale, part);
             launch_kernel(attention_merge_kernel, dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, 0, stream,
                           part, pos, mask, kv.n_ctx, n_split, n_head, head_dim, out);
             return;
         }
-        launch_kernel(attention_kernel<QC>, dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, shared, stream, q,
-                      kc, vc, kv.n_ctx, pos, mask, n_head, group, head_dim, scale, out);
+        launch_kernel(f32 ? attention_kernel<QC, true> : attention_kernel<QC, false>, dim3{unsigned(n_head), unsigned(T)},
+                      ATTENTION_THREADS, shared, stream, q, rows, kv.n_ctx, pos, mask, n_head, group, head_dim, scale,
+                      out);
     });
 }
 

@@ -453,6 +453,11 @@ void GpuBackend::rope_neox(float *x, const int32_t *pos, int T, int n_head, int 
     gpu::rope_neox(stream_, x, pos, T, n_head, head_dim, n_rot, theta);
 }
 
+void GpuBackend::hadamard_rows(float *x, int n_rows, int dim) {
+    LUCE_OP("hadamard_rows");
+    gpu::hadamard_rows(stream_, x, n_rows, dim);
+}
+
 void GpuBackend::kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
                           int n_head_kv, int head_dim) {
     LUCE_OP("kv_store");

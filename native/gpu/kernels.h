@@ -113,6 +113,8 @@ void add(cudaStream_t stream, float *x, const float *y, int64_t n);
 // attention.cu
 void rope_neox(cudaStream_t stream, float *x, const int32_t *pos, int T, int n_head, int head_dim,
                int n_rot, float theta);
+// x = H x for each of n_rows rows (Backend::hadamard_rows).
+void hadamard_rows(cudaStream_t stream, float *x, int n_rows, int dim);
 void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
               int n_head_kv, int head_dim);
 // rmsnorm x2, rope_neox x2 and kv_store in one launch (Backend::qk_norm_rope_store).

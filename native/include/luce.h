@@ -112,7 +112,7 @@ typedef enum {
        K type | V type << LUCE_KV_V_SHIFT | LUCE_KV_V_GIVEN, optionally | LUCE_KV_ROTATE: K rows
        stored rotated by the orthonormal Walsh-Hadamard matrix and queries read rotated alike
        (q.k unchanged; spreads outliers over a block; head dim a power of two). Block types need
-       a head dim that is a multiple of 32. The GPU backend keeps an f32 cache only so far. */
+       a head dim that is a multiple of 32. Both backends hold every type. */
     LUCE_KV_V_SHIFT = 8,
     LUCE_KV_V_GIVEN = 0x20000,
     LUCE_KV_ROTATE = 0x10000

@@ -77,8 +77,6 @@ struct KvLayer {
 void kv_encode_row(KvType t, const float *x, int dim, void *dst);
 // Row `index` of a cache of type t as floats: f32 rows in place, others decoded into scratch.
 const float *kv_decode_row(KvType t, const void *base, int64_t index, int dim, float *scratch);
-// IEEE binary32 -> binary16, round to nearest even (overflow -> inf, NaN kept quiet).
-uint16_t f32_to_f16(float f);
 // In place: x = H x, H the orthonormal Walsh-Hadamard matrix of size dim (a power of two).
 void fwht(float *x, int dim);
 

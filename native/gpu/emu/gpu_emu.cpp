@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "gpu_emu.h"
+#include "../../src/half.h"
 
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -694,6 +695,8 @@ void launch_grid(hipStream_t stream, Grid grid) {
 }  // namespace luce_emu
 
 using namespace luce_emu;
+
+__half __float2half_rn(float f) { return __half{luce::f32_to_f16(f)}; }
 
 float __half2float(__half h) {
     const uint32_t sign = uint32_t(h.bits & 0x8000u) << 16, exp = (h.bits >> 10) & 0x1F, mant = h.bits & 0x3FF;

@@ -283,7 +283,9 @@ struct __half {
     uint16_t bits;
 };
 inline __half __ushort_as_half(unsigned short b) { return __half{b}; }
+inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 float __half2float(__half h);
+__half __float2half_rn(float f);
 
 // ---- the runtime -----------------------------------------------------------------------------------
 enum hipError_t {
