@@ -307,8 +307,10 @@ int proposal_top_k(const luce_generate_params &p, int n_vocab) {
     return k < n_vocab ? k : 0;
 }
 
-// One generate_speculative call: every buffer sized once up front, then prefill, and a loop of
-// plain, chain or tree steps. Where each piece of data lives:
+}  // namespace
+
+// One generate_speculative call, or one sequence of a batch (SpecSequence): every buffer sized once
+// up front, then prefill, and a loop of plain, chain or tree steps. Where each piece of data lives:
 //   backend memory: the drafter context and heads scratch, taps [prefill_step][N][E] (captured device
 //   to device by forward_step), the drafter's hidden rows [B][E], DDTree's unary logits [q][V];
 //   host: greedy, the verify rows' argmax ids (reduced on the device, only the ids come back);
@@ -355,6 +357,11 @@ struct SpecLoop {
     SpecPolicy policy;
     luce_generate_stats st{};
     luce_status status = LUCE_OK;
+    // The step in flight (begin_step .. end_step): plain or chain, its proposals, where the sequence
+    // stood and when it started and finished drafting.
+    bool step_spec = false;
+    int step_q = 0, step_start = 0;
+    double step_t0 = 0, step_t_drafted = 0;
 
     SpecLoop(Session &s_, Drafter &d_, int n_prompt, const luce_generate_params &p_, luce_token_callback cb, void *ud,
              int32_t *out)
@@ -407,8 +414,9 @@ struct SpecLoop {
     // without a top-k the rows in verify_rows, left where they are until acceptance reaches
     // one (most of a step's rows past the first rejection are never read).
     void run_target(const int32_t *toks, int T, int row0) {
-        const int n = T - row0;
-        const float *rows = forward_step_rows(s, toks, T, row0, &capture);
+        read_rows(forward_step_rows(s, toks, T, row0, &capture), T - row0);
+    }
+    void read_rows(const float *rows, int n) {
         if (sampled && !top_k.k()) {
             verify_rows = rows;
             return;
@@ -463,14 +471,14 @@ struct SpecLoop {
         return p.max_tokens > 0 ? choose(0) : -1;
     }
 
-    // One token, features still captured (the policy's plain steps, and the last token of the budget).
-    bool plain_step(int32_t &anchor, double t0) {
+    // A plain step's end (one token, features still captured: the policy's plain steps, and the last
+    // token of the budget), its row read.
+    bool finish_plain(int32_t &anchor, const float *step_taps) {
         const int32_t ran = anchor;
-        run_target(&anchor, 1, 0);
         anchor = choose(0);
         ++st.plain_steps;
-        policy.after_plain(now_seconds() - t0);
-        defer_context(ran);  // after the sample: a full buffer's append belongs to drafting
+        policy.after_plain(now_seconds() - step_t0);
+        defer_context(ran, step_taps);  // after the sample: a full buffer's append belongs to drafting
         return emit(&anchor, 1);
     }
 
@@ -478,9 +486,9 @@ struct SpecLoop {
     // next draft: while plain decoding wins, a context projection per token would make every plain
     // step pay for a drafter that does not run, and one append of many rows reads the drafter's
     // weights once. Output is unchanged: only the drafter's proposals read the context.
-    void defer_context(int32_t token) {
+    void defer_context(int32_t token, const float *token_taps) {
         const size_t row = size_t(N) * E;
-        be.copy(pending + size_t(n_pending) * row, taps, row * sizeof(float));
+        be.copy(pending + size_t(n_pending) * row, token_taps, row * sizeof(float));
         pending_tokens[n_pending] = token;
         if (++n_pending == PENDING_ROWS) flush_context();
     }
@@ -524,9 +532,10 @@ struct SpecLoop {
         return n;
     }
 
-    // Draft a chain of q proposals, verify [anchor, d_1..d_q], accept, roll back, commit.
-    bool chain_step(int32_t &anchor, int q, double t0) {
-        const int start = s.n_past, row0 = d.hp.sample_from_anchor ? 0 : 1;
+    // Draft a chain of q proposals into tokens[1..q]; returns q, fewer where DSpark's confidence
+    // gate cuts the chain.
+    int propose(int32_t anchor, int q) {
+        const int row0 = d.hp.sample_from_anchor ? 0 : 1;
         if (mtp)
             mtp_draft(*mtp, anchor, q, tokens.data() + 1, sampled ? &chain_sampling : nullptr);
         else
@@ -543,21 +552,22 @@ struct SpecLoop {
                     break;
                 }
         log_drafts(q);
-        const double t_drafted = now_seconds();
-        tokens[0] = anchor;
-        ckpt.attach();
-        run_target(tokens.data(), q + 1, 0);
-        ckpt.detach();
+        step_t_drafted = now_seconds();
+        return q;
+    }
+
+    // After the target verified [anchor, d_1..d_q] (rows read): accept, roll back, commit.
+    bool finish_chain(int32_t &anchor, int q, const float *step_taps) {
         const double t_verified = now_seconds();
         int32_t bonus;
         const int n = accept(q, bonus);
         // Commit n+1 positions; the recurrent state cannot be trimmed, so it is restored from the
         // verify's per-row checkpoints (attention only needs n_past lowered).
-        if (n + 1 < q + 1) ckpt.restore(start, chain_rows.data(), n + 1);
+        if (n + 1 < q + 1) ckpt.restore(step_start, chain_rows.data(), n + 1);
         const double t_rolled = now_seconds();
-        append_context(tokens.data(), taps, n + 1);
-        record_spec_step(st, q, n, q, t0, t_drafted, t_verified, t_rolled);
-        policy.after_spec(q, n, now_seconds() - t0);
+        append_context(tokens.data(), step_taps, n + 1);
+        record_spec_step(st, q, n, q, step_t0, step_t_drafted, t_verified, t_rolled);
+        policy.after_spec(q, n, now_seconds() - step_t0);
         tokens[size_t(n + 1)] = bonus;
         anchor = bonus;
         return emit(tokens.data() + 1, n + 1);
@@ -633,36 +643,70 @@ struct SpecLoop {
         return emit(tokens.data() + 1, n + 1);
     }
 
-    // One step at the anchor's position: plain when nothing can be drafted or the policy says so,
-    // else draft a block of the policy's width and verify it as a chain or a tree.
-    bool step(int32_t &anchor) {
+    // The proposals a step at the anchor's position verifies: 0 for a plain step (nothing can be
+    // drafted, or the policy says so), else q after the drafter's block forward of the policy's width.
+    int plan(int32_t anchor) {
         const int remaining = p.max_tokens - st.n_generated, w = policy.next_width();
         int q = std::min(d.proposals(w), remaining - 1);
         if (cap_from > 0 && s.n_past >= cap_from) q = std::min(q, std::max(VERIFY_CAP_MIN, B / 2) - 1);
-        const double t0 = now_seconds();
-        if (w == 0 || q <= 0) return plain_step(anchor, t0);
+        step_t0 = now_seconds();
+        step_start = s.n_past;
+        if (w == 0 || q <= 0) return 0;
         // Charged to this step: plain decoding alone would never append the deferred rows, so
         // catching up is part of what speculating costs (a probe after many plain steps pays most).
         flush_context();
-        if (!mtp) {  // the block drafters' one forward; the MTP drafts row by row in chain_step
+        if (!mtp) {  // the block drafters' one forward; the MTP drafts row by row in propose
             block[0] = anchor;
             draft_forward(d, *ctx, block.data(), w, hidden);
         }
-        return p.ddtree ? tree_step(anchor, q, t0) : chain_step(anchor, q, t0);
+        return q;
+    }
+
+    // A plain or chain step up to its verify: tokens[0..rows) for the target (the anchor, then the
+    // chain's proposals) and, for a chain, the checkpoints attached. Returns rows.
+    int begin_step(int32_t anchor) {
+        const int q = plan(anchor);
+        tokens[0] = anchor;
+        step_spec = q > 0;
+        step_q = step_spec ? propose(anchor, q) : 0;
+        if (step_spec) ckpt.attach();
+        return step_q + 1;
+    }
+
+    // The rest of a begin_step's step, once the target has run its rows in this session's state
+    // (n_past advanced past them): logit rows [rows][V] and their taps [rows][N][E], backend memory.
+    bool end_step(int32_t &anchor, const float *rows, const float *step_taps) {
+        ckpt.detach();
+        read_rows(rows, step_q + 1);
+        return step_spec ? finish_chain(anchor, step_q, step_taps) : finish_plain(anchor, step_taps);
+    }
+
+    // One step at the anchor's position: plain, or a block verified as a chain or a tree.
+    bool step(int32_t &anchor) {
+        if (p.ddtree) {
+            const int q = plan(anchor);
+            if (q > 0) return tree_step(anchor, q, step_t0);
+            step_spec = false;
+            step_q = 0;
+            tokens[0] = anchor;
+        } else {
+            begin_step(anchor);
+        }
+        const float *rows = forward_step_rows(s, tokens.data(), step_q + 1, 0, &capture);
+        return end_step(anchor, rows, taps);
+    }
+
+    // The run's summary stats, at its end.
+    void close_stats(double decode_seconds) {
+        st.decode_seconds = decode_seconds;
+        st.tau = st.spec_steps ? double(st.n_accepted + st.spec_steps) / st.spec_steps : 0.0;
+        st.acceptance = st.n_drafted ? double(st.n_accepted) / st.n_drafted : 0.0;
+        record_policy(st, policy);
     }
 };
 
-}  // namespace
-
-luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, int n_prompt,
-                                 const luce_generate_params &p, luce_token_callback callback, void *user_data,
-                                 int32_t *out_tokens, int out_capacity, luce_generate_stats *stats) {
-    check_generate_request(s, prompt, n_prompt, p, out_tokens, out_capacity);
+void check_speculative_request(const Session &s, const Drafter &d, const luce_generate_params &p) {
     if (d.target != s.model) fail(LUCE_ERR_INVALID_ARGUMENT, "the drafter is bound to another target model");
-    // The drafter's context must hold the features of every committed position, so the whole
-    // sequence has to go through this loop.
-    if (s.n_past != 0)
-        fail(LUCE_ERR_INVALID_ARGUMENT, "speculative decoding needs an empty session (%d positions are used)", s.n_past);
     if (p.ddtree && d.hp.kind == DRAFT_MTP)
         fail(LUCE_ERR_UNSUPPORTED, "DDTree needs a block drafter's proposal rows; MTP drafting is a chain (drop --ddtree)");
     if (p.ddtree && !s.model->backend->tree_mode())
@@ -677,6 +721,18 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     for (int i = 0; i < p.n_oracle_tokens; ++i)
         if (p.oracle_tokens[i] < 0 || p.oracle_tokens[i] >= s.model->hp.n_vocab)
             fail(LUCE_ERR_INVALID_ARGUMENT, "oracle token %d is out of range", p.oracle_tokens[i]);
+    block_rows(d, p);  // the block size's range is the drafter's
+}
+
+luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, int n_prompt,
+                                 const luce_generate_params &p, luce_token_callback callback, void *user_data,
+                                 int32_t *out_tokens, int out_capacity, luce_generate_stats *stats) {
+    check_generate_request(s, prompt, n_prompt, p, out_tokens, out_capacity);
+    // The drafter's context must hold the features of every committed position, so the whole
+    // sequence has to go through this loop.
+    if (s.n_past != 0)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "speculative decoding needs an empty session (%d positions are used)", s.n_past);
+    check_speculative_request(s, d, p);
 
     SpecLoop run(s, d, n_prompt, p, callback, user_data, out_tokens);
     const double t0 = now_seconds();
@@ -685,15 +741,35 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     run.st.prefill_seconds = t1 - t0;
     bool going = p.max_tokens > 0 && run.emit(&anchor, 1);
     while (going) going = run.step(anchor);
-
-    luce_generate_stats &st = run.st;
-    st.decode_seconds = now_seconds() - t1;
-    st.tau = st.spec_steps ? double(st.n_accepted + st.spec_steps) / st.spec_steps : 0.0;
-    st.acceptance = st.n_drafted ? double(st.n_accepted) / st.n_drafted : 0.0;
-    record_policy(st, run.policy);
-    if (stats) *stats = st;
+    run.close_stats(now_seconds() - t1);
+    if (stats) *stats = run.st;
     if (run.status == LUCE_ERR_CANCELLED) set_last_error("generation stopped by the token callback");
     return run.status;
+}
+
+SpecSequence::SpecSequence(Session &s, Drafter &d, int n_prompt, const luce_generate_params &p, int32_t *out_tokens)
+    : loop_(std::make_unique<SpecLoop>(s, d, n_prompt, p, nullptr, nullptr, out_tokens)) {}
+
+SpecSequence::~SpecSequence() = default;
+
+bool SpecSequence::start(const int32_t *prompt, int n_prompt) {
+    SpecLoop &run = *loop_;
+    const double t0 = now_seconds();
+    anchor_ = run.prefill(prompt, n_prompt);
+    decode_start_ = now_seconds();
+    run.st.prefill_seconds = decode_start_ - t0;
+    return run.p.max_tokens > 0 && run.emit(&anchor_, 1);
+}
+
+int SpecSequence::begin_step() { return loop_->begin_step(anchor_); }
+
+const int32_t *SpecSequence::step_tokens() const { return loop_->tokens.data(); }
+
+bool SpecSequence::end_step(const float *rows, const float *taps) { return loop_->end_step(anchor_, rows, taps); }
+
+const luce_generate_stats &SpecSequence::finish() {
+    loop_->close_stats(now_seconds() - decode_start_);
+    return loop_->st;
 }
 
 }  // namespace luce
