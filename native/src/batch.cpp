@@ -85,18 +85,47 @@ BatchRunner::BatchRunner(Model *m, int n_parallel, int n_ctx, bool kv_f16)
 
 BatchRunner::~BatchRunner() {
     Backend &be = *model_->backend;
-    if (taps_) be.release(taps_);
+    release_drafter_memory();
     if (argmax_out_) be.release(argmax_out_);
     for (void *p : state_memory_) be.release(p);
 }
 
+// The drafter's buffers for one verify forward of up to MAX_STEP rows, whichever sequences they
+// belong to: the taps, and the DeltaNet rollback history (per recurrent layer, MAX_STEP states and
+// raw qkv rows), which a sequence needs only until its end of step.
 void BatchRunner::set_drafter(Drafter *d) {
     if (d && d->target != model_) fail(LUCE_ERR_INVALID_ARGUMENT, "the drafter is bound to another target model");
+    release_drafter_memory();
+    drafter_ = nullptr;
+    if (!d) return;
+    const Hparams &hp = model_->hp;
     Backend &be = *model_->backend;
-    if (taps_) be.release(taps_);
-    taps_ = nullptr;
+    auto take = [&](size_t n_floats) {
+        drafter_memory_.push_back(be.alloc(n_floats * sizeof(float)));
+        return static_cast<float *>(drafter_memory_.back());
+    };
+    const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
+    try {
+        taps_ = take(size_t(MAX_STEP) * d->n_taps() * d->hp.n_embd);
+        history_.ssm.assign(size_t(hp.n_layer), nullptr);
+        history_.qkv.assign(size_t(hp.n_layer), nullptr);
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (!hp.recurrent[size_t(i)]) continue;
+            history_.ssm[size_t(i)] = take(MAX_STEP * SS);
+            history_.qkv[size_t(i)] = take(MAX_STEP * CD);
+        }
+    } catch (...) {
+        release_drafter_memory();
+        throw;
+    }
     drafter_ = d;
-    if (d) taps_ = static_cast<float *>(be.alloc(size_t(MAX_STEP) * d->n_taps() * d->hp.n_embd * sizeof(float)));
+}
+
+void BatchRunner::release_drafter_memory() {
+    for (void *p : drafter_memory_) model_->backend->release(p);
+    drafter_memory_.clear();
+    taps_ = nullptr;
+    history_ = CheckpointRows{};
 }
 
 // Runs f with the slot's KV layers, DeltaNet state and n_past in the worker session (swapped back
@@ -185,6 +214,8 @@ void BatchRunner::release(Slot &slot) {
     for (int page : slot.pages) pool_.give_back(page);
     slot.pages.clear();
     slot.spec.reset();
+    // A run that ended mid-verify may have left a chain's history attached: no later step writes there.
+    for (RecurrentState &st : slot.recurrent) st.ssm_history = st.qkv_history = nullptr;
     slot.request = -1;
 }
 
@@ -275,6 +306,8 @@ void BatchRunner::verify(Slot *const *slots, const int *rows, int n) {
         const int32_t *t = slots[i]->spec->step_tokens();
         tokens.insert(tokens.end(), t, t + rows[i]);
     }
+    for (int i = 0, row0 = 0; i < n; row0 += rows[i++])
+        in_worker(*slots[i], [&] { slots[i]->spec->attach_checkpoints(history_, row0); });
     const Drafter &d = *drafter_;
     const int64_t V = model_->hp.n_vocab, tap_row = int64_t(d.n_taps()) * d.hp.n_embd;
     const HiddenCapture capture{d.hp.target_layer_ids.data(), d.n_taps(), taps_, true};

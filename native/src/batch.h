@@ -54,6 +54,7 @@ private:
                                   const HiddenCapture *capture);
     template <class F>
     void in_worker(Slot &slot, F &&f);
+    void release_drafter_memory();
     void check_request(const luce_batch_request &r, int index) const;
 
     Model *model_;
@@ -67,6 +68,8 @@ private:
     std::vector<float> host_row_;       // one logits row on the host
     Drafter *drafter_ = nullptr;
     float *taps_ = nullptr;             // with a drafter: a verify forward's taps [MAX_STEP][N][E], backend memory
+    CheckpointRows history_;            // with a drafter: a verify forward's rollback history, MAX_STEP rows
+    std::vector<void *> drafter_memory_;  // taps_ and history_'s buffers
 };
 
 }  // namespace luce

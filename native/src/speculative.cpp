@@ -94,7 +94,8 @@ SpecPolicy make_policy(const Drafter &d, const luce_generate_params &p, int B) {
 // recurrent layer: W x (HV*DK*DV + CD) + (Kc-1) x CD floats (W = verify width; Qwen3.5-27B,
 // W = 17: 48 layers x 17 x (48*128*128 + 10240) x 4 B ~= 2.6 GB). Restoring is a copy: no replay.
 // The buffers are attached to the session only for the verify forward (attach/detach), since
-// a prefill chunk or a plain step must not write checkpoints.
+// a prefill chunk or a plain step must not write checkpoints. A batch's sequences (own_history
+// false) share one set of history rows instead, lent for each verify (lend).
 struct Checkpoints {
     Session &s;
     int W = 0;
@@ -103,7 +104,7 @@ struct Checkpoints {
     std::vector<float *> ssm_history, qkv_history;  // per layer [W][HV*DK*DV], [W][CD]
     std::vector<Backend::CopyOp> copies;             // attach's / restore's, one batch each
 
-    Checkpoints(Session &s_, int W_) : s(s_), W(W_) {
+    Checkpoints(Session &s_, int W_, bool own_history) : s(s_), W(W_) {
         const Hparams &hp = s.model->hp;
         Backend &be = *s.model->backend;
         const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
@@ -117,8 +118,10 @@ struct Checkpoints {
         try {
             for (int i = 0; i < hp.n_layer; ++i) {
                 if (!hp.recurrent[size_t(i)]) continue;
-                ssm_history[size_t(i)] = take(size_t(W) * SS);
-                qkv_history[size_t(i)] = take(size_t(W) * CD);
+                if (own_history) {
+                    ssm_history[size_t(i)] = take(size_t(W) * SS);
+                    qkv_history[size_t(i)] = take(size_t(W) * CD);
+                }
                 conv_before[size_t(i)] = take(size_t(hp.ssm_conv - 1) * CD + 1);
             }
         } catch (...) {
@@ -131,6 +134,16 @@ struct Checkpoints {
         detach();
         for (void *p : owned) s.model->backend->release(p);
         owned.clear();
+    }
+    // The next verify's history: rows [row0, row0 + W) of a batch's shared ones.
+    void lend(const CheckpointRows &shared, int row0) {
+        const Hparams &hp = s.model->hp;
+        const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (!hp.recurrent[size_t(i)]) continue;
+            ssm_history[size_t(i)] = shared.ssm[size_t(i)] + size_t(row0) * SS;
+            qkv_history[size_t(i)] = shared.qkv[size_t(i)] + size_t(row0) * CD;
+        }
     }
     // Snapshot the conv windows and attach the per-row checkpoint buffers for a verify of <= W rows.
     void attach() {
@@ -363,14 +376,15 @@ struct SpecLoop {
     int step_q = 0, step_start = 0;
     double step_t0 = 0, step_t_drafted = 0;
 
+    // shared_history: a batch's sequence, whose verify history rows the batch lends (Checkpoints::lend).
     SpecLoop(Session &s_, Drafter &d_, int n_prompt, const luce_generate_params &p_, luce_token_callback cb, void *ud,
-             int32_t *out)
+             int32_t *out, bool shared_history = false)
         : s(s_), d(d_), p(p_), callback(cb), user_data(ud), out_tokens(out), be(*s_.model->backend),
           sampled(p_.temperature > 0.f), B(block_rows(d_, p_)), q_max(d_.proposals(B)),
           cap_from(p_.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p_.verify_cap_from), V(s_.model->hp.n_vocab),
           E(d_.hp.n_embd), N(d_.n_taps()), budget(p_.ddtree_budget ? p_.ddtree_budget : DEFAULT_DDTREE_BUDGET),
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
-          ckpt(s_, W), dev(be),
+          ckpt(s_, W, !shared_history), dev(be),
           sampler{p_.temperature, p_.top_k, p_.top_p},
           top_k(be, W, backend_top_k(p_, V)), draft_top_k(be, q_max, proposal_top_k(p_, V)), rng(p_.seed),
           chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(make_policy(d_, p_, B)) {
@@ -663,13 +677,12 @@ struct SpecLoop {
     }
 
     // A plain or chain step up to its verify: tokens[0..rows) for the target (the anchor, then the
-    // chain's proposals) and, for a chain, the checkpoints attached. Returns rows.
+    // chain's proposals). Returns rows; a chain's checkpoints are the caller's to attach.
     int begin_step(int32_t anchor) {
         const int q = plan(anchor);
         tokens[0] = anchor;
         step_spec = q > 0;
         step_q = step_spec ? propose(anchor, q) : 0;
-        if (step_spec) ckpt.attach();
         return step_q + 1;
     }
 
@@ -691,6 +704,7 @@ struct SpecLoop {
             tokens[0] = anchor;
         } else {
             begin_step(anchor);
+            if (step_spec) ckpt.attach();
         }
         const float *rows = forward_step_rows(s, tokens.data(), step_q + 1, 0, &capture);
         return end_step(anchor, rows, taps);
@@ -748,7 +762,7 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
 }
 
 SpecSequence::SpecSequence(Session &s, Drafter &d, int n_prompt, const luce_generate_params &p, int32_t *out_tokens)
-    : loop_(std::make_unique<SpecLoop>(s, d, n_prompt, p, nullptr, nullptr, out_tokens)) {}
+    : loop_(std::make_unique<SpecLoop>(s, d, n_prompt, p, nullptr, nullptr, out_tokens, /*shared_history=*/true)) {}
 
 SpecSequence::~SpecSequence() = default;
 
@@ -764,6 +778,12 @@ bool SpecSequence::start(const int32_t *prompt, int n_prompt) {
 int SpecSequence::begin_step() { return loop_->begin_step(anchor_); }
 
 const int32_t *SpecSequence::step_tokens() const { return loop_->tokens.data(); }
+
+void SpecSequence::attach_checkpoints(const CheckpointRows &shared, int row0) {
+    if (!loop_->step_spec) return;  // a plain step keeps no history
+    loop_->ckpt.lend(shared, row0);
+    loop_->ckpt.attach();
+}
 
 bool SpecSequence::end_step(const float *rows, const float *taps) { return loop_->end_step(anchor_, rows, taps); }
 

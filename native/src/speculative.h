@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "drafter.h"
 #include "luce.h"
@@ -21,6 +22,14 @@ void check_speculative_request(const Session &s, const Drafter &d, const luce_ge
 
 struct SpecLoop;
 
+// Rollback history rows the sequences of a batch share, enough for one verify forward: per main
+// layer, DeltaNet states [rows][HV*DK*DV] and raw qkv rows [rows][CD] (null for attention layers).
+// A sequence's verify only needs them until its end of step, so one forward's worth serves every
+// sequence of the batch instead of a block's worth for each.
+struct CheckpointRows {
+    std::vector<float *> ssm, qkv;
+};
+
 // One sequence's speculative decoding in steps its caller drives: generate_speculative's loop, cut
 // at the target's verify forward so that a batch (batch.cpp) runs one forward over the blocks of
 // many sequences. Chain steps only (no DDTree). Every call works on the session's current state:
@@ -36,9 +45,12 @@ public:
     // when the sequence has already finished.
     bool start(const int32_t *prompt, int n_prompt);
     // Drafts the next step; returns its rows for the target, step_tokens() [rows]: the anchor,
-    // then the proposals. A chain attaches its rollback checkpoints to the session's DeltaNet state.
+    // then the proposals.
     int begin_step();
     const int32_t *step_tokens() const;
+    // Before the verify forward: a chain's rollback checkpoints, rows [row0, row0 + rows) of the
+    // shared history, attached to the session's DeltaNet state.
+    void attach_checkpoints(const CheckpointRows &shared, int row0);
     // After the target ran those rows (n_past advanced past them): their logits [rows][V] and
     // taps [rows][n_taps][E] in backend memory. Accepts, rolls back, commits; false when finished.
     bool end_step(const float *rows, const float *taps);
