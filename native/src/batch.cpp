@@ -311,11 +311,22 @@ void BatchRunner::verify(Slot *const *slots, const int *rows, int n) {
     const Drafter &d = *drafter_;
     const int64_t V = model_->hp.n_vocab, tap_row = int64_t(d.n_taps()) * d.hp.n_embd;
     const HiddenCapture capture{d.hp.target_layer_ids.data(), d.n_taps(), taps_, true};
-    const float *logits = forward_segments(group, rows, tokens.data(), int(tokens.size()), &capture);
+    const int T = int(tokens.size());
+    const float *logits = forward_segments(group, rows, tokens.data(), T, &capture);
+    // The greedy sequences' picks in one reduction and one copy back for the whole forward, not
+    // one per sequence (on a GPU each copy back waits for the device).
+    int32_t ids[MAX_STEP];
+    const bool any_greedy = std::any_of(group.begin(), group.end(), [](const Slot *s) { return s->spec->greedy(); });
+    if (any_greedy) {
+        model_->backend->argmax_rows(logits, T, V, argmax_out_);
+        model_->backend->download(ids, argmax_out_, size_t(T) * sizeof(int32_t));
+    }
     for (int i = 0, row0 = 0; i < n; row0 += rows[i++]) {
         Slot &slot = *slots[i];
         slot.n_past += rows[i];  // as a forward of the sequence alone advances it
-        in_worker(slot, [&] { slot.going = slot.spec->end_step(logits + row0 * V, taps_ + row0 * tap_row); });
+        in_worker(slot, [&] {
+            slot.going = slot.spec->end_step(logits + row0 * V, taps_ + row0 * tap_row, any_greedy ? ids + row0 : nullptr);
+        });
     }
 }
 

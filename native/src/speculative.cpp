@@ -687,10 +687,12 @@ struct SpecLoop {
     }
 
     // The rest of a begin_step's step, once the target has run its rows in this session's state
-    // (n_past advanced past them): logit rows [rows][V] and their taps [rows][N][E], backend memory.
-    bool end_step(int32_t &anchor, const float *rows, const float *step_taps) {
+    // (n_past advanced past them): logit rows [rows][V] and their taps [rows][N][E], backend memory;
+    // greedy_ids, when not null, the rows' argmax ids already on the host.
+    bool end_step(int32_t &anchor, const float *rows, const float *step_taps, const int32_t *greedy_ids = nullptr) {
         ckpt.detach();
-        read_rows(rows, step_q + 1);
+        if (greedy_ids && !sampled) std::copy(greedy_ids, greedy_ids + step_q + 1, row_ids.begin());
+        else read_rows(rows, step_q + 1);
         return step_spec ? finish_chain(anchor, step_q, step_taps) : finish_plain(anchor, step_taps);
     }
 
@@ -785,7 +787,11 @@ void SpecSequence::attach_checkpoints(const CheckpointRows &shared, int row0) {
     loop_->ckpt.attach();
 }
 
-bool SpecSequence::end_step(const float *rows, const float *taps) { return loop_->end_step(anchor_, rows, taps); }
+bool SpecSequence::end_step(const float *rows, const float *taps, const int32_t *greedy_ids) {
+    return loop_->end_step(anchor_, rows, taps, greedy_ids);
+}
+
+bool SpecSequence::greedy() const { return !loop_->sampled; }
 
 const luce_generate_stats &SpecSequence::finish() {
     loop_->close_stats(now_seconds() - decode_start_);

@@ -52,8 +52,11 @@ public:
     // shared history, attached to the session's DeltaNet state.
     void attach_checkpoints(const CheckpointRows &shared, int row0);
     // After the target ran those rows (n_past advanced past them): their logits [rows][V] and
-    // taps [rows][n_taps][E] in backend memory. Accepts, rolls back, commits; false when finished.
-    bool end_step(const float *rows, const float *taps);
+    // taps [rows][n_taps][E] in backend memory, and for a greedy sequence optionally their argmax
+    // ids on the host (a batch reduces all its rows at once). Accepts, rolls back, commits; false
+    // when finished.
+    bool end_step(const float *rows, const float *taps, const int32_t *greedy_ids = nullptr);
+    bool greedy() const;
     // The sequence's stats (tau, acceptance and the policy's measurements included), at its end.
     const luce_generate_stats &finish();
 
