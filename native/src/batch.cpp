@@ -90,8 +90,8 @@ BatchRunner::~BatchRunner() {
     for (void *p : state_memory_) be.release(p);
 }
 
-// The drafter's buffers for one verify forward of up to MAX_STEP rows, whichever sequences they
-// belong to: the taps, and the DeltaNet rollback history (per recurrent layer, MAX_STEP states and
+// The drafter's buffers for one prompt chunk or one verify forward of up to MAX_STEP rows,
+// whichever sequence they belong to: the taps, and the DeltaNet rollback history (per recurrent layer, MAX_STEP states and
 // raw qkv rows), which a sequence needs only until its end of step.
 void BatchRunner::set_drafter(Drafter *d) {
     if (d && d->target != model_) fail(LUCE_ERR_INVALID_ARGUMENT, "the drafter is bound to another target model");
@@ -106,7 +106,7 @@ void BatchRunner::set_drafter(Drafter *d) {
     };
     const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
     try {
-        taps_ = take(size_t(MAX_STEP) * d->n_taps() * d->hp.n_embd);
+        taps_ = take(size_t(worker_.prefill_step) * d->n_taps() * d->hp.n_embd);  // a prompt chunk's, or a verify's
         history_.ssm.assign(size_t(hp.n_layer), nullptr);
         history_.qkv.assign(size_t(hp.n_layer), nullptr);
         for (int i = 0; i < hp.n_layer; ++i) {
@@ -184,7 +184,7 @@ bool BatchRunner::admit(Slot &slot, int index, const luce_batch_request &r) {
     slot.stats = luce_generate_stats{};
     slot.stats.n_prompt = r.n_prompt;
     if (drafter_) {  // the speculative loop prefills and emits the first token itself
-        slot.spec = std::make_unique<SpecSequence>(worker_, *drafter_, r.n_prompt, p, r.out_tokens);
+        slot.spec = std::make_unique<SpecSequence>(worker_, *drafter_, r.n_prompt, p, r.out_tokens, taps_);
         in_worker(slot, [&] { slot.going = slot.spec->start(r.prompt, r.n_prompt); });
         return slot.going;
     }
@@ -237,6 +237,15 @@ bool BatchRunner::still_going(Slot &slot, const luce_batch_request &r) {
     return slot.spec ? slot.going : commit(slot, r);
 }
 
+// The argmax of each of a step's T logits rows, for its greedy sequences: one reduction where the
+// logits are and one copy of T ids back, not one per sequence (on a GPU each copy back waits for
+// the device).
+void BatchRunner::argmax_picks(const float *rows, int T, int32_t *picks) {
+    Backend &be = *model_->backend;
+    be.argmax_rows(rows, T, model_->hp.n_vocab, argmax_out_);
+    be.download(picks, argmax_out_, size_t(T) * sizeof(int32_t));
+}
+
 // One forward over the slots' rows (rows[i] new tokens of slots[i] at its n_past, tokens in slot
 // order): the logits rows [T][V] in backend memory. n_past is the caller's to advance.
 const float *BatchRunner::forward_segments(const std::vector<Slot *> &slots, const int *rows, const int32_t *tokens,
@@ -262,10 +271,7 @@ void BatchRunner::decode_step(const std::vector<Slot *> &active) {
     const float *rows = forward_segments(active, one_each.data(), tokens.data(), T, nullptr);
     const bool any_greedy = std::any_of(active.begin(), active.end(), [](const Slot *s) { return !s->sampler; });
     int32_t picks[MAX_STEP];
-    if (any_greedy) {
-        be.argmax_rows(rows, T, V, argmax_out_);
-        be.download(picks, argmax_out_, size_t(T) * sizeof(int32_t));
-    }
+    if (any_greedy) argmax_picks(rows, T, picks);
     for (int i = 0; i < T; ++i) {
         Slot &slot = *active[size_t(i)];
         slot.n_past += 1;
@@ -313,14 +319,9 @@ void BatchRunner::verify(Slot *const *slots, const int *rows, int n) {
     const HiddenCapture capture{d.hp.target_layer_ids.data(), d.n_taps(), taps_, true};
     const int T = int(tokens.size());
     const float *logits = forward_segments(group, rows, tokens.data(), T, &capture);
-    // The greedy sequences' picks in one reduction and one copy back for the whole forward, not
-    // one per sequence (on a GPU each copy back waits for the device).
     int32_t ids[MAX_STEP];
     const bool any_greedy = std::any_of(group.begin(), group.end(), [](const Slot *s) { return s->spec->greedy(); });
-    if (any_greedy) {
-        model_->backend->argmax_rows(logits, T, V, argmax_out_);
-        model_->backend->download(ids, argmax_out_, size_t(T) * sizeof(int32_t));
-    }
+    if (any_greedy) argmax_picks(logits, T, ids);
     for (int i = 0, row0 = 0; i < n; row0 += rows[i++]) {
         Slot &slot = *slots[i];
         slot.n_past += rows[i];  // as a forward of the sequence alone advances it

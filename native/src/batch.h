@@ -55,6 +55,7 @@ private:
     template <class F>
     void in_worker(Slot &slot, F &&f);
     void release_drafter_memory();
+    void argmax_picks(const float *rows, int T, int32_t *picks);
     void check_request(const luce_batch_request &r, int index) const;
 
     Model *model_;
@@ -67,7 +68,7 @@ private:
     int32_t *argmax_out_ = nullptr;     // [MAX_STEP] greedy picks of a step, backend memory
     std::vector<float> host_row_;       // one logits row on the host
     Drafter *drafter_ = nullptr;
-    float *taps_ = nullptr;             // with a drafter: a verify forward's taps [MAX_STEP][N][E], backend memory
+    float *taps_ = nullptr;             // with a drafter: a prefill chunk's or verify's taps [prefill_step][N][E], backend memory
     CheckpointRows history_;            // with a drafter: a verify forward's rollback history, MAX_STEP rows
     std::vector<void *> drafter_memory_;  // taps_ and history_'s buffers
 };

@@ -376,15 +376,17 @@ struct SpecLoop {
     int step_q = 0, step_start = 0;
     double step_t0 = 0, step_t_drafted = 0;
 
-    // shared_history: a batch's sequence, whose verify history rows the batch lends (Checkpoints::lend).
+    // batch_taps: a batch's sequence, whose taps buffer ([prefill_step][N][E]: its prompt's chunks;
+    // its steps' taps come with end_step) is the batch's, and whose verify history rows the batch
+    // lends (Checkpoints::lend). Sequences are prefilled one at a time, so one buffer serves all.
     SpecLoop(Session &s_, Drafter &d_, int n_prompt, const luce_generate_params &p_, luce_token_callback cb, void *ud,
-             int32_t *out, bool shared_history = false)
+             int32_t *out, float *batch_taps = nullptr)
         : s(s_), d(d_), p(p_), callback(cb), user_data(ud), out_tokens(out), be(*s_.model->backend),
           sampled(p_.temperature > 0.f), B(block_rows(d_, p_)), q_max(d_.proposals(B)),
           cap_from(p_.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p_.verify_cap_from), V(s_.model->hp.n_vocab),
           E(d_.hp.n_embd), N(d_.n_taps()), budget(p_.ddtree_budget ? p_.ddtree_budget : DEFAULT_DDTREE_BUDGET),
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
-          ckpt(s_, W, !shared_history), dev(be),
+          ckpt(s_, W, batch_taps == nullptr), dev(be),
           sampler{p_.temperature, p_.top_k, p_.top_p},
           top_k(be, W, backend_top_k(p_, V)), draft_top_k(be, q_max, proposal_top_k(p_, V)), rng(p_.seed),
           chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(make_policy(d_, p_, B)) {
@@ -395,7 +397,7 @@ struct SpecLoop {
             ctx = std::make_unique<DraftContext>(d, cap);
             heads = std::make_unique<DraftHeads>(d, q_max);
         }
-        taps = dev.array<float>(size_t(s.prefill_step) * N * E);
+        taps = batch_taps ? batch_taps : dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
         pending = dev.array<float>(size_t(PENDING_ROWS) * N * E);
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
@@ -763,8 +765,9 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     return run.status;
 }
 
-SpecSequence::SpecSequence(Session &s, Drafter &d, int n_prompt, const luce_generate_params &p, int32_t *out_tokens)
-    : loop_(std::make_unique<SpecLoop>(s, d, n_prompt, p, nullptr, nullptr, out_tokens, /*shared_history=*/true)) {}
+SpecSequence::SpecSequence(Session &s, Drafter &d, int n_prompt, const luce_generate_params &p, int32_t *out_tokens,
+                           float *batch_taps)
+    : loop_(std::make_unique<SpecLoop>(s, d, n_prompt, p, nullptr, nullptr, out_tokens, batch_taps)) {}
 
 SpecSequence::~SpecSequence() = default;
 

@@ -36,7 +36,10 @@ struct CheckpointRows {
 // the batch swaps the sequence's KV layers, DeltaNet state and n_past in around each one.
 class SpecSequence {
 public:
-    SpecSequence(Session &s, Drafter &d, int n_prompt, const luce_generate_params &p, int32_t *out_tokens);
+    // batch_taps: the batch's taps buffer [s.prefill_step][n_taps][E] (backend memory), which the
+    // prompt's prefill writes (the batch prefills one sequence at a time).
+    SpecSequence(Session &s, Drafter &d, int n_prompt, const luce_generate_params &p, int32_t *out_tokens,
+                 float *batch_taps);
     ~SpecSequence();
     SpecSequence(const SpecSequence &) = delete;
     SpecSequence &operator=(const SpecSequence &) = delete;
