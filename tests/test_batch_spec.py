@@ -124,7 +124,7 @@ def test_spec_batch_adaptive_with_stops(prompts, budgets, plain):
     end-of-generation id as one-by-one generation does."""
     got = spec_batch(DRAFTERS["dflash2"], prompts, budgets, 8)
     assert [g.tokens for g in got] == plain[True]
-    assert all(g.stats["spec_steps"] + g.stats["plain_steps"] > 0 for g, m in zip(got, budgets) if m > 1)
+    assert all(g.stats["spec_steps"] + g.stats["plain_steps"] > 0 for g in got if len(g.tokens) > 1)
 
 
 def test_one_token_truncation_makes_the_sampled_spec_batch_greedy(prompts, budgets, plain):
