@@ -202,7 +202,9 @@ class Stream:
               help="With --ray: engine actors (0: one per GPU of the cluster, else CPUs / --threads).")
 @click.option("--parallel", type=click.IntRange(1, MAX_PARALLEL), default=1, show_default=True, metavar="N",
               help=f"With --prompts: N sequences in flight (1..{MAX_PARALLEL}), one forward per decode step over all "
-                   "of them (continuous batching); 1 runs the prompts one after another.")
+                   "of them (continuous batching); 1 runs the prompts one after another. With --draft each "
+                   "sequence drafts its own block and one forward verifies them all (chain drafting: not "
+                   "with --ddtree).")
 @click.option("--prompt-ids", metavar="1,2,3", help="Raw prompt token ids (debugging, parity checks).")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=DEFAULT_MAX_TOKENS, show_default=True,
               help="Most tokens to generate.")
@@ -276,9 +278,9 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
     if parallel > 1 and (prompts_file is None or ray_address is not None):
         raise click.UsageError("--parallel runs a --prompts batch in this process; give --prompts FILE.jsonl "
                                "(without --ray)")
-    if parallel > 1 and draft is not None:
-        raise click.UsageError("--parallel > 1 does not combine with --draft yet (speculative decoding inside "
-                               "a batch is not implemented): drop one of them")
+    if parallel > 1 and ddtree:
+        raise click.UsageError("--ddtree does not combine with --parallel > 1 (a batch verifies chains only): "
+                               "drop one of them")
     if ray_workers and ray_address is None:
         raise click.UsageError("--ray-workers goes with --ray")
     if resume and output_file is None:

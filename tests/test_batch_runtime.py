@@ -3,7 +3,8 @@ decode step. The oracle is the invariant the issue states: every prompt's greedy
 batch equal one-by-one Engine.generate of that prompt, token for token, whatever the number of
 sequences in flight (1, 2, 3, with more prompts than slots, so finished slots take new prompts),
 with per-prompt max_tokens and end-of-generation stops; the same on the emulated CUDA backend; and
-the CLI's --parallel output equal to --parallel 1's."""
+the CLI's --parallel output equal to --parallel 1's. Speculative decoding in the batch:
+test_batch_spec.py."""
 from __future__ import annotations
 
 import json
@@ -127,20 +128,6 @@ def test_bad_batch_requests_are_refused(engine):
         engine.generate(prompt_ids=[1, 2], max_tokens=3, ignore_eos=True).tokens  # the session still works
 
 
-def test_with_a_drafter_the_list_runs_in_turn():
-    """Speculative decoding inside the batch is not built: with a drafter the prompts run one by
-    one, speculatively (== plain greedy); parallel > 1 is refused unless speculative=False."""
-    prompts = [json.loads(line)["prompt"] for line in CODE_PROMPTS.read_text().splitlines()[:2]]
-    with Engine(TARGET, threads=2, ctx_size=1024, draft=REPO / "models" / "reference" / "dflash-q8_0.gguf") as eng:
-        plain = [eng.generate(p, max_tokens=16, ignore_eos=True, speculative=False).tokens for p in prompts]
-        got = eng.generate(prompts, max_tokens=16, ignore_eos=True)
-        assert [g.tokens for g in got] == plain and all("tau" in g.stats for g in got)
-        with pytest.raises(LuceError, match="speculative decoding inside a batch is not implemented"):
-            eng.generate(prompts, max_tokens=16, parallel=2)
-        batched = eng.generate(prompts, max_tokens=16, ignore_eos=True, parallel=2, speculative=False)
-        assert [g.tokens for g in batched] == plain
-
-
 _EMU_PROBE = r"""
 import json, sys
 from luce import Engine
@@ -202,13 +189,6 @@ def test_cli_bad_parallel_is_one_error_line(tmp_path, value):
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
     assert proc.stdout == "" and len(errors) == 1 and "--parallel" in errors[0]
-    assert "Traceback" not in proc.stderr
-
-
-def test_cli_parallel_with_a_drafter_is_refused(tmp_path):
-    proc = run_luce("generate", "-m", TARGET, "--prompts", _prompt_file(tmp_path), "--parallel", 2,
-                    "--draft", REPO / "models" / "reference" / "dflash-q8_0.gguf")
-    assert proc.returncode == 2 and "--parallel > 1 does not combine with --draft" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

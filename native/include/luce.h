@@ -302,9 +302,17 @@ typedef struct luce_batch luce_batch;
 luce_status luce_batch_create(luce_model *model, int32_t n_parallel, int32_t n_ctx, int32_t kv_type,
                               luce_batch **out);
 void luce_batch_free(luce_batch *batch);
+/* Speculative decoding of every sequence with this drafter (bound to the batch's model; NULL: plain
+   decoding again). Each step every sequence drafts its own block, or takes a plain step where its
+   adaptive policy says so; one forward verifies the blocks of all sequences (a further one for
+   blocks past the 64 rows a forward returns logits for); acceptance, rollback and the policy are
+   per sequence, as in luce_generate, whose speculative params each request's params carry. Chain
+   drafting only: a request with ddtree is refused. Greedy tokens equal plain decoding's. The
+   drafter must outlive the batch's runs. */
+luce_status luce_batch_set_drafter(luce_batch *batch, luce_drafter *drafter);
 
 /* One prompt of a batch run: its own params (max_tokens, sampling, seed, stop ids; the
-   speculative fields are ignored), output buffer (capacity >= max_tokens) and stats (may be
+   speculative fields only with a drafter set), output buffer (capacity >= max_tokens) and stats (may be
    NULL; n_generated counts the tokens in out_tokens; decode_seconds is wall time from the end of
    its prefill to its last token, steps shared with the other sequences and pauses for their
    prefills included). */

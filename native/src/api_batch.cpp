@@ -25,6 +25,13 @@ LUCE_API luce_status luce_batch_create(luce_model *model, int32_t n_parallel, in
 
 LUCE_API void luce_batch_free(luce_batch *batch) { delete batch; }
 
+LUCE_API luce_status luce_batch_set_drafter(luce_batch *batch, luce_drafter *drafter) {
+    return guard([&] {
+        require(batch, "batch");
+        batch->b->set_drafter(drafter ? drafter->d.get() : nullptr);
+    });
+}
+
 LUCE_API luce_status luce_batch_generate(luce_batch *batch, const luce_batch_request *requests, int32_t n_requests,
                                          luce_batch_done_callback done, void *user_data) {
     luce_status result = LUCE_OK;

@@ -10,6 +10,15 @@
 // recurrence see only the sequence's own state, and prefill and the token choice are the ones
 // generate() runs: greedy tokens equal one-by-one generation's. A slot whose sequence finishes is
 // given the next request before the next step.
+//
+// With a drafter (set_drafter) every sequence decodes speculatively through its own SpecSequence
+// (speculative.h: generate_speculative's loop cut at the verify): each step, each sequence drafts
+// its block (or takes a plain step, as its adaptive policy says) with its state swapped into the
+// worker, then one forward over all sequences' rows verifies every block, one segment per sequence
+// with its taps captured, and each sequence accepts, rolls back and commits on its own state. The
+// logits hold MAX_STEP rows, so blocks whose rows do not fit run in a further forward of the same
+// step. Verify rows are batch-invariant like decode rows: greedy tokens equal one-by-one plain
+// generation's.
 #include "batch.h"
 
 #include <algorithm>
@@ -78,20 +87,88 @@ BatchRunner::BatchRunner(Model *m, int n_parallel, int n_ctx, KvFormat kv_format
 
 BatchRunner::~BatchRunner() {
     Backend &be = *model_->backend;
+    release_drafter_memory();
     if (argmax_out_) be.release(argmax_out_);
     for (void *p : state_memory_) be.release(p);
+}
+
+// The drafter's buffers for one prompt chunk or one verify forward of up to MAX_STEP rows,
+// whichever sequence they belong to: the taps, and the DeltaNet rollback history (per recurrent layer, MAX_STEP states and
+// raw qkv rows), which a sequence needs only until its end of step.
+void BatchRunner::set_drafter(Drafter *d) {
+    if (d && d->target != model_) fail(LUCE_ERR_INVALID_ARGUMENT, "the drafter is bound to another target model");
+    release_drafter_memory();
+    drafter_ = nullptr;
+    if (!d) return;
+    const Hparams &hp = model_->hp;
+    Backend &be = *model_->backend;
+    auto take = [&](size_t n_floats) {
+        drafter_memory_.push_back(be.alloc(n_floats * sizeof(float)));
+        return static_cast<float *>(drafter_memory_.back());
+    };
+    const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
+    try {
+        taps_ = take(size_t(worker_.prefill_step) * d->n_taps() * d->hp.n_embd);  // a prompt chunk's, or a verify's
+        history_.ssm.assign(size_t(hp.n_layer), nullptr);
+        history_.qkv.assign(size_t(hp.n_layer), nullptr);
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (!hp.recurrent[size_t(i)]) continue;
+            history_.ssm[size_t(i)] = take(MAX_STEP * SS);
+            history_.qkv[size_t(i)] = take(MAX_STEP * CD);
+        }
+    } catch (...) {
+        release_drafter_memory();
+        throw;
+    }
+    drafter_ = d;
+}
+
+void BatchRunner::release_drafter_memory() {
+    for (void *p : drafter_memory_) model_->backend->release(p);
+    drafter_memory_.clear();
+    taps_ = nullptr;
+    history_ = CheckpointRows{};
+}
+
+// Runs f with the slot's KV layers, DeltaNet state and n_past in the worker session (swapped back
+// on any exit): a prefill, or a speculative sequence's own work around the shared verify.
+template <class F>
+void BatchRunner::in_worker(Slot &slot, F &&f) {
+    struct StateSwap {
+        Session &s;
+        Slot &slot;
+        StateSwap(Session &s_, Slot &slot_) : s(s_), slot(slot_) {
+            swap();
+            s.n_past = slot.n_past;
+        }
+        ~StateSwap() {
+            slot.n_past = s.n_past;
+            s.n_past = 0;
+            swap();
+        }
+        void swap() {
+            s.kv.swap(slot.kv);
+            s.recurrent.swap(slot.recurrent);
+        }
+    } in_worker(worker_, slot);
+    f();
 }
 
 void BatchRunner::check_request(const luce_batch_request &r, int index) const {
     try {
         if (!r.params) fail(LUCE_ERR_INVALID_ARGUMENT, "params is NULL");
         check_generate_request(worker_, r.prompt, r.n_prompt, *r.params, r.out_tokens, r.out_capacity);
+        if (drafter_) {
+            if (r.params->ddtree)
+                fail(LUCE_ERR_UNSUPPORTED, "DDTree inside a batch is not implemented; use chain drafting (no --ddtree)");
+            check_speculative_request(worker_, *drafter_, *r.params);
+        }
     } catch (const Error &e) {
         fail(e.status, "request %d: %s", index, e.what());
     }
 }
 
-void BatchRunner::admit(Slot &slot, int index, const luce_batch_request &r) {
+bool BatchRunner::admit(Slot &slot, int index, const luce_batch_request &r) {
     const Hparams &hp = model_->hp;
     Backend &be = *model_->backend;
     const luce_generate_params &p = *r.params;
@@ -108,6 +185,11 @@ void BatchRunner::admit(Slot &slot, int index, const luce_batch_request &r) {
     slot.n_past = 0;
     slot.stats = luce_generate_stats{};
     slot.stats.n_prompt = r.n_prompt;
+    if (drafter_) {  // the speculative loop prefills and emits the first token itself
+        slot.spec = std::make_unique<SpecSequence>(worker_, *drafter_, r.n_prompt, p, r.out_tokens, taps_);
+        in_worker(slot, [&] { slot.going = slot.spec->start(r.prompt, r.n_prompt); });
+        return slot.going;
+    }
     slot.sampler.reset();
     slot.top_k.reset();
     if (p.temperature > 0.f) {
@@ -116,39 +198,26 @@ void BatchRunner::admit(Slot &slot, int index, const luce_batch_request &r) {
         if (const int k = backend_top_k(p, hp.n_vocab)) slot.top_k = std::make_unique<TopKRows>(be, 1, k);
     }
 
-    // The prompt runs in the worker session on the slot's own state (swapped back on any exit).
-    struct StateSwap {
-        Session &s;
-        Slot &slot;
-        StateSwap(Session &s_, Slot &slot_) : s(s_), slot(slot_) { swap(); }
-        ~StateSwap() {
-            slot.n_past = s.n_past;
-            s.n_past = 0;
-            swap();
-        }
-        void swap() {
-            s.kv.swap(slot.kv);
-            s.recurrent.swap(slot.recurrent);
-        }
-    };
     const double t0 = now_seconds();
-    {
-        const StateSwap in_worker(worker_, slot);
-        worker_.n_past = 0;
+    in_worker(slot, [&] {
         if (p.max_tokens > 0) {
             session_eval(worker_, r.prompt, r.n_prompt, host_row_.data(), 1);
             slot.next = p.temperature == 0.f ? be.argmax(host_row_.data(), hp.n_vocab) : slot.sampler->sample(host_row_.data());
         } else {
             session_eval(worker_, r.prompt, r.n_prompt, nullptr, 0);
         }
-    }
+    });
     slot.decode_start = now_seconds();
     slot.stats.prefill_seconds = slot.decode_start - t0;
+    return commit(slot, r);
 }
 
 void BatchRunner::release(Slot &slot) {
     for (int page : slot.pages) pool_.give_back(page);
     slot.pages.clear();
+    slot.spec.reset();
+    // A run that ended mid-verify may have left a chain's history attached: no later step writes there.
+    for (RecurrentState &st : slot.recurrent) st.ssm_history = st.qkv_history = nullptr;
     slot.request = -1;
 }
 
@@ -166,31 +235,45 @@ bool BatchRunner::commit(Slot &slot, const luce_batch_request &r) {
     return st.n_generated < p.max_tokens;
 }
 
+bool BatchRunner::still_going(Slot &slot, const luce_batch_request &r) {
+    return slot.spec ? slot.going : commit(slot, r);
+}
+
+// The argmax of each of a step's T logits rows, for its greedy sequences: one reduction where the
+// logits are and one copy of T ids back, not one per sequence (on a GPU each copy back waits for
+// the device).
+void BatchRunner::argmax_picks(const float *rows, int T, int32_t *picks) {
+    Backend &be = *model_->backend;
+    be.argmax_rows(rows, T, model_->hp.n_vocab, argmax_out_);
+    be.download(picks, argmax_out_, size_t(T) * sizeof(int32_t));
+}
+
+// One forward over the slots' rows (rows[i] new tokens of slots[i] at its n_past, tokens in slot
+// order): the logits rows [T][V] in backend memory. n_past is the caller's to advance.
+const float *BatchRunner::forward_segments(const std::vector<Slot *> &slots, const int *rows, const int32_t *tokens,
+                                           int T, const HiddenCapture *capture) {
+    std::vector<StepSegment> segments;
+    for (size_t i = 0, row0 = 0; i < slots.size(); row0 += size_t(rows[i++]))
+        segments.push_back(StepSegment{&slots[i]->kv, &slots[i]->recurrent, slots[i]->n_past, int(row0), rows[i]});
+    struct Scope {
+        Session &s;
+        ~Scope() { s.segments = nullptr; }
+    } scope{worker_};
+    worker_.segments = &segments;
+    return forward_step_rows(worker_, tokens, T, 0, capture);
+}
+
 void BatchRunner::decode_step(const std::vector<Slot *> &active) {
     Backend &be = *model_->backend;
     const int64_t V = model_->hp.n_vocab;
     const int T = int(active.size());
-    std::vector<StepSegment> segments;
     std::vector<int32_t> tokens;
-    for (int i = 0; i < T; ++i) {
-        segments.push_back(StepSegment{&active[size_t(i)]->kv, &active[size_t(i)]->recurrent, active[size_t(i)]->n_past, i, 1});
-        tokens.push_back(active[size_t(i)]->next);
-    }
-    worker_.segments = &segments;
-    const float *rows = nullptr;
-    try {
-        rows = forward_step_rows(worker_, tokens.data(), T, 0, nullptr);
-    } catch (...) {
-        worker_.segments = nullptr;
-        throw;
-    }
-    worker_.segments = nullptr;
+    for (const Slot *slot : active) tokens.push_back(slot->next);
+    const std::vector<int> one_each(active.size(), 1);
+    const float *rows = forward_segments(active, one_each.data(), tokens.data(), T, nullptr);
     const bool any_greedy = std::any_of(active.begin(), active.end(), [](const Slot *s) { return !s->sampler; });
     int32_t picks[MAX_STEP];
-    if (any_greedy) {
-        be.argmax_rows(rows, T, V, argmax_out_);
-        be.download(picks, argmax_out_, size_t(T) * sizeof(int32_t));
-    }
+    if (any_greedy) argmax_picks(rows, T, picks);
     for (int i = 0; i < T; ++i) {
         Slot &slot = *active[size_t(i)];
         slot.n_past += 1;
@@ -206,6 +289,47 @@ void BatchRunner::decode_step(const std::vector<Slot *> &active) {
         }
         be.download(host_row_.data(), row, size_t(V) * sizeof(float));
         slot.next = slot.sampler->sample(host_row_.data());
+    }
+}
+
+// Each active sequence drafts its block, then the blocks are verified, as many per forward as
+// MAX_STEP logits rows hold (all of them, unless blocks are wide and sequences many).
+void BatchRunner::spec_step(const std::vector<Slot *> &active) {
+    std::vector<int> rows(active.size());
+    for (size_t i = 0; i < active.size(); ++i)
+        in_worker(*active[i], [&] { rows[i] = active[i]->spec->begin_step(); });
+    for (size_t first = 0, last = 0; first < active.size(); first = last) {
+        int T = 0;
+        while (last < active.size() && T + rows[last] <= MAX_STEP) T += rows[last++];
+        verify(active.data() + first, rows.data() + first, int(last - first));
+    }
+}
+
+// One target forward over the steps of n sequences, taps captured, then each sequence's end of
+// step on its own rows.
+void BatchRunner::verify(Slot *const *slots, const int *rows, int n) {
+    const std::vector<Slot *> group(slots, slots + n);
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < n; ++i) {
+        const int32_t *t = slots[i]->spec->step_tokens();
+        tokens.insert(tokens.end(), t, t + rows[i]);
+    }
+    for (int i = 0, row0 = 0; i < n; row0 += rows[i++])
+        in_worker(*slots[i], [&] { slots[i]->spec->attach_checkpoints(history_, row0); });
+    const Drafter &d = *drafter_;
+    const int64_t V = model_->hp.n_vocab, tap_row = int64_t(d.n_taps()) * d.hp.n_embd;
+    const HiddenCapture capture{d.hp.target_layer_ids.data(), d.n_taps(), taps_, true};
+    const int T = int(tokens.size());
+    const float *logits = forward_segments(group, rows, tokens.data(), T, &capture);
+    int32_t ids[MAX_STEP];
+    const bool any_greedy = std::any_of(group.begin(), group.end(), [](const Slot *s) { return s->spec->greedy(); });
+    if (any_greedy) argmax_picks(logits, T, ids);
+    for (int i = 0, row0 = 0; i < n; row0 += rows[i++]) {
+        Slot &slot = *slots[i];
+        slot.n_past += rows[i];  // as a forward of the sequence alone advances it
+        in_worker(slot, [&] {
+            slot.going = slot.spec->end_step(logits + row0 * V, taps_ + row0 * tap_row, any_greedy ? ids + row0 : nullptr);
+        });
     }
 }
 
@@ -226,7 +350,8 @@ luce_status BatchRunner::run(const luce_batch_request *requests, int n, luce_bat
     // Records a finished sequence and frees its slot; false when the caller asked to stop.
     auto finish = [&](Slot &slot) {
         const int index = slot.request;
-        slot.stats.decode_seconds = now_seconds() - slot.decode_start;
+        if (slot.spec) slot.stats = slot.spec->finish();
+        else slot.stats.decode_seconds = now_seconds() - slot.decode_start;
         if (requests[index].stats) *requests[index].stats = slot.stats;
         release(slot);
         return !(done && done(user_data, index) != 0);
@@ -235,8 +360,7 @@ luce_status BatchRunner::run(const luce_batch_request *requests, int n, luce_bat
         for (Slot &slot : slots_) {
             while (slot.request < 0 && next_request < n) {
                 const luce_batch_request &r = requests[next_request];
-                admit(slot, next_request++, r);
-                if (!commit(slot, r) && !finish(slot)) {
+                if (!admit(slot, next_request++, r) && !finish(slot)) {
                     set_last_error("generation stopped by the done callback");
                     return LUCE_ERR_CANCELLED;
                 }
@@ -246,9 +370,10 @@ luce_status BatchRunner::run(const luce_batch_request *requests, int n, luce_bat
         for (Slot &slot : slots_)
             if (slot.request >= 0) active.push_back(&slot);
         if (active.empty()) return LUCE_OK;
-        decode_step(active);
+        if (drafter_) spec_step(active);
+        else decode_step(active);
         for (Slot *slot : active) {
-            if (commit(*slot, requests[slot->request]) || finish(*slot)) continue;
+            if (still_going(*slot, requests[slot->request]) || finish(*slot)) continue;
             set_last_error("generation stopped by the done callback");
             return LUCE_ERR_CANCELLED;
         }

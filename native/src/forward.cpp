@@ -125,7 +125,7 @@ const float *forward_rows(Session &s, const int32_t *tokens, int T, bool want_lo
     int32_t pos[MAX_PREFILL_STEP];
     for (int t = 0; t < T; ++t) pos[t] = s.tree ? s.tree->pos[t] : s.n_past + t;
     if (s.segments) {
-        if (s.tree || capture) fail(LUCE_ERR_INTERNAL, "a batched step is causal and captures nothing");
+        if (s.tree) fail(LUCE_ERR_INTERNAL, "a batched step is causal");
         for (const StepSegment &seg : *s.segments)
             for (int t = 0; t < seg.T; ++t) pos[seg.row0 + t] = seg.n_past + t;
     }

@@ -94,7 +94,8 @@ SpecPolicy make_policy(const Drafter &d, const luce_generate_params &p, int B) {
 // recurrent layer: W x (HV*DK*DV + CD) + (Kc-1) x CD floats (W = verify width; Qwen3.5-27B,
 // W = 17: 48 layers x 17 x (48*128*128 + 10240) x 4 B ~= 2.6 GB). Restoring is a copy: no replay.
 // The buffers are attached to the session only for the verify forward (attach/detach), since
-// a prefill chunk or a plain step must not write checkpoints.
+// a prefill chunk or a plain step must not write checkpoints. A batch's sequences (own_history
+// false) share one set of history rows instead, lent for each verify (lend).
 struct Checkpoints {
     Session &s;
     int W = 0;
@@ -103,7 +104,7 @@ struct Checkpoints {
     std::vector<float *> ssm_history, qkv_history;  // per layer [W][HV*DK*DV], [W][CD]
     std::vector<Backend::CopyOp> copies;             // attach's / restore's, one batch each
 
-    Checkpoints(Session &s_, int W_) : s(s_), W(W_) {
+    Checkpoints(Session &s_, int W_, bool own_history) : s(s_), W(W_) {
         const Hparams &hp = s.model->hp;
         Backend &be = *s.model->backend;
         const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
@@ -117,8 +118,10 @@ struct Checkpoints {
         try {
             for (int i = 0; i < hp.n_layer; ++i) {
                 if (!hp.recurrent[size_t(i)]) continue;
-                ssm_history[size_t(i)] = take(size_t(W) * SS);
-                qkv_history[size_t(i)] = take(size_t(W) * CD);
+                if (own_history) {
+                    ssm_history[size_t(i)] = take(size_t(W) * SS);
+                    qkv_history[size_t(i)] = take(size_t(W) * CD);
+                }
                 conv_before[size_t(i)] = take(size_t(hp.ssm_conv - 1) * CD + 1);
             }
         } catch (...) {
@@ -131,6 +134,16 @@ struct Checkpoints {
         detach();
         for (void *p : owned) s.model->backend->release(p);
         owned.clear();
+    }
+    // The next verify's history: rows [row0, row0 + W) of a batch's shared ones.
+    void lend(const CheckpointRows &shared, int row0) {
+        const Hparams &hp = s.model->hp;
+        const size_t CD = size_t(hp.conv_channels()), SS = size_t(hp.ssm_hv) * hp.ssm_dk * hp.ssm_dv;
+        for (int i = 0; i < hp.n_layer; ++i) {
+            if (!hp.recurrent[size_t(i)]) continue;
+            ssm_history[size_t(i)] = shared.ssm[size_t(i)] + size_t(row0) * SS;
+            qkv_history[size_t(i)] = shared.qkv[size_t(i)] + size_t(row0) * CD;
+        }
     }
     // Snapshot the conv windows and attach the per-row checkpoint buffers for a verify of <= W rows.
     void attach() {
@@ -307,8 +320,10 @@ int proposal_top_k(const luce_generate_params &p, int n_vocab) {
     return k < n_vocab ? k : 0;
 }
 
-// One generate_speculative call: every buffer sized once up front, then prefill, and a loop of
-// plain, chain or tree steps. Where each piece of data lives:
+}  // namespace
+
+// One generate_speculative call, or one sequence of a batch (SpecSequence): every buffer sized once
+// up front, then prefill, and a loop of plain, chain or tree steps. Where each piece of data lives:
 //   backend memory: the drafter context and heads scratch, taps [prefill_step][N][E] (captured device
 //   to device by forward_step), the drafter's hidden rows [B][E], DDTree's unary logits [q][V];
 //   host: greedy, the verify rows' argmax ids (reduced on the device, only the ids come back);
@@ -355,15 +370,23 @@ struct SpecLoop {
     SpecPolicy policy;
     luce_generate_stats st{};
     luce_status status = LUCE_OK;
+    // The step in flight (begin_step .. end_step): plain or chain, its proposals, where the sequence
+    // stood and when it started and finished drafting.
+    bool step_spec = false;
+    int step_q = 0, step_start = 0;
+    double step_t0 = 0, step_t_drafted = 0;
 
+    // batch_taps: a batch's sequence, whose taps buffer ([prefill_step][N][E]: its prompt's chunks;
+    // its steps' taps come with end_step) is the batch's, and whose verify history rows the batch
+    // lends (Checkpoints::lend). Sequences are prefilled one at a time, so one buffer serves all.
     SpecLoop(Session &s_, Drafter &d_, int n_prompt, const luce_generate_params &p_, luce_token_callback cb, void *ud,
-             int32_t *out)
+             int32_t *out, float *batch_taps = nullptr)
         : s(s_), d(d_), p(p_), callback(cb), user_data(ud), out_tokens(out), be(*s_.model->backend),
           sampled(p_.temperature > 0.f), B(block_rows(d_, p_)), q_max(d_.proposals(B)),
           cap_from(p_.verify_cap_from == 0 ? DEFAULT_VERIFY_CAP_FROM : p_.verify_cap_from), V(s_.model->hp.n_vocab),
           E(d_.hp.n_embd), N(d_.n_taps()), budget(p_.ddtree_budget ? p_.ddtree_budget : DEFAULT_DDTREE_BUDGET),
           W(p_.ddtree ? std::max(q_max, budget) + 1 : q_max + 1),  // most rows one verify runs
-          ckpt(s_, W), dev(be),
+          ckpt(s_, W, batch_taps == nullptr), dev(be),
           sampler{p_.temperature, p_.top_k, p_.top_p},
           top_k(be, W, backend_top_k(p_, V)), draft_top_k(be, q_max, proposal_top_k(p_, V)), rng(p_.seed),
           chain_sampling{sampler, &rng, nullptr, &draft_top_k}, policy(make_policy(d_, p_, B)) {
@@ -374,7 +397,7 @@ struct SpecLoop {
             ctx = std::make_unique<DraftContext>(d, cap);
             heads = std::make_unique<DraftHeads>(d, q_max);
         }
-        taps = dev.array<float>(size_t(s.prefill_step) * N * E);
+        taps = batch_taps ? batch_taps : dev.array<float>(size_t(s.prefill_step) * N * E);
         hidden = dev.array<float>(size_t(B) * E);
         pending = dev.array<float>(size_t(PENDING_ROWS) * N * E);
         row_logits = p.ddtree ? dev.array<float>(size_t(q_max) * V) : nullptr;
@@ -407,8 +430,9 @@ struct SpecLoop {
     // without a top-k the rows in verify_rows, left where they are until acceptance reaches
     // one (most of a step's rows past the first rejection are never read).
     void run_target(const int32_t *toks, int T, int row0) {
-        const int n = T - row0;
-        const float *rows = forward_step_rows(s, toks, T, row0, &capture);
+        read_rows(forward_step_rows(s, toks, T, row0, &capture), T - row0);
+    }
+    void read_rows(const float *rows, int n) {
         if (sampled && !top_k.k()) {
             verify_rows = rows;
             return;
@@ -463,14 +487,14 @@ struct SpecLoop {
         return p.max_tokens > 0 ? choose(0) : -1;
     }
 
-    // One token, features still captured (the policy's plain steps, and the last token of the budget).
-    bool plain_step(int32_t &anchor, double t0) {
+    // A plain step's end (one token, features still captured: the policy's plain steps, and the last
+    // token of the budget), its row read.
+    bool finish_plain(int32_t &anchor, const float *step_taps) {
         const int32_t ran = anchor;
-        run_target(&anchor, 1, 0);
         anchor = choose(0);
         ++st.plain_steps;
-        policy.after_plain(now_seconds() - t0);
-        defer_context(ran);  // after the sample: a full buffer's append belongs to drafting
+        policy.after_plain(now_seconds() - step_t0);
+        defer_context(ran, step_taps);  // after the sample: a full buffer's append belongs to drafting
         return emit(&anchor, 1);
     }
 
@@ -478,9 +502,9 @@ struct SpecLoop {
     // next draft: while plain decoding wins, a context projection per token would make every plain
     // step pay for a drafter that does not run, and one append of many rows reads the drafter's
     // weights once. Output is unchanged: only the drafter's proposals read the context.
-    void defer_context(int32_t token) {
+    void defer_context(int32_t token, const float *token_taps) {
         const size_t row = size_t(N) * E;
-        be.copy(pending + size_t(n_pending) * row, taps, row * sizeof(float));
+        be.copy(pending + size_t(n_pending) * row, token_taps, row * sizeof(float));
         pending_tokens[n_pending] = token;
         if (++n_pending == PENDING_ROWS) flush_context();
     }
@@ -524,9 +548,10 @@ struct SpecLoop {
         return n;
     }
 
-    // Draft a chain of q proposals, verify [anchor, d_1..d_q], accept, roll back, commit.
-    bool chain_step(int32_t &anchor, int q, double t0) {
-        const int start = s.n_past, row0 = d.hp.sample_from_anchor ? 0 : 1;
+    // Draft a chain of q proposals into tokens[1..q]; returns q, fewer where DSpark's confidence
+    // gate cuts the chain.
+    int propose(int32_t anchor, int q) {
+        const int row0 = d.hp.sample_from_anchor ? 0 : 1;
         if (mtp)
             mtp_draft(*mtp, anchor, q, tokens.data() + 1, sampled ? &chain_sampling : nullptr);
         else
@@ -543,21 +568,22 @@ struct SpecLoop {
                     break;
                 }
         log_drafts(q);
-        const double t_drafted = now_seconds();
-        tokens[0] = anchor;
-        ckpt.attach();
-        run_target(tokens.data(), q + 1, 0);
-        ckpt.detach();
+        step_t_drafted = now_seconds();
+        return q;
+    }
+
+    // After the target verified [anchor, d_1..d_q] (rows read): accept, roll back, commit.
+    bool finish_chain(int32_t &anchor, int q, const float *step_taps) {
         const double t_verified = now_seconds();
         int32_t bonus;
         const int n = accept(q, bonus);
         // Commit n+1 positions; the recurrent state cannot be trimmed, so it is restored from the
         // verify's per-row checkpoints (attention only needs n_past lowered).
-        if (n + 1 < q + 1) ckpt.restore(start, chain_rows.data(), n + 1);
+        if (n + 1 < q + 1) ckpt.restore(step_start, chain_rows.data(), n + 1);
         const double t_rolled = now_seconds();
-        append_context(tokens.data(), taps, n + 1);
-        record_spec_step(st, q, n, q, t0, t_drafted, t_verified, t_rolled);
-        policy.after_spec(q, n, now_seconds() - t0);
+        append_context(tokens.data(), step_taps, n + 1);
+        record_spec_step(st, q, n, q, step_t0, step_t_drafted, t_verified, t_rolled);
+        policy.after_spec(q, n, now_seconds() - step_t0);
         tokens[size_t(n + 1)] = bonus;
         anchor = bonus;
         return emit(tokens.data() + 1, n + 1);
@@ -633,36 +659,72 @@ struct SpecLoop {
         return emit(tokens.data() + 1, n + 1);
     }
 
-    // One step at the anchor's position: plain when nothing can be drafted or the policy says so,
-    // else draft a block of the policy's width and verify it as a chain or a tree.
-    bool step(int32_t &anchor) {
+    // The proposals a step at the anchor's position verifies: 0 for a plain step (nothing can be
+    // drafted, or the policy says so), else q after the drafter's block forward of the policy's width.
+    int plan(int32_t anchor) {
         const int remaining = p.max_tokens - st.n_generated, w = policy.next_width();
         int q = std::min(d.proposals(w), remaining - 1);
         if (cap_from > 0 && s.n_past >= cap_from) q = std::min(q, std::max(VERIFY_CAP_MIN, B / 2) - 1);
-        const double t0 = now_seconds();
-        if (w == 0 || q <= 0) return plain_step(anchor, t0);
+        step_t0 = now_seconds();
+        step_start = s.n_past;
+        if (w == 0 || q <= 0) return 0;
         // Charged to this step: plain decoding alone would never append the deferred rows, so
         // catching up is part of what speculating costs (a probe after many plain steps pays most).
         flush_context();
-        if (!mtp) {  // the block drafters' one forward; the MTP drafts row by row in chain_step
+        if (!mtp) {  // the block drafters' one forward; the MTP drafts row by row in propose
             block[0] = anchor;
             draft_forward(d, *ctx, block.data(), w, hidden);
         }
-        return p.ddtree ? tree_step(anchor, q, t0) : chain_step(anchor, q, t0);
+        return q;
+    }
+
+    // A plain or chain step up to its verify: tokens[0..rows) for the target (the anchor, then the
+    // chain's proposals). Returns rows; a chain's checkpoints are the caller's to attach.
+    int begin_step(int32_t anchor) {
+        const int q = plan(anchor);
+        tokens[0] = anchor;
+        step_spec = q > 0;
+        step_q = step_spec ? propose(anchor, q) : 0;
+        return step_q + 1;
+    }
+
+    // The rest of a begin_step's step, once the target has run its rows in this session's state
+    // (n_past advanced past them): logit rows [rows][V] and their taps [rows][N][E], backend memory;
+    // greedy_ids, when not null, the rows' argmax ids already on the host.
+    bool end_step(int32_t &anchor, const float *rows, const float *step_taps, const int32_t *greedy_ids = nullptr) {
+        ckpt.detach();
+        if (greedy_ids && !sampled) std::copy(greedy_ids, greedy_ids + step_q + 1, row_ids.begin());
+        else read_rows(rows, step_q + 1);
+        return step_spec ? finish_chain(anchor, step_q, step_taps) : finish_plain(anchor, step_taps);
+    }
+
+    // One step at the anchor's position: plain, or a block verified as a chain or a tree.
+    bool step(int32_t &anchor) {
+        if (p.ddtree) {
+            const int q = plan(anchor);
+            if (q > 0) return tree_step(anchor, q, step_t0);
+            step_spec = false;
+            step_q = 0;
+            tokens[0] = anchor;
+        } else {
+            begin_step(anchor);
+            if (step_spec) ckpt.attach();
+        }
+        const float *rows = forward_step_rows(s, tokens.data(), step_q + 1, 0, &capture);
+        return end_step(anchor, rows, taps);
+    }
+
+    // The run's summary stats, at its end.
+    void close_stats(double decode_seconds) {
+        st.decode_seconds = decode_seconds;
+        st.tau = st.spec_steps ? double(st.n_accepted + st.spec_steps) / st.spec_steps : 0.0;
+        st.acceptance = st.n_drafted ? double(st.n_accepted) / st.n_drafted : 0.0;
+        record_policy(st, policy);
     }
 };
 
-}  // namespace
-
-luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, int n_prompt,
-                                 const luce_generate_params &p, luce_token_callback callback, void *user_data,
-                                 int32_t *out_tokens, int out_capacity, luce_generate_stats *stats) {
-    check_generate_request(s, prompt, n_prompt, p, out_tokens, out_capacity);
+void check_speculative_request(const Session &s, const Drafter &d, const luce_generate_params &p) {
     if (d.target != s.model) fail(LUCE_ERR_INVALID_ARGUMENT, "the drafter is bound to another target model");
-    // The drafter's context must hold the features of every committed position, so the whole
-    // sequence has to go through this loop.
-    if (s.n_past != 0)
-        fail(LUCE_ERR_INVALID_ARGUMENT, "speculative decoding needs an empty session (%d positions are used)", s.n_past);
     if (p.ddtree && d.hp.kind == DRAFT_MTP)
         fail(LUCE_ERR_UNSUPPORTED, "DDTree needs a block drafter's proposal rows; MTP drafting is a chain (drop --ddtree)");
     if (p.ddtree && !s.model->backend->tree_mode())
@@ -677,6 +739,18 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     for (int i = 0; i < p.n_oracle_tokens; ++i)
         if (p.oracle_tokens[i] < 0 || p.oracle_tokens[i] >= s.model->hp.n_vocab)
             fail(LUCE_ERR_INVALID_ARGUMENT, "oracle token %d is out of range", p.oracle_tokens[i]);
+    block_rows(d, p);  // the block size's range is the drafter's
+}
+
+luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, int n_prompt,
+                                 const luce_generate_params &p, luce_token_callback callback, void *user_data,
+                                 int32_t *out_tokens, int out_capacity, luce_generate_stats *stats) {
+    check_generate_request(s, prompt, n_prompt, p, out_tokens, out_capacity);
+    // The drafter's context must hold the features of every committed position, so the whole
+    // sequence has to go through this loop.
+    if (s.n_past != 0)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "speculative decoding needs an empty session (%d positions are used)", s.n_past);
+    check_speculative_request(s, d, p);
 
     SpecLoop run(s, d, n_prompt, p, callback, user_data, out_tokens);
     const double t0 = now_seconds();
@@ -685,15 +759,46 @@ luce_status generate_speculative(Session &s, Drafter &d, const int32_t *prompt, 
     run.st.prefill_seconds = t1 - t0;
     bool going = p.max_tokens > 0 && run.emit(&anchor, 1);
     while (going) going = run.step(anchor);
-
-    luce_generate_stats &st = run.st;
-    st.decode_seconds = now_seconds() - t1;
-    st.tau = st.spec_steps ? double(st.n_accepted + st.spec_steps) / st.spec_steps : 0.0;
-    st.acceptance = st.n_drafted ? double(st.n_accepted) / st.n_drafted : 0.0;
-    record_policy(st, run.policy);
-    if (stats) *stats = st;
+    run.close_stats(now_seconds() - t1);
+    if (stats) *stats = run.st;
     if (run.status == LUCE_ERR_CANCELLED) set_last_error("generation stopped by the token callback");
     return run.status;
+}
+
+SpecSequence::SpecSequence(Session &s, Drafter &d, int n_prompt, const luce_generate_params &p, int32_t *out_tokens,
+                           float *batch_taps)
+    : loop_(std::make_unique<SpecLoop>(s, d, n_prompt, p, nullptr, nullptr, out_tokens, batch_taps)) {}
+
+SpecSequence::~SpecSequence() = default;
+
+bool SpecSequence::start(const int32_t *prompt, int n_prompt) {
+    SpecLoop &run = *loop_;
+    const double t0 = now_seconds();
+    anchor_ = run.prefill(prompt, n_prompt);
+    decode_start_ = now_seconds();
+    run.st.prefill_seconds = decode_start_ - t0;
+    return run.p.max_tokens > 0 && run.emit(&anchor_, 1);
+}
+
+int SpecSequence::begin_step() { return loop_->begin_step(anchor_); }
+
+const int32_t *SpecSequence::step_tokens() const { return loop_->tokens.data(); }
+
+void SpecSequence::attach_checkpoints(const CheckpointRows &shared, int row0) {
+    if (!loop_->step_spec) return;  // a plain step keeps no history
+    loop_->ckpt.lend(shared, row0);
+    loop_->ckpt.attach();
+}
+
+bool SpecSequence::end_step(const float *rows, const float *taps, const int32_t *greedy_ids) {
+    return loop_->end_step(anchor_, rows, taps, greedy_ids);
+}
+
+bool SpecSequence::greedy() const { return !loop_->sampled; }
+
+const luce_generate_stats &SpecSequence::finish() {
+    loop_->close_stats(now_seconds() - decode_start_);
+    return loop_->st;
 }
 
 }  // namespace luce

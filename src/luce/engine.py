@@ -393,8 +393,10 @@ class Engine:
         prompt in order, run `parallel` at a time (default min(len, 8), at most 64) by continuous
         batching: one forward per decode step over every sequence in flight; max_tokens may then
         be a list too. on_result(i, generation) is called as prompt i finishes. Greedy results
-        equal one-by-one generation's. Speculative decoding inside the batch is not implemented: with
-        a drafter loaded the prompts run in turn (parallel defaults to 1; parallel > 1 is refused).
+        equal one-by-one generation's. With a drafter loaded (and speculative=True) every sequence of
+        the batch decodes speculatively (chain drafting; ddtree is refused), each with its own
+        acceptance, rollback and adaptive policy, one target forward verifying all their blocks;
+        each result's stats then carry its own tau and acceptance.
 
         Exactly one of `prompt` (text) and `prompt_ids` is given. on_text(str) receives decoded
         text as tokens are committed (incomplete UTF-8 is held back until it completes).
@@ -490,30 +492,22 @@ class Engine:
     def _generate_many(self, prompts, prompt_ids, *, max_tokens, parallel, on_result, chat, speculative,
                        settings) -> list[Generation]:
         """generate() of a list: the prompts' ids and budgets checked, then the batch runtime
-        (or, with a drafter and parallel=1, one speculative generate per prompt)."""
+        (speculative with the drafter, when there is one and speculative is True)."""
         ids_list = ([self._ids_array(self.encode_prompt(p, chat=chat)) for p in prompts] if prompt_ids is None
                     else [self._ids_array(ids) for ids in prompt_ids])
         if not ids_list:
             return []
         budgets = _per_prompt(max_tokens, len(ids_list))
         speculative = speculative and self._drafter is not None
-        n_parallel = (1 if speculative else min(len(ids_list), DEFAULT_PARALLEL)) if parallel is None else parallel
+        n_parallel = min(len(ids_list), DEFAULT_PARALLEL) if parallel is None else parallel
         if isinstance(n_parallel, bool) or not isinstance(n_parallel, int) or not 1 <= n_parallel <= MAX_PARALLEL:
             raise LuceError(f"parallel must be an integer in 1..{MAX_PARALLEL}, got {parallel!r}")
-        if speculative:
-            if n_parallel > 1:
-                raise LuceError("speculative decoding inside a batch is not implemented: "
-                                "give parallel=1 or speculative=False")
-            results = []
-            for i, (ids, budget) in enumerate(zip(ids_list, budgets)):
-                results.append(self.generate(prompt_ids=ids.tolist(), max_tokens=budget, **settings))
-                if on_result is not None:
-                    on_result(i, results[-1])
-            return results
-        return self._run_batch(ids_list, budgets, n_parallel, on_result, settings)
+        return self._run_batch(ids_list, budgets, n_parallel, on_result, settings, speculative)
 
-    def _run_batch(self, ids_list, budgets, n_parallel, on_result, settings) -> list[Generation]:
-        """The prompts through luce_batch_generate, each result built as its sequence finishes."""
+    def _run_batch(self, ids_list, budgets, n_parallel, on_result, settings, speculative) -> list[Generation]:
+        """The prompts through luce_batch_generate, each result built as its sequence finishes.
+        Speculative batches neither read nor write the cost cache: a step's cost there is that of a
+        forward shared with the other sequences, not a lone sequence's."""
         if self._model is None:
             raise LuceError("the engine is closed")
         stop = self._stop_ids() if not settings["ignore_eos"] else []
@@ -528,7 +522,7 @@ class Engine:
                 "max_tokens": int(budget), "temperature": float(settings["temperature"]),
                 "top_k": int(settings["top_k"]), "top_p": float(settings["top_p"]),
                 "seed": int(settings["seed"]) & (2**64 - 1), "ignore_eos": int(settings["ignore_eos"]),
-                "stop_ids": stop_buf, "n_stop_ids": len(stop)})
+                "stop_ids": stop_buf, "n_stop_ids": len(stop)} | (_spec_params(settings) if speculative else {}))
             prompt = ffi.from_buffer("int32_t[]", ids)
             out = ffi.new("int32_t[]", max(1, budget))
             stats = ffi.new("luce_generate_stats *")
@@ -545,7 +539,7 @@ class Engine:
                 tokens = [r.out_tokens[k] for k in range(r.stats.n_generated)]
                 results[index] = Generation(text=self.tokenizer.decode(tokens) if tokens else "", tokens=tokens,
                                             prompt_tokens=r.n_prompt,
-                                            stats=_stats_dict(r.stats) | {"parallel": n_parallel}
+                                            stats=_stats_dict(r.stats, speculative) | {"parallel": n_parallel}
                                             | self._memory_stats())
                 if on_result is not None:
                     on_result(index, results[index])
@@ -557,6 +551,8 @@ class Engine:
         batch = ffi.new("luce_batch **")
         check(lib().luce_batch_create(self._model, n_parallel, self.ctx_size, self._kv_type, batch))
         try:
+            if speculative:
+                check(lib().luce_batch_set_drafter(batch[0], self._drafter))
             status = lib().luce_batch_generate(batch[0], requests, n, on_done, ffi.NULL)
         finally:
             lib().luce_batch_free(batch[0])
@@ -630,6 +626,15 @@ def _per_prompt(max_tokens, n: int) -> list[int]:
     if len(budgets) != n or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in budgets):
         raise LuceError(f"max_tokens must be a number or a list of {n} numbers (one per prompt)")
     return [int(b) for b in budgets]
+
+
+def _spec_params(settings: dict) -> dict:
+    """The speculative fields of luce_generate_params from generate()'s keyword settings."""
+    block, block_auto = _block_size_param(settings["draft_block_size"])
+    return {"draft_block_size": block, "draft_block_auto": int(block_auto), "no_adaptive": int(not settings["adaptive"]),
+            "dspark_confidence_threshold": float(settings["dspark_confidence_threshold"]),
+            "verify_cap_from": int(settings["verify_cap_from"]), "ddtree": int(settings["ddtree"]),
+            "ddtree_budget": int(settings["ddtree_budget"])}
 
 
 def _block_size_param(value) -> tuple[int, bool]:
