@@ -165,16 +165,16 @@ def _bench_parallel(model, n_prompt, n_gen, threads, repetitions, device, peer, 
     bad = [n for n in parallel if not 1 <= n <= MAX_PARALLEL]
     if bad:
         raise click.BadParameter(f"{bad[0]} sequences: choose 1..{MAX_PARALLEL}", param_hint="--parallel")
-    for given, hint in ((draft is not None, "--draft"), (peer != "none", "--peer"), (sampling.label, "--temp")):
+    for given, hint in ((peer != "none", "--peer"), (sampling.label, "--temp")):
         if given:
-            raise click.BadParameter("not measured with --parallel (greedy, plain decoding, luce alone; "
+            raise click.BadParameter("not measured with --parallel (greedy decoding, luce alone; "
                                      "tools/bench_matrix.py runs llama-batched-bench beside it)", param_hint=hint)
     if not model.is_file():
         raise LuceError(f"model not found: {model}")
     if not any(n > 0 for n in n_gen):
         raise click.BadParameter("nothing to measure: -n is 0", param_hint="-n")
     rows = bench.bench_parallel(model, n_gen, n_prompt[0], parallel, threads, device, repetitions, not no_warmup,
-                                seed)
+                                seed, draft)
     click.echo(bench.PRINTERS[fmt](rows))
     if fmt == "md":
         click.echo("\n" + bench.footer())

@@ -119,11 +119,20 @@ def test_bench_parallel_rows_count_every_sequences_tokens():
     assert "| np |" in bench.to_markdown(rows).splitlines()[0]
 
 
+def test_bench_parallel_with_a_drafter_reports_its_tau():
+    """--parallel with --draft: each sequence drafts in the batch; the row names the drafter and
+    carries the mean tau (at least 1: the bonus token) of the run's sequences."""
+    drafter = REFERENCE_TARGET.parent / "dflash2-q8_0.gguf"
+    rows = bench.bench_parallel(REFERENCE_TARGET, [6], 8, [2], [2], "cpu", reps=1, warmup=False, draft=drafter)
+    assert [(r.parallel, r.draft) for r in rows] == [(2, "dflash2-q8_0.gguf")] and rows[0].tau >= 1.0
+
+
 @pytest.mark.parametrize("args, message", [
     (["--parallel", "0"], "0 sequences: choose 1..64"),
     (["--parallel", "65"], "65 sequences: choose 1..64"),
     (["--parallel", "4", "--peer", "llama.cpp"], "not measured with --parallel"),
     (["--parallel", "4", "--temp", "0.5"], "not measured with --parallel"),
+    (["--parallel", "4", "--draft", "/nonexistent.gguf"], "does not exist"),
     (["--parallel", "4", "-n", "0"], "nothing to measure"),
 ])
 def test_bench_parallel_refuses_what_it_cannot_measure(args, message):

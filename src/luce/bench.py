@@ -191,11 +191,14 @@ def parallel_test_name(n_gen: int, depth: int) -> str:
     return f"tg{n_gen} @ d{depth}"
 
 
-def parallel_timer(engine, n_gen: int, depth: int, n_parallel: int, seed: int) -> Callable[[], float]:
+def parallel_timer(engine, n_gen: int, depth: int, n_parallel: int, seed: int,
+                   taus: list | None = None) -> Callable[[], float]:
     """Seconds for n_parallel * n_gen decoded tokens, n_parallel sequences at once after their
-    own `depth`-token prompts (the batch runtime, Engine.generate of a list): the aggregate decode
-    rate that llama-batched-bench calls S_TG. Every prompt is prefilled as its sequence is admitted,
-    before the first shared decode step, so the decode time is the wall time less the prefills."""
+    own `depth`-token prompts (the batch runtime, Engine.generate of a list; with the engine's
+    drafter, if it has one, each sequence drafting its own blocks): the aggregate decode rate
+    that llama-batched-bench calls S_TG. Every prompt is prefilled as its sequence is admitted,
+    before the first shared decode step, so the decode time is the wall time less the prefills.
+    taus, if given, receives each run's mean tau over its sequences."""
     prompts = [random_prompt(depth, engine.info.n_vocab, seed + i) for i in range(n_parallel)]
 
     def decode_seconds() -> float:
@@ -204,28 +207,34 @@ def parallel_timer(engine, n_gen: int, depth: int, n_parallel: int, seed: int) -
         wall = time.perf_counter() - t0
         prefill = sum(r.stats["prefill_seconds"] for r in results)
         decoded = sum(len(r.tokens) - 1 for r in results)  # each first token comes from its prefill
+        if taus is not None and "tau" in results[0].stats:
+            taus.append(statistics.fmean(r.stats["tau"] for r in results))
         return (wall - prefill) * n_parallel * n_gen / max(1, decoded)
 
     return decode_seconds
 
 
 def bench_parallel(model: Path, n_gen: list[int], depth: int, parallel: list[int], threads: list[int], device: str,
-                   reps: int, warmup: bool, seed: int = 0) -> list[Row]:
+                   reps: int, warmup: bool, seed: int = 0, draft: Path | str | None = None) -> list[Row]:
     """Aggregate decode tok/s of each number of sequences in `parallel`, each decoding tgN after
-    its own random prompt of `depth` tokens (at least 1)."""
+    its own random prompt of `depth` tokens (at least 1); with `draft`, each sequence drafting with
+    it (the adaptive policy on, the width auto) and the rows carrying the mean tau."""
     depth = max(1, depth)
     tests = [Test("tg", n) for n in n_gen if n > 0]
     rows = []
     size_gib = model.stat().st_size / 2**30
     for t in map(resolve_threads, threads):
         ctx = depth + max([x.n for x in tests] + [16]) + 2
-        with _bench_engine(model, tests, ctx, device=device, threads=t) as engine:
+        with _bench_engine(model, tests, ctx, device=device, threads=t, draft=draft) as engine:
             for test in tests:
                 for n_par in parallel:
-                    timer = parallel_timer(engine, test.n, depth, n_par, seed)
+                    taus: list = []
+                    timer = parallel_timer(engine, test.n, depth, n_par, seed, taus)
                     mean, std = measure(timer, test.n * n_par, reps, warmup)
                     rows.append(Row(model.name, size_gib, f"luce {device}", t, parallel_test_name(test.n, depth),
-                                    mean, std, None, reps, parallel=n_par, peak_mib=peak_mib(engine)))
+                                    mean, std, None, reps, parallel=n_par, peak_mib=peak_mib(engine),
+                                    draft=Path(draft).name if draft is not None else None,
+                                    tau=statistics.fmean(taus) if taus else None))
     return rows
 
 
