@@ -232,7 +232,8 @@ embedding and hidden state, output norm; embeddings and LM head are the target's
 `models/work/reference-target-mtp-q8_0.gguf`, which `luce generate --draft mtp` uses.
 
 - Trained {r['date']} on {r['device']} ({r['threads']} threads), {r['train']['steps']} steps in
-  {r['train_seconds']:.0f} s (+ {r['data_seconds']:.0f} s of target continuations and hidden states):
+  {r['train_seconds']:.0f} s (+ {r['data_seconds']:.0f} s of data: the target's hidden states, and its
+  continuations unless cached by an earlier run):
   `{command}`
 - Loss: cross-entropy on the token after next, {r['config']['sequences']} greedy continuations of
   {r['config']['gen_len']} tokens by the frozen target ({r['config']['prompt_len']}-token corpus prompts); first 10
