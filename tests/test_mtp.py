@@ -517,3 +517,36 @@ def test_reference_mtp_is_lossless_and_predicts(reference_pair):
     assert rate["random"] < 0.05, rate       # a random block's argmax is almost never the target's
     assert rate["trained"] > rate["random"] + 0.15, rate
     assert tau["trained"] > 1.4 and tau["trained"] > tau["random"] + 0.3, tau
+
+
+@pytest.mark.slow
+def test_train_mtp_is_seeded_and_writes_the_checkpoint_layout(tmp_path):
+    """models/train_mtp.py at toy sizes, twice from scratch (continuations regenerated): with
+    --steps the two runs write the same bytes, and the checkpoint holds exactly the mtp.* tensors
+    the converter maps to blk.8.nextn.* (models/target_mtp.py then joins it like the committed one)."""
+    sys.path.insert(0, str(REPO))
+    from models import corpus as corpus_mod
+    from models.gguf_to_hf import export
+
+    corpus_mod.write(tmp_path / "corpus", None, limit=3)
+    export(REF / "target-q8_0.gguf", tmp_path / "target")
+    outs = []
+    for run in (1, 2):
+        for cached in tmp_path.glob("mtp-continuations-*.pt"):
+            cached.unlink()
+        out = tmp_path / f"mtp{run}"
+        proc = subprocess.run([sys.executable, "-m", "models.train_mtp", "--target-dir", str(tmp_path / "target"),
+                               "--corpus", str(tmp_path / "corpus"), "--steps", "3", "--sequences", "8",
+                               "--eval-prompts", "2", "--device", "cpu", "--out", str(out)],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs.append(out)
+    a, b = ((o / "model.safetensors").read_bytes() for o in outs)
+    assert a == b
+    from safetensors import safe_open
+    with safe_open(outs[0] / "model.safetensors", "np") as f:
+        names = set(f.keys())
+    with safe_open(REF / "mtp" / "model.safetensors", "np") as f:
+        assert names == set(f.keys())
+    report = json.loads((outs[0] / "report.json").read_text())
+    assert report["train"]["steps"] == 3 and report["config"]["budget_s"] is None
