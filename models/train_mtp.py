@@ -1,6 +1,7 @@
 """Train an MTP block for the committed reference target, the way Qwen3.5/Qwen3-Next train theirs.
 
-    python3 -m models.train_mtp --budget 600 --out models/reference/mtp
+    python3 -m models.train_mtp --steps 300 --sequences 768 --out models/reference/mtp   # committed
+    python3 -m models.train_mtp --budget 600 --out DIR       # as many steps as 600 s allow
 
 The block (transformers' `mtp.*` layout, which `luce convert` turns into `blk.{n}.nextn.*`;
 spec qwen35.md §1.7): for row q of a sequence,
@@ -24,8 +25,9 @@ in memory), then only the block trains: a CPU step is a few hundred milliseconds
 Initialisation: the decoder layer starts as a copy of the target's last full-attention layer
 (layer 7; same shape, so the attention already reads this hidden space), fc as [0 ; I] (the
 block starts by reading the hidden state alone), norms at their zero (= scale 1) init except the
-output norm, a copy of the target's final norm. Seeded: the same command gives the same weights
-on the same machine and torch build.
+output norm, a copy of the target's final norm. Seeded: with --steps the same command gives the
+same weights on the same machine and torch build (tests/test_mtp.py); --budget lays the schedule
+over as many steps as the measured step time allows, so that count varies with the machine.
 
 Scored on the held-out HumanEval prompts (models/reference/prompts/code.jsonl, last 64 tokens,
 continued greedily by the target): first-draft accuracy and the greedy speculative walk of
@@ -304,7 +306,8 @@ def main(argv=None) -> None:
               "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else
               f"CPU ({platform.processor() or platform.machine()})",
               "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "config": {**asdict(cfg), "budget_s": None if args.steps else cfg.budget_s}, "init_layer": layer, "eval_prompts": len(evals),
+              "config": {**asdict(cfg), "budget_s": None if args.steps else cfg.budget_s},
+              "init_layer": layer, "eval_prompts": len(evals),
               "data_seconds": round(data_s, 1), "train_seconds": round(train_s, 1), "train": rep,
               "params": sum(p.numel() for p in block.parameters()),
               "acceptance_code_before": before, "acceptance_code": after}
