@@ -156,7 +156,7 @@ def acceptance(block, target, seqs, hidden, prompt_len: int, steps: int, k_max: 
         for i in range(k_max):
             out = block(embed(toks), hin)[:, -1:]
             d = head(out).argmax(-1)
-            drafts[:, a, i] = d[:, 0]
+            drafts[:, a, i] = d[:, 0].cpu()
             toks, hin = torch.cat([toks, d], 1), torch.cat([hin, out], 1)
     anchors = prompt_len + torch.arange(steps)
     want = torch.stack([seqs[:, anchors + 1 + i] for i in range(k_max)], -1).cpu()
@@ -279,8 +279,9 @@ def main(argv=None) -> None:
     t = time.perf_counter()
     # The continuations are most of a CPU run's time (~0.6 s each on 2 cores): kept, keyed by
     # everything they depend on, so a second run with other training settings starts at once.
+    # Keyed by device type too: CUDA continuations run under bf16 autocast, CPU ones in fp32.
     cache = args.corpus.parent / (f"mtp-continuations-{cfg.sequences}x{cfg.prompt_len}+{cfg.gen_len}"
-                                  f"-v{cfg.valid_share}.pt")
+                                  f"-v{cfg.valid_share}-{torch.device(args.device).type}.pt")
     if cache.is_file():
         seqs = torch.load(cache).to(args.device)
     else:
