@@ -1,5 +1,5 @@
 # luce — everyday entry points.
-#   make demo    inspect the committed DFlash 2 GGUF, generate with and without it (models/reference/)
+#   make demo    inspect the committed DFlash 2 GGUF, generate without a drafter, with it, and with the target's MTP block (models/reference/)
 #   make test    fresh-machine safe: creates .venv, installs luce with its test extra, runs pytest
 #   make build   (re)build and install the package and its native runtime into .venv
 #   make bench   CPU benchmark table (see docs/benchmarks.md)
@@ -23,7 +23,7 @@ LUCE_GPU ?= auto
 PYTEST_ARGS ?=
 
 .PHONY: peer-src peer-cpu peer-carry peer-gpu bench-gpu venv runtime build train-deps test demo bench peer lint clean reference-corpus reference-smoke \
-        reference-export reference-drafters-carry reference-ggufs \
+        reference-export reference-drafters-carry reference-ggufs reference-mtp \
         gpu-check hip-check hip-toolchain gpu-emu gpu-emu-cuda native-asan fuzz fuzz-toolchain fuzz-native
 
 $(VENV)/.ready: pyproject.toml
@@ -120,9 +120,12 @@ bench-gpu: peer-gpu
 # checkpoint (the same bytes as the committed dflash2-q8_0.gguf), check it against the committed
 # target, then generate from a held-out HumanEval prompt without the drafter, with it always
 # drafting, and with it under the adaptive policy, which measures both step costs here and drafts
-# only where that pays (identical text; stats on stderr).
+# only where that pays (identical text; stats on stderr). Then the same target with its own MTP
+# block (reference-mtp: the committed target's tensors, byte for byte, plus the trained nextn
+# block) drafting 4 tokens a step: tau and decode tok/s of plain, DFlash 2 and MTP side by side.
 REF        := models/reference
 DEMO_DRAFT := models/work/reference-dflash2-q8_0.gguf
+MTP_TARGET := models/work/reference-target-mtp-q8_0.gguf
 DEMO_PROMPT = $$($(PY) -c "import json; print(json.loads(open('$(REF)/prompts/code.jsonl').readline())['prompt'])")
 
 demo: runtime
@@ -134,6 +137,19 @@ demo: runtime
 	  -n 96 --device cpu --no-adaptive
 	$(VENV)/bin/luce generate -m $(REF)/target-q8_0.gguf --draft $(DEMO_DRAFT) -p "$(DEMO_PROMPT)" \
 	  -n 96 --device cpu
+	$(MTP_GGUF)
+	$(VENV)/bin/luce generate -m $(MTP_TARGET) --draft mtp --draft-block-size 4 -p "$(DEMO_PROMPT)" \
+	  -n 96 --device cpu --no-adaptive
+
+# The reference target with its trained MTP block (models/reference/mtp, models/train_mtp.py) as
+# one GGUF, made the way a downloaded Qwen3.5 with its MTP head is: the checkpoint (the committed
+# target exported by models/gguf_to_hf.py + the mtp.* shard) through `luce convert`.
+MTP_GGUF = $(PY) -m models.target_mtp -o models/work/target-mtp/target && \
+	$(VENV)/bin/luce convert models/work/target-mtp/target -o $(MTP_TARGET) --outtype q8_0 --force
+
+reference-mtp: runtime
+	@mkdir -p models/work
+	$(MTP_GGUF)
 
 # The committed drafter GGUFs: `luce convert --outtype q8_0` of each committed checkpoint, written
 # beside it as models/reference/<kind>-q8_0.gguf. Conversion is deterministic (same bytes every

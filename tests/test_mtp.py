@@ -412,3 +412,141 @@ def test_mtp_drafts_equal_llamacpp_draft_mtp_step_for_step(converted_copy_target
     assert len(common) >= len(ours_at) // 2 and len(common) >= 4, (ours_at, theirs_at)
     for p in common:
         assert ours_at[p] == theirs_at[p][:len(ours_at[p])], (p, ours_at, theirs_at)
+
+
+# ---- the reference pair: the committed target with its trained MTP block -----------------------
+
+REPO = Path(__file__).resolve().parents[1]
+REF = REPO / "models" / "reference"
+REF_PROMPTS, REF_PROMPT_LEN, REF_TOKENS, REF_K = 8, 64, 48, 3
+
+
+def _reference_mtp_gguf(tmp: Path, mtp_dir: Path) -> Path:
+    """What `make reference-mtp` does: models/target_mtp.py joins the committed target (exported
+    from its GGUF) with an MTP checkpoint, `luce convert --outtype q8_0` writes the GGUF."""
+    sys.path.insert(0, str(REPO))  # models/ is a repo folder, not part of the wheel
+    from luce.converters.convert import ConvertOptions, convert_checkpoint
+    from models.target_mtp import join
+
+    join(tmp / "target", mtp_dir)
+    out = tmp / "target-mtp-q8_0.gguf"
+    convert_checkpoint(tmp / "target", out, ConvertOptions(outtype="q8_0"))
+    return out
+
+
+def _random_mtp_checkpoint(out: Path) -> Path:
+    """An untrained block of the same shapes, initialised as transformers initialises a Qwen3.5
+    layer (normal(0, 0.02) matrices, zero = unit-scale norms), seeded: the floor a trained block
+    must clear."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    gen = torch.Generator().manual_seed(0)
+    trained = load_file(str(REF / "mtp" / "model.safetensors"))
+    state = {k: (torch.zeros(v.shape) if v.dim() == 1 else torch.randn(v.shape, generator=gen) * 0.02)
+             .to(v.dtype) for k, v in trained.items()}
+    out.mkdir(parents=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference_pair(tmp_path_factory):
+    trained = _reference_mtp_gguf(tmp_path_factory.mktemp("ref-mtp"), REF / "mtp")
+    d = tmp_path_factory.mktemp("ref-mtp-random")
+    random_block = _reference_mtp_gguf(d, _random_mtp_checkpoint(d / "mtp"))
+    return {"trained": trained, "random": random_block}
+
+
+def _held_out_code_prompts(eng) -> list[list[int]]:
+    """HumanEval prompts (never in the MTP block's training data: it trained on the target's
+    continuations of CPython and essay windows), their last 64 tokens, as the tau scoring of
+    models/train_mtp.py cuts them."""
+    rows = [json.loads(line)["prompt"] for line in (REF / "prompts" / "code.jsonl").read_text().splitlines()]
+    ids = [eng.encode_prompt(t) for t in rows]
+    return [x[-REF_PROMPT_LEN:] for x in ids if len(x) >= REF_PROMPT_LEN][:REF_PROMPTS]
+
+
+def test_reference_mtp_gguf_keeps_the_target_bytes(reference_pair):
+    """The converted pair is the committed target plus one nextn block: every main tensor has the
+    committed file's type and bytes, the extra tensors are blk.8's, and the header says so."""
+    from gguf import GGUFReader
+
+    base, pair = GGUFReader(REF / "target-q8_0.gguf"), GGUFReader(reference_pair["trained"])
+    main = {t.name: t for t in base.tensors}
+    extra = [t for t in pair.tensors if t.name not in main]
+    for t in pair.tensors:
+        if t.name in main:
+            assert t.tensor_type == main[t.name].tensor_type and \
+                bytes(t.data.tobytes()) == bytes(main[t.name].data.tobytes()), t.name
+    assert len(pair.tensors) - len(extra) == len(main)
+    assert extra and all(t.name.startswith("blk.8.") for t in extra)
+    assert {"blk.8.nextn.eh_proj.weight", "blk.8.nextn.enorm.weight", "blk.8.nextn.hnorm.weight",
+            "blk.8.nextn.shared_head_norm.weight", "blk.8.attn_q.weight"} <= {t.name for t in extra}
+    assert pair.fields["qwen35.block_count"].contents() == 9
+    assert pair.fields["qwen35.nextn_predict_layers"].contents() == 1
+
+
+def _mtp_run(path, prompts, plain_tokens):
+    """Greedy MTP drafting on every prompt: asserts lossless, returns (accepted, drafted, steps)."""
+    acc = drafted = steps = 0
+    with Engine(path, threads=1, draft="mtp") as eng:
+        for ids, want in zip(prompts, plain_tokens):
+            g = eng.generate(prompt_ids=ids, max_tokens=REF_TOKENS, ignore_eos=True,
+                             draft_block_size=REF_K, adaptive=False)
+            assert g.tokens == want, ids[-8:]
+            acc += g.stats["n_accepted"]
+            drafted += g.stats["n_drafted"]
+            steps += g.stats["spec_steps"]
+    return acc, drafted, steps
+
+
+def test_reference_mtp_is_lossless_and_predicts(reference_pair):
+    """On held-out code prompts: MTP drafting with the trained block gives the committed target's
+    plain greedy tokens, and its drafts are accepted far more often than an untrained block's
+    (same shapes, same target, same prompts, measured in this test)."""
+    with Engine(REF / "target-q8_0.gguf", threads=1) as eng:
+        prompts = _held_out_code_prompts(eng)
+        plain_tokens = [eng.generate(prompt_ids=ids, max_tokens=REF_TOKENS, ignore_eos=True).tokens
+                        for ids in prompts]
+    assert len(prompts) == REF_PROMPTS
+    trained = _mtp_run(reference_pair["trained"], prompts, plain_tokens)
+    untrained = _mtp_run(reference_pair["random"], prompts, plain_tokens)
+    tau = {name: (a + s) / s for name, (a, _, s) in (("trained", trained), ("random", untrained))}
+    rate = {name: a / d for name, (a, d, _) in (("trained", trained), ("random", untrained))}
+    assert rate["random"] < 0.05, rate       # a random block's argmax is almost never the target's
+    assert rate["trained"] > rate["random"] + 0.15, rate
+    assert tau["trained"] > 1.4 and tau["trained"] > tau["random"] + 0.3, tau
+
+
+@pytest.mark.slow
+def test_train_mtp_is_seeded_and_writes_the_checkpoint_layout(tmp_path):
+    """models/train_mtp.py at toy sizes, twice from scratch (continuations regenerated): with
+    --steps the two runs write the same bytes, and the checkpoint holds exactly the mtp.* tensors
+    the converter maps to blk.8.nextn.* (models/target_mtp.py then joins it like the committed one)."""
+    sys.path.insert(0, str(REPO))
+    from models import corpus as corpus_mod
+    from models.gguf_to_hf import export
+
+    corpus_mod.write(tmp_path / "corpus", None, limit=3)
+    export(REF / "target-q8_0.gguf", tmp_path / "target")
+    outs = []
+    for run in (1, 2):
+        for cached in tmp_path.glob("mtp-continuations-*.pt"):
+            cached.unlink()
+        out = tmp_path / f"mtp{run}"
+        proc = subprocess.run([sys.executable, "-m", "models.train_mtp", "--target-dir", str(tmp_path / "target"),
+                               "--corpus", str(tmp_path / "corpus"), "--steps", "3", "--sequences", "8",
+                               "--eval-prompts", "2", "--device", "cpu", "--out", str(out)],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs.append(out)
+    a, b = ((o / "model.safetensors").read_bytes() for o in outs)
+    assert a == b
+    from safetensors import safe_open
+    with safe_open(outs[0] / "model.safetensors", "np") as f:
+        names = set(f.keys())
+    with safe_open(REF / "mtp" / "model.safetensors", "np") as f:
+        assert names == set(f.keys())
+    report = json.loads((outs[0] / "report.json").read_text())
+    assert report["train"]["steps"] == 3 and report["config"]["budget_s"] is None
