@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import click
@@ -232,6 +233,9 @@ class Stream:
 @click.option("--kv-rotate", is_flag=True,
               help="Store K rotated by a Walsh-Hadamard matrix (queries read alike; exact in math): spreads "
               "outliers before a q8_0 / q4_0 cache rounds them.")
+@click.option("--fa-window", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Full-attention layers see only the last N positions (0: all; at least 64; CPU backend). "
+              "The first prompt longer than N is named in one warning on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt and nothing else.")
 @click.option("--draft", type=DraftSource(), metavar="DRAFTER.gguf|mtp",
               help="Speculative decoding with this DFlash / DFlash 2 / DSpark drafter (checked like luce inspect), "
@@ -251,7 +255,8 @@ class Stream:
 @click.option("--verify-cap", type=click.IntRange(min=0), default=DEFAULT_VERIFY_CAP, show_default=True,
               help="From this many committed tokens, verify at most max(8, block/2) rows (0: never cap).")
 def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_address, ray_workers, parallel, prompt_ids, max_tokens, temperature, top_k,
-            top_p, seed, ignore_eos, chat, device, threads, ctx_size, cache_type_k, cache_type_v, kv_rotate, as_json,
+            top_p, seed, ignore_eos, chat, device, threads, ctx_size, cache_type_k, cache_type_v, kv_rotate, fa_window,
+            as_json,
             draft, draft_block_size, ddtree, ddtree_budget, no_adaptive, dspark_confidence_threshold, verify_cap):
     """Generate text with a qwen35 target model, plain or speculative (--draft).
 
@@ -317,7 +322,8 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
                         adaptive=not no_adaptive, dspark_confidence_threshold=dspark_confidence_threshold,
                         verify_cap_from=verify_cap if verify_cap > 0 else -1)
     engine_kwargs = dict(device=device, threads=threads, ctx_size=ctx_size, draft=draft, cache_type_k=cache_type_k,
-                         cache_type_v=cache_type_v, kv_rotate=kv_rotate)
+                         cache_type_v=cache_type_v, kv_rotate=kv_rotate, fa_window=fa_window)
+    warnings.showwarning = lambda message, *_: click.secho(f"warning: {message}", err=True, fg="yellow")
     # an --output that would lose results is refused before the model load, too
     log = ResultLog(output_file, resume=resume) if output_file is not None else None
     try:

@@ -112,6 +112,13 @@ LUCE_API luce_status luce_session_reset(luce_session *session) {
     });
 }
 
+LUCE_API luce_status luce_session_set_fa_window(luce_session *session, int32_t n_window) {
+    return guard([&] {
+        require(session, "session");
+        session->s->set_fa_window(n_window);
+    });
+}
+
 LUCE_API int32_t luce_session_n_past(const luce_session *session) {
     return session ? session->s->n_past : 0;
 }

@@ -238,9 +238,10 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
             const float *qh = q + u * head_dim;
             const int64_t kv_base = int64_t(h / group) * kv.n_ctx;  // row index of key 0 of this head
             const int n_keys = mask ? kv.n_ctx : pos[t] + 1;
+            const int first = kv.window > 0 ? std::max(0, pos[t] - kv.window + 1) : 0;  // --fa-window
             const uint8_t *m = mask ? mask + int64_t(t) * kv.n_ctx : nullptr;
             float max_s = -INFINITY;
-            for (int j = 0; j < n_keys; ++j) {
+            for (int j = first; j < n_keys; ++j) {
                 if (m && !m[j]) { scores[j] = -INFINITY; continue; }
                 scores[j] = dot(qh, kv_decode_row(f.k, kv.k, kv_base + j, head_dim, row.data()), head_dim) * scale;
                 max_s = std::max(max_s, scores[j]);
@@ -248,7 +249,7 @@ void CpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
             float *oh = out + u * head_dim;
             std::fill(oh, oh + head_dim, 0.f);
             float sum = 0.f;
-            for (int j = 0; j < n_keys; ++j) {
+            for (int j = first; j < n_keys; ++j) {
                 if (scores[j] == -INFINITY) continue;
                 float p = std::exp(scores[j] - max_s);
                 sum += p;

@@ -71,6 +71,7 @@ struct KvLayer {
     void *v = nullptr;
     int n_ctx = 0;
     KvFormat format;
+    int window = 0;  // --fa-window: a query at position p sees keys p - window + 1 .. p (0: all)
 };
 
 // CPU row codecs (kv_cache.cpp). Writes x (dim floats) as one row of type t at dst.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "errors.h"
 
@@ -104,6 +105,15 @@ void clear_recurrent_state(const Model &m, std::vector<RecurrentState> &recurren
         m.backend->upload(recurrent[size_t(i)].conv, zeros.data(), n_conv * sizeof(float));
         m.backend->upload(recurrent[size_t(i)].ssm, zeros.data(), n_ssm * sizeof(float));
     }
+}
+
+void Session::set_fa_window(int n_window) {
+    if (n_window != 0 && n_window < MAX_STEP)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "fa-window %d: 0 (off) or at least %d positions", n_window, MAX_STEP);
+    if (n_window != 0 && std::string(model->backend->name()) != "cpu")
+        fail(LUCE_ERR_UNSUPPORTED, "fa-window runs on the CPU backend only so far");
+    for (int i = 0; i < model->hp.n_layer; ++i)
+        if (!model->hp.recurrent[size_t(i)]) kv[size_t(i)].window = n_window;
 }
 
 void Session::reset() {

@@ -121,6 +121,7 @@ struct Session {
     Session &operator=(const Session &) = delete;
 
     void reset();  // empty context, zero state
+    void set_fa_window(int n_window);  // luce.h luce_session_set_fa_window
 
     // Rollback. Attention needs only n_past lowered (keys past it are never visible);
     // DeltaNet state cannot be trimmed, so it is restored: either from a snapshot taken before

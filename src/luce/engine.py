@@ -25,6 +25,7 @@ this target, drafter and device, so the next run's policy starts from them.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Sequence
@@ -122,6 +123,10 @@ DRAFTER_KINDS = ("DFlash", "DFlash 2", "DSpark", "MTP")
 MTP_DRAFT = "mtp"
 
 
+class FaWindowWarning(UserWarning):
+    """A prompt longer than Engine(fa_window=N): its head is outside the full-attention window."""
+
+
 def kv_type_argument(type_k: str, type_v: str, rotate: bool) -> int:
     """luce.h's packed kv_type: the K type, the V type and the rotation flag."""
     for name in (type_k, type_v):
@@ -136,6 +141,7 @@ class Engine:
     def __init__(self, model: str | os.PathLike, *, device: str = "cpu", threads: int = 0,
                  ctx_size: int = DEFAULT_CTX_SIZE, kv_cache: str = "f32",
                  cache_type_k: str | None = None, cache_type_v: str | None = None, kv_rotate: bool = False,
+                 fa_window: int = 0,
                  draft: str | os.PathLike | None = None,
                  progress: Callable[[int, int], None] | None = None):
         kv_type = kv_type_argument(cache_type_k or kv_cache, cache_type_v or kv_cache, kv_rotate)
@@ -183,6 +189,13 @@ class Engine:
             raise
         self._session = sess[0]
         self.ctx_size = int(ctx_size)
+        self.fa_window, self._fa_window_warned = int(fa_window), False
+        if fa_window:
+            try:
+                check(lib().luce_session_set_fa_window(self._session, int(fa_window)))
+            except LuceError:
+                self.close()
+                raise
         self._kv_type = kv_type
         if draft is not None:
             mtp = str(draft) == MTP_DRAFT
@@ -418,6 +431,7 @@ class Engine:
         if parallel is not None or on_result is not None:
             raise LuceError("parallel and on_result go with a list of prompts")
         ids = self._ids_array(prompt_ids if prompt is None else self.encode_prompt(prompt, chat=chat))
+        self._warn_fa_window(len(ids))
         if max_tokens < 0:
             raise LuceError(f"max_tokens must be >= 0, got {max_tokens}")
         block, block_auto = _block_size_param(draft_block_size)
@@ -483,6 +497,16 @@ class Engine:
                           | ({"adaptive": bool(adaptive), "costs_from_cache": prior is not None}
                              if speculative_run else {}))
 
+    def _warn_fa_window(self, n_prompt: int) -> None:
+        """The first prompt that outgrows fa_window: one FaWindowWarning naming both numbers (its
+        head is then invisible to the full-attention layers, which looks like a model that
+        forgets, not a setting)."""
+        if self.fa_window and n_prompt > self.fa_window and not self._fa_window_warned:
+            self._fa_window_warned = True
+            warnings.warn(FaWindowWarning(
+                f"the prompt ({n_prompt} tokens) outgrows fa_window {self.fa_window}: the full-attention "
+                f"layers see only its last {self.fa_window} positions"), stacklevel=3)
+
     def check_fits(self, token_ids: Sequence[int], max_tokens: int) -> None:
         """Refuses, as generate() would, a prompt whose tokens plus max_tokens exceed the context."""
         if len(token_ids) + max_tokens > self.ctx_size:
@@ -497,6 +521,8 @@ class Engine:
                     else [self._ids_array(ids) for ids in prompt_ids])
         if not ids_list:
             return []
+        if self.fa_window:
+            raise LuceError("fa_window is not applied inside a batch yet: generate the prompts one by one")
         budgets = _per_prompt(max_tokens, len(ids_list))
         speculative = speculative and self._drafter is not None
         n_parallel = min(len(ids_list), DEFAULT_PARALLEL) if parallel is None else parallel
