@@ -234,7 +234,7 @@ class Stream:
               help="Store K rotated by a Walsh-Hadamard matrix (queries read alike; exact in math): spreads "
               "outliers before a q8_0 / q4_0 cache rounds them.")
 @click.option("--fa-window", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
-              help="Full-attention layers see only the last N positions (0: all; at least 64; CPU backend). "
+              help="Full-attention layers see only the last N positions (0: all; at least 64). "
               "The first prompt longer than N is named in one warning on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt and nothing else.")
 @click.option("--draft", type=DraftSource(), metavar="DRAFTER.gguf|mtp",

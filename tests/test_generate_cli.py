@@ -419,11 +419,9 @@ def test_cache_type_options_reach_the_engine(tiny):
 
 
 
-def test_fa_window_warns_once_on_stderr_and_the_gpu_refuses_it(luce_cmd, tiny):
-    """--fa-window: a prompt past the window is named in one stderr line (exit 0); the GPU backend,
-    which has no window yet, refuses it in one line (the emulated CUDA backend stands in)."""
-    import os
 
+def test_fa_window_warns_once_on_stderr(luce_cmd, tiny):
+    """--fa-window: a prompt past the window is named in one stderr line, and the run goes on."""
     _, gguf, _ = tiny
     ids = ",".join(str(i) for i in range(3, 203))
     r = luce_cmd("generate", "-m", gguf, "--prompt-ids", ids, "-n", 2, "-t", 1, "--fa-window", 64, "-c", 256)
@@ -431,10 +429,3 @@ def test_fa_window_warns_once_on_stderr_and_the_gpu_refuses_it(luce_cmd, tiny):
     assert [line for line in r.stderr.splitlines() if line.startswith("warning:")] == [
         "warning: the prompt (200 tokens) outgrows fa_window 64: the full-attention layers see only its last 64 "
         "positions"]
-    emu = Path(__file__).resolve().parents[1] / "build" / "gpu-emu-cuda" / "libluce_gpu_emu.so"
-    if not emu.exists():
-        pytest.fail(f"{emu} is missing: `make gpu-emu-cuda` builds it (`make test` does)")
-    r = luce_cmd("generate", "-m", gguf, "--prompt-ids", "1,2,3", "-n", 2, "--device", "gpu", "--fa-window", 64,
-                 env={**os.environ, "LUCE_GPU_LIBRARY": str(emu)})
-    assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines()[-1].endswith("fa-window runs on the CPU backend only so far")

@@ -53,11 +53,12 @@ struct KvRows {
     uint8_t *k, *v;
     KvType tk, tv;
     int k_row, v_row;  // bytes of one row
+    int window;        // KvLayer::window (--fa-window; 0: every key)
 };
 
 KvRows kv_rows(const KvLayer &kv, int head_dim) {
     return {static_cast<uint8_t *>(kv.k), static_cast<uint8_t *>(kv.v), kv.format.k, kv.format.v,
-            int(kv_row_bytes(kv.format.k, head_dim)), int(kv_row_bytes(kv.format.v, head_dim))};
+            int(kv_row_bytes(kv.format.k, head_dim)), int(kv_row_bytes(kv.format.v, head_dim)), kv.window};
 }
 
 __device__ __forceinline__ float f16_word(uint32_t bits) { return __half2float(__ushort_as_half(uint16_t(bits))); }
@@ -297,6 +298,11 @@ __device__ __forceinline__ void attend_keys(const float *qh, float *sq, const Kv
 }
 
 // The keys query t sees: its causal prefix, or the whole (masked) cache.
+// The first key query t sees: the start of its --fa-window, else key 0.
+__device__ __forceinline__ int first_key(const int32_t *pos, int t, int window) {
+    return window > 0 ? max(0, pos[t] - window + 1) : 0;
+}
+
 __device__ __forceinline__ int visible_keys(const int32_t *pos, const uint8_t *mask, int t, int n_ctx) {
     return mask ? n_ctx : min(pos[t] + 1, n_ctx);
 }
@@ -353,7 +359,8 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    attend_keys<QC, F32>(qh, sq, kv, int64_t(h / group) * n_ctx, D, mrow, 0, visible_keys(pos, mask, t, n_ctx), scale,
+    attend_keys<QC, F32>(qh, sq, kv, int64_t(h / group) * n_ctx, D, mrow, first_key(pos, t, kv.window),
+                         visible_keys(pos, mask, t, n_ctx), scale,
                          acc, sm, sl);
 
     const Partials warps{sm, sl, acc, 1, D, W};
@@ -380,8 +387,9 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
 
-    const int n_keys = visible_keys(pos, mask, t, n_ctx), chunk = split_chunk(n_keys, n_split);
-    const int j0 = split * chunk, j1 = min(j0 + chunk, n_keys);
+    const int lo = first_key(pos, t, kv.window), n_keys = visible_keys(pos, mask, t, n_ctx);
+    const int chunk = split_chunk(n_keys - lo, n_split);
+    const int j0 = lo + split * chunk, j1 = min(j0 + chunk, n_keys);
     if (j0 >= n_keys) return;  // past a short context: the merge does not read this split
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
     attend_keys<QC, F32>(qh, sq, kv, int64_t(h / group) * n_ctx, D, mrow, j0, j1, scale, acc, sm, sl);
@@ -400,10 +408,11 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
 // warps were merged (at most MERGE_MAX_SPLITS: attention_splits caps the count at SPLIT_MAX).
 constexpr int MERGE_MAX_SPLITS = 64;
 __global__ void attention_merge_kernel(const float *part, const int32_t *pos, const uint8_t *mask, int n_ctx,
-                                       int n_split, int n_head, int head_dim, float *out) {
+                                       int window, int n_split, int n_head, int head_dim, float *out) {
     wait_for_inputs();
     const int h = blockIdx.x, t = blockIdx.y, D = head_dim;
-    const int n_keys = visible_keys(pos, mask, t, n_ctx), chunk = split_chunk(n_keys, n_split);
+    const int n_keys = visible_keys(pos, mask, t, n_ctx) - first_key(pos, t, window);
+    const int chunk = split_chunk(n_keys, n_split);
     const int n_used = min(n_split, (n_keys + chunk - 1) / chunk);
     const float *src = part + (int64_t(t) * n_head + h) * n_split * (D + 2);
     // The splits' maxima and sums, read once into shared memory: every thread walks them for
@@ -492,7 +501,9 @@ __global__ void __launch_bounds__(ATTENTION_THREADS)
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 
-    for (int j0 = 0; j0 < n_keys; j0 += PREFILL_KEYS) {
+    // The tile's first row has its lowest position: keys before its window are no row's.
+    const int j_first = kv.window > 0 ? max(0, pos[t0] - kv.window + 1) / PREFILL_KEYS * PREFILL_KEYS : 0;
+    for (int j0 = j_first; j0 < n_keys; j0 += PREFILL_KEYS) {
         __syncthreads();  // the last tile's keys, values and p are read
         for (int e = threadIdx.x; e < PREFILL_KEYS * NC; e += ATTENTION_THREADS) {
             const int j = e / NC, ch = e % NC;
@@ -517,7 +528,8 @@ __global__ void __launch_bounds__(ATTENTION_THREADS)
 #pragma unroll
         for (int i = 0; i < WARP_ROWS; ++i) {
             const int r = warp * WARP_ROWS + i;
-            const float sc = key <= row_pos[i] && key < n_keys ? dot[i] * scale : -INFINITY;
+            const bool seen = key <= row_pos[i] && key < n_keys && (kv.window == 0 || key > row_pos[i] - kv.window);
+            const float sc = seen ? dot[i] * scale : -INFINITY;
             const float m_new = fmaxf(m[i], warp_max(sc));
             const float corr = m_new == -INFINITY ? 1.f : expf(m[i] - m_new);
             const float p = sc == -INFINITY ? 0.f : expf(sc - m_new);
@@ -685,7 +697,7 @@ void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv,
                           ATTENTION_THREADS, shared, stream, q, rows, kv.n_ctx, pos, mask, n_head, group, head_dim,
                           scale, part);
             launch_kernel(attention_merge_kernel, dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, 0, stream,
-                          part, pos, mask, kv.n_ctx, n_split, n_head, head_dim, out);
+                          part, pos, mask, kv.n_ctx, kv.window, n_split, n_head, head_dim, out);
             return;
         }
         launch_kernel(f32 ? attention_kernel<QC, true> : attention_kernel<QC, false>, dim3{unsigned(n_head), unsigned(T)},

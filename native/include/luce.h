@@ -125,7 +125,7 @@ void luce_session_free(luce_session *session);
 luce_status luce_session_reset(luce_session *session);
 /* --fa-window: the target's full-attention layers see only the last n_window positions (a query
    at p reads keys p - n_window + 1 .. p); 0 = all (the default). At least 64 (a
-   verify step's rows, so a speculative step's own rows are always seen). CPU backend only so far. */
+   verify step's rows, so a speculative step's own rows are always seen). Both backends. */
 luce_status luce_session_set_fa_window(luce_session *session, int32_t n_window);
 /* Number of tokens already in the session. */
 int32_t luce_session_n_past(const luce_session *session);

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "errors.h"
 
@@ -110,8 +109,6 @@ void clear_recurrent_state(const Model &m, std::vector<RecurrentState> &recurren
 void Session::set_fa_window(int n_window) {
     if (n_window != 0 && n_window < MAX_STEP)
         fail(LUCE_ERR_INVALID_ARGUMENT, "fa-window %d: 0 (off) or at least %d positions", n_window, MAX_STEP);
-    if (n_window != 0 && std::string(model->backend->name()) != "cpu")
-        fail(LUCE_ERR_UNSUPPORTED, "fa-window runs on the CPU backend only so far");
     for (int i = 0; i < model->hp.n_layer; ++i)
         if (!model->hp.recurrent[size_t(i)]) kv[size_t(i)].window = n_window;
 }
