@@ -8,14 +8,12 @@ test_batch_spec.py."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import run_luce
+from fixtures.emulated_gpu import code_prompt_file, run_on_emulated_cuda
 from fixtures.random_qwen35_gguf import SPEC_TINY, write_random_qwen35
 from luce import Engine
 from luce.binding import ffi, lib
@@ -24,7 +22,6 @@ from luce.errors import LuceError
 REPO = Path(__file__).resolve().parents[1]
 TARGET = REPO / "models" / "reference" / "target-q8_0.gguf"
 CODE_PROMPTS = REPO / "models" / "reference" / "prompts" / "code.jsonl"
-EMU_CUDA = REPO / "build" / "gpu-emu-cuda" / "libluce_gpu_emu.so"
 
 # Prompts of different lengths (one longer than a 64-token step), each with its own budget, one 0.
 PROMPTS = [[5, 17, 42, 99, 3, 250, 7], [11], [200, 3] * 40, [9, 8, 7, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
@@ -148,29 +145,15 @@ def test_batch_on_the_emulated_cuda_backend(tiny_path):
     """The batched step only calls Backend ops, so the GPU backend runs it as it is: on the emulated
     CUDA path (a child process: the GPU library stays loaded once loaded) the batch equals the GPU's
     own one-by-one decoding, graph-replayed steps included, greedy and seeded top-k sampling."""
-    if not EMU_CUDA.exists():
-        pytest.fail(f"{EMU_CUDA} is missing: `make gpu-emu-cuda` builds it (`make test` does)")
     prompts, budgets = PROMPTS[:5], [6, 9, 3, 0, 5]
-    proc = subprocess.run([sys.executable, "-c", _EMU_PROBE, str(tiny_path), json.dumps(prompts), json.dumps(budgets)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "LUCE_GPU_LIBRARY": str(EMU_CUDA)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_on_emulated_cuda(_EMU_PROBE, tiny_path, json.dumps(prompts), json.dumps(budgets))
     assert out["device"] == "gpu"
     assert out["batch"] == out["single"] and [len(t) for t in out["single"]] == budgets
     assert out["sampled_batch"] == out["sampled"] and out["sampled"] != out["single"]
 
 
-def _prompt_file(tmp_path: Path) -> Path:
-    lines = CODE_PROMPTS.read_text().splitlines()[:5]
-    src = tmp_path / "prompts.jsonl"
-    src.write_text("\n".join(json.dumps({"prompt": json.loads(line)["prompt"], "id": f"p{i}"})
-                             for i, line in enumerate(lines)) + "\n")
-    return src
-
-
 def test_cli_parallel_writes_every_id_once_as_parallel_1(tmp_path):
-    src = _prompt_file(tmp_path)
+    src = code_prompt_file(tmp_path, 5)
     results = {}
     for parallel in (1, 2):
         out = tmp_path / f"out{parallel}.jsonl"
@@ -185,7 +168,7 @@ def test_cli_parallel_writes_every_id_once_as_parallel_1(tmp_path):
 
 @pytest.mark.parametrize("value", ["0", "-1", "65"])
 def test_cli_bad_parallel_is_one_error_line(tmp_path, value):
-    proc = run_luce("generate", "-m", TARGET, "--prompts", _prompt_file(tmp_path), "--parallel", value)
+    proc = run_luce("generate", "-m", TARGET, "--prompts", code_prompt_file(tmp_path, 5), "--parallel", value)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
     assert proc.stdout == "" and len(errors) == 1 and "--parallel" in errors[0]

@@ -9,14 +9,12 @@ end-of-generation stops; the same on the emulated CUDA backend; and the CLI's `-
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import run_luce
+from fixtures.emulated_gpu import code_prompt_file, run_on_emulated_cuda
 from fixtures.random_qwen35_gguf import write_random_qwen35
 from luce import Engine
 from luce.errors import LuceError
@@ -26,7 +24,6 @@ REF = REPO / "models" / "reference"
 TARGET = REF / "target-q8_0.gguf"
 DRAFTERS = {kind: REF / f"{kind}-q8_0.gguf" for kind in ("dflash2", "dflash", "dspark")}
 CODE_PROMPTS = REF / "prompts" / "code.jsonl"
-EMU_CUDA = REPO / "build" / "gpu-emu-cuda" / "libluce_gpu_emu.so"
 
 # Prompt lengths from 1 token to past a 64-row step; budgets from 0 (prefill only) and 1-2 (no
 # room to draft) up to a few blocks. 34 prompts: more than 32 slots, so slots are reused.
@@ -180,29 +177,15 @@ def test_spec_batch_on_the_emulated_cuda_backend(prompts):
     """The batched verify only calls Backend ops: on the emulated CUDA path (a child process: the
     GPU library stays loaded once loaded) the speculative batch equals the GPU's one-by-one plain
     decoding."""
-    if not EMU_CUDA.exists():
-        pytest.fail(f"{EMU_CUDA} is missing: `make gpu-emu-cuda` builds it (`make test` does)")
     few, budgets = prompts[3:8], [7, 9, 4, 8, 6]
-    proc = subprocess.run([sys.executable, "-c", _EMU_PROBE, str(TARGET), str(DRAFTERS["dflash2"]), json.dumps(few),
-                           json.dumps(budgets)], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "LUCE_GPU_LIBRARY": str(EMU_CUDA)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_on_emulated_cuda(_EMU_PROBE, TARGET, DRAFTERS["dflash2"], json.dumps(few), json.dumps(budgets))
     assert out["device"] == "gpu"
     assert out["spec"] == out["plain"] and [len(t) for t in out["plain"]] == budgets
     assert out["accepted"] > 0
 
 
-def _prompt_file(tmp_path: Path) -> Path:
-    lines = CODE_PROMPTS.read_text().splitlines()[:6]
-    src = tmp_path / "prompts.jsonl"
-    src.write_text("\n".join(json.dumps({"prompt": json.loads(line)["prompt"], "id": f"p{i}"})
-                             for i, line in enumerate(lines)) + "\n")
-    return src
-
-
 def test_cli_parallel_with_a_drafter_equals_plain_parallel_1(tmp_path):
-    src = _prompt_file(tmp_path)
+    src = code_prompt_file(tmp_path, 6)
     runs = {}
     for name, extra in (("plain", ["--parallel", 1]),
                         ("spec", ["--parallel", 4, "--draft", DRAFTERS["dflash2"], "--no-adaptive"])):
@@ -217,7 +200,7 @@ def test_cli_parallel_with_a_drafter_equals_plain_parallel_1(tmp_path):
 
 
 def test_cli_parallel_with_ddtree_is_one_error_line(tmp_path):
-    proc = run_luce("generate", "-m", TARGET, "--prompts", _prompt_file(tmp_path), "--parallel", 2,
+    proc = run_luce("generate", "-m", TARGET, "--prompts", code_prompt_file(tmp_path, 6), "--parallel", 2,
                     "--draft", DRAFTERS["dflash2"], "--ddtree")
     assert proc.returncode == 2 and proc.stdout == ""
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]

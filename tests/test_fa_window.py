@@ -8,9 +8,6 @@ no window at all, and speculative output equals plain output under a window.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from fixtures.emulated_gpu import run_on_emulated_cuda
 from fixtures.native_eval import assert_logits_close
 from fixtures.tiny_qwen35 import tiny_qwen35
 from luce import Engine, LuceError
@@ -141,11 +139,5 @@ def test_gpu_window_is_the_cpu_window(tiny):
     the emulated CUDA backend a 200-token prompt's logits under a 64-position window are the CPU's
     within the f32 GPU-vs-CPU bar, and greedy tokens past the window are equal."""
     _, path, ids = tiny
-    emu = Path(__file__).resolve().parents[1] / "build" / "gpu-emu-cuda" / "libluce_gpu_emu.so"
-    if not emu.exists():
-        pytest.fail(f"{emu} is missing: `make gpu-emu-cuda` builds it (`make test` does)")
-    proc = subprocess.run([sys.executable, "-c", _EMU_PROBE, str(path), json.dumps(ids)], capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "LUCE_GPU_LIBRARY": str(emu)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = run_on_emulated_cuda(_EMU_PROBE, path, json.dumps(ids))
     assert got["err"] <= 1e-4 and got["tokens"], got

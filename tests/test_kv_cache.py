@@ -10,10 +10,6 @@ cache gives the unrotated logits to float rounding.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +17,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
+from fixtures.emulated_gpu import run_on_emulated_cuda
 from fixtures.tiny_qwen35 import tiny_qwen35
 from luce import Engine, LuceError
 from luce.binding import check, ffi, lib
@@ -170,13 +167,7 @@ def test_gpu_cache_rows_are_the_cpu_rows(tiny):
     rounding step (the GPU's fused prologue may leave a k value one ulp off the CPU's, which can
     round to the next quant), and greedy tokens are equal."""
     path, _, _ = tiny
-    emu = Path(__file__).resolve().parents[1] / "build" / "gpu-emu-cuda" / "libluce_gpu_emu.so"
-    if not emu.exists():
-        pytest.fail(f"{emu} is missing: `make gpu-emu-cuda` builds it (`make test` does)")
-    proc = subprocess.run([sys.executable, "-c", _EMU_PROBE, str(path), json.dumps(EMU_CACHES)], capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "LUCE_GPU_LIBRARY": str(emu)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = run_on_emulated_cuda(_EMU_PROBE, path, json.dumps(EMU_CACHES))
     step = {"f16": 0.0, "q8_0": 1 / 127, "q4_0 rotated": 1 / 8, "q8_0 / f16 rotated": 1 / 127}
     for name, (err, same_tokens) in got.items():
         assert err <= max(1e-4, step[name] / 4) and same_tokens, (name, err, same_tokens)

@@ -49,7 +49,6 @@ public:
     void add_rmsnorm(float *x, const float *y, const float *w, int n_rows, int dim, float eps, float *out) override;
     void rope_neox(float *x, const int32_t *pos, int T, int n_head, int head_dim, int n_rot,
                    float theta) override;
-    bool kv_format_supported(const KvFormat &) const override { return true; }
     void hadamard_rows(float *x, int n_rows, int dim) override;
     void kv_store(KvLayer &kv, const float *k, const float *v, const int32_t *pos, int T,
                   int n_head_kv, int head_dim) override;

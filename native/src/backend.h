@@ -44,10 +44,6 @@ class Backend {
 public:
     virtual ~Backend() = default;
     virtual const char *name() const = 0;
-    // Whether the attention ops read and write a cache of this format (the CPU backend: all).
-    virtual bool kv_format_supported(const KvFormat &f) const {
-        return f.k == KvType::F32 && f.v == KvType::F32 && !f.rotate;
-    }
 
     // Memory -------------------------------------------------------------------------------
     virtual void *alloc(size_t n_bytes) = 0;  // zero-initialised, 64-byte aligned
@@ -141,9 +137,7 @@ public:
                           int n_head_kv, int head_dim) = 0;
     // x = H x for each of n_rows rows of dim (a power of two), H the orthonormal Walsh-Hadamard
     // matrix: the default prologue's rotation of q and k for a rotated cache (kv_cache.h).
-    virtual void hadamard_rows(float * /*x*/, int /*n_rows*/, int /*dim*/) {
-        fail(LUCE_ERR_UNSUPPORTED, "%s: no Walsh-Hadamard rotation op", name());
-    }
+    virtual void hadamard_rows(float *x, int n_rows, int dim) = 0;
     // An attention layer's prologue: q = rmsnorm(q_h) * q_norm for the query heads of qg
     // ([T][H][2D], q_h the first D of each head's row) into q [T][H][D]; k = rmsnorm(k) * k_norm
     // in place; NeoX RoPE on both at pos; for a rotated cache both rotated (so attention reads q

@@ -34,10 +34,6 @@ int prefill_step_setting() {
 Session::Session(Model *m, int n_ctx_, KvFormat kv_format_, bool own_state)
     : model(m), n_ctx(n_ctx_), kv_format(kv_format_) {
     kv_format.check(m->hp.head_dim);
-    if (!m->backend->kv_format_supported(kv_format))
-        fail(LUCE_ERR_UNSUPPORTED, "the %s backend has no KV cache of K %s, V %s%s",
-             m->backend->name(), kv_type_name(kv_format.k), kv_type_name(kv_format.v),
-             kv_format.rotate ? ", rotated" : "");
     graph_id = new_graph_owner();
     const Hparams &hp = m->hp;
     // Longer than the model's is a context that does not fit (callers such as bench, which size
