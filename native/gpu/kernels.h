@@ -66,7 +66,7 @@ void matmul_mma(cudaStream_t stream, int type, int64_t n_in, const RowSegments &
 // matmul_mma_frag.cu: the same on the tensor cores for T <= MMA_FRAG_MAX_TOKENS, each warp
 // staging its own units as fragments (no block-wide waits); matmul_mma stages column groups per
 // block. Same bits as both others; mma_frag_serves: where it measured faster on an H200.
-constexpr int MMA_FRAG_MAX_TOKENS = 32;
+constexpr int MMA_FRAG_MAX_TOKENS = 64;  // past 32 tokens: 32-token slices (grid.y), weights decoded per slice
 // Whether matmul_mma_frag may bring weights in with bulk copies (sm_90+): set once by the GPU
 // backend from the device and LUCE_GPU_BULK (docs/gpu.md).
 inline bool frag_bulk_copies = false;

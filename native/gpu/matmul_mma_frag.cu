@@ -680,6 +680,28 @@ struct FragLaunch {
 
 }  // namespace
 
+// The 1-3-bit types but Q3_K: small units whose decode (codebook lookups, signs) the staged
+// kernel's block-wide waits leave exposed. Kernel bench of an H100 (cold weights; 2026-12-07),
+// 17408x5120 unless said, fragment against staged at 8 / 16 / 32 / 64 tokens: IQ2_XXS 41.9 /
+// 48.5 / 61.7 / 114.9 us against 64.8 / 67.7 / 117.4 / 223.1; IQ2_XS 69.7 / 80.1 / 89.2 / 162.4
+// against 102.5 / 105.9 / 158.0 / 291.5; IQ3_XXS 44.8 / 50.9 / 64.0 / 124.5 against 66.8 / 67.9
+// / 121.1 / 223.0; IQ3_S 5120x17408 54.7 / 56.6 / 80.6 / 133.7 against 97.5 / 123.0 / 125.9 /
+// 304.1; Q2_K 48.1 / 56.9 / 108.5 / 188.0 against 60.4 / 93.7 / 143.6 / 328.4; IQ1_S, IQ1_M and
+// IQ2_S likewise. Q3_K is slower here (181.4 / 183.2 / 189.9 / 350.3 against 136.2 / 151.7 /
+// 187.8 / 347.0).
+// Q4_K: faster on rows of one part at every width (10240x5120: 25.8 / 39.6 / 58.2 / 94.3 against
+// 34.9 / 63.6 / 99.8 / 167.7), on rows of four parts up to 16 tokens only (5120x17408: 55.2 /
+// 72.7 / 250.0 / 443.9 against 89.7 / 97.3 / 216.4 / 346.4: the four-part instances spill past
+// 16 tokens). Q5_K on rows of one part past the tensor-map copies' widths too (17408x5120 at 32 /
+// 64: 105.9 / 191.5 against 164.5 / 332.1).
+static bool small_units(int type) {
+    switch (type) {
+        case GGML_IQ1_S: case GGML_IQ1_M: case GGML_IQ2_XXS: case GGML_IQ2_XS: case GGML_IQ2_S:
+        case GGML_IQ3_XXS: case GGML_IQ3_S: case GGML_Q2_K: return true;
+        default: return false;
+    }
+}
+
 // From the kernel bench of an H200 (cold weights, each call on its own copy as in a model step;
 // 2026-12-04, this kernel with ldmatrix and per-group scales, against dp4a / the staged kernel):
 // IQ4_XS faster from 4 tokens (17408x5120 at 4 / 8 / 16 / 32 tokens: 35 / 35 / 46 / 54 us against
@@ -694,8 +716,10 @@ struct FragLaunch {
 // (tensor_serves).
 bool mma_frag_serves(int type, int64_t n_in, int T) {
     if (T > MMA_FRAG_MAX_TOKENS) return false;
-    if (type == GGML_IQ4_XS) return true;
+    if (type == GGML_IQ4_XS || small_units(type)) return true;
     const int parts = int8_units::row_parts(int(n_in));
+    if (type == GGML_Q4_K) return parts == 1 || T <= 16;
+    if (type == GGML_Q5_K && parts == 1) return true;
     if (type == GGML_Q6_K && frag_bulk_copies && bulk_serves(type, parts, frag_ntiles(T))) return true;
     // Q5_K and Q8_0 where the tensor-map copies serve them (by the rule the launch applies, so
     // they never land on this file's slower first kernel; segments are whole 16-row blocks and

@@ -9,9 +9,9 @@ from .device import _hook, _ptr, env, gpu_device_info, kernels
 
 
 MATMUL_TOL = 1e-5  # max |y - ref| / max (|x| @ |W|^T): fp32 sums of exactly dequantized weights
-MATMUL_WIDTHS = (1, 3, 8, 17, 64)
+MATMUL_WIDTHS = (1, 3, 8, 17, 40)  # 40: the fragment kernel's second, ragged 32-token slice
 PREFILL_WIDTH = 512  # a prefill chunk (session.h PREFILL_STEP): GPU only (the dry run's CPU time)
-MMA_FRAG_MAX_TOKENS = 32  # LUCE_GPU_MATMUL=frag serves up to this width, the staged kernel past it
+MMA_FRAG_MAX_TOKENS = 64  # LUCE_GPU_MATMUL=frag serves up to this width, the staged kernel past it
 
 
 def _matmul_fn(dut: str):
@@ -100,7 +100,7 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
     rng = np.random.default_rng(11)
     rows = []
     # Forcing a tensor-core kernel where the device has none runs dp4a again (HIP, the emulated
-    # HIP path): only "fast" runs there. "frag" forced past 32 tokens is the staged kernel.
+    # HIP path): only "fast" runs there. "frag" forced past 64 tokens is the staged kernel.
     tensor_cores = dut == "gpu" and gpu_device_info()[1]
     # 99 rows: ragged (not a multiple of any kernel's rows per block); 12300: also ragged, and
     # past the tensor-core kernel's switch to 32-row tiles (n_out >= 8192); Q8_0 x 480: a row
@@ -123,7 +123,7 @@ def check_matmul_ops(dut: str, invariance: bool = True, large: bool = True) -> l
         raw, n_rows, n_cols, w = _matmul_case(qtype, rng, dut, n_rows, n_cols)
         block = ACT_BLOCK.get(qtype.name, 0)
         # "fast": the dp4a int8 kernel forced for every width; "frag" / "staged": one tensor-core
-        # kernel forced (per-warp fragments up to 32 tokens and the staged one past that / the
+        # kernel forced (per-warp fragments up to 64 tokens and the staged one past that / the
         # staged one; LUCE_GPU_MATMUL); worst = [width, token, row] of the largest error.
         # "auto": the backend's own choice by width and shape, compared bitwise like the forced ones.
         # "gemm": the prefill GEMM forced (its own summation order: held to the oracle only; types
