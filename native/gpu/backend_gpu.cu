@@ -498,6 +498,18 @@ void GpuBackend::gated_delta_net(const float *conv, const float *b, const float 
                          delta_kernel_, parent);
 }
 
+void GpuBackend::deltanet_sequences(const float *qkv, const float *conv_w, int C, int Kc, float *conv_out,
+                                    const float *b, const float *a, const float *ssm_a, const float *dt_bias,
+                                    const DeltaNetDims &dims, const RecurrentRows *seqs, int n, float *out) {
+    if (n == 1) {  // the two ops as one sequence's step launches them (and profiles them)
+        Backend::deltanet_sequences(qkv, conv_w, C, Kc, conv_out, b, a, ssm_a, dt_bias, dims, seqs, n, out);
+        return;
+    }
+    LUCE_OP("deltanet_sequences");
+    gpu::deltanet_sequences(stream_, warp_, qkv, conv_w, C, Kc, conv_out, b, a, ssm_a, dt_bias, dims, seqs, n, out,
+                            delta_kernel_);
+}
+
 // The generate loop hands argmax the host copy of the logits it downloaded for sampling; device
 // rows (the speculative verify path) are reduced on the device and only the index comes back.
 int32_t GpuBackend::argmax(const float *x, int64_t n) {

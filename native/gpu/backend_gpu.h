@@ -62,6 +62,9 @@ public:
     void gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
                          const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
                          float *out, float *state_history, const int32_t *parent) override;
+    void deltanet_sequences(const float *qkv, const float *conv_w, int C, int Kc, float *conv_out, const float *b,
+                            const float *a, const float *ssm_a, const float *dt_bias, const DeltaNetDims &dims,
+                            const RecurrentRows *seqs, int n, float *out) override;
     int32_t argmax(const float *x, int64_t n) override;
 
     // Drafter ops (backend.h's last block; implemented at the end of backend_gpu.cu).

@@ -141,6 +141,12 @@ void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const flo
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dims, int T,
                      float *state, float *out, float *state_history, DeltaKernel kernel,
                      const int32_t *parent = nullptr);
+// Backend::deltanet_sequences: both ops for every sequence of a batched step, one launch each per
+// up to MAX_STEP sequences (the per-sequence launches' bits); the memory kernel, and state
+// dims the register kernel lacks, run the sequences one by one.
+void deltanet_sequences(cudaStream_t stream, int warp, const float *qkv, const float *conv_w, int C, int Kc,
+                        float *conv_out, const float *b, const float *a, const float *ssm_a, const float *dt_bias,
+                        const DeltaNetDims &dims, const RecurrentRows *seqs, int n, float *out, DeltaKernel kernel);
 
 // copy.cu: ops (device memory) has n copies, the largest most_bytes long.
 void copy_batch(cudaStream_t stream, const Backend::CopyOp *ops, int n, size_t most_bytes);

@@ -40,6 +40,14 @@ struct DeltaNetDims {
     float eps;  // L2-norm clamp (llama.cpp: x / max(||x||, eps)) and gated-RMSNorm eps
 };
 
+// One sequence's rows of a batched step in a recurrent layer: rows [row0, row0 + T) of the step's
+// buffers, through this sequence's own conv window, delta-rule state and (speculative steps) its
+// per-token state history.
+struct RecurrentRows {
+    int row0 = 0, T = 0;
+    float *conv_state = nullptr, *ssm = nullptr, *ssm_history = nullptr;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -178,6 +186,21 @@ public:
     virtual void gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,
                                  const float *dt_bias, const DeltaNetDims &dims, int T, float *state,
                                  float *out, float *state_history, const int32_t *parent = nullptr) = 0;
+    // conv_silu then gated_delta_net for each of n sequences of a batched causal step: qkv, b, a
+    // and out are the step's buffers, conv_out its conv scratch, each sequence at its rows. The
+    // default runs the two ops per sequence; a backend may run every sequence in one launch per op
+    // if each sequence's outputs and states keep the bits of the per-sequence ops.
+    virtual void deltanet_sequences(const float *qkv, const float *conv_w, int C, int Kc, float *conv_out,
+                                    const float *b, const float *a, const float *ssm_a, const float *dt_bias,
+                                    const DeltaNetDims &dims, const RecurrentRows *seqs, int n, float *out) {
+        const int64_t inner = int64_t(dims.hv) * dims.dv;
+        for (const RecurrentRows *r = seqs; r < seqs + n; ++r) {
+            const int64_t row0 = r->row0;
+            conv_silu(qkv + row0 * C, r->conv_state, conv_w, r->T, C, Kc, conv_out + row0 * C);
+            gated_delta_net(conv_out + row0 * C, b + row0 * dims.hv, a + row0 * dims.hv, ssm_a, dt_bias, dims, r->T,
+                            r->ssm, out + row0 * inner, r->ssm_history);
+        }
+    }
 
     // Sampling helpers ---------------------------------------------------------------------------
     // Index of the largest of n values (ties -> lowest index).

@@ -25,17 +25,26 @@ void deltanet_mixer(Session &s, int il, int T) {
     const Backend::MatmulOut proj[] = {{&w.qkv, b.qkv, CD}, {&w.gate, b.z, inner}, {&w.beta, b.b, HV},
                                        {&w.alpha, b.a, HV}};
     be.matmuls(b.cur, T, proj, 4);
-    const int32_t *parent = s.tree ? b.tree_parent : nullptr;  // tree verify: state from the parent
     const DeltaNetDims dims{hp.ssm_hk, hp.ssm_hv, hp.ssm_dk, hp.ssm_dv, hp.rms_eps};
-    // Each sequence of the step through its own conv window and delta-rule state.
-    for (const StepSegment &seg : step_segments(s, T)) {
-        RecurrentState &st = (*seg.recurrent)[size_t(il)];
-        const int64_t r = seg.row0;
-        float *qkv = b.qkv + r * CD, *conv = b.conv + r * CD;
-        if (st.qkv_history) be.copy(st.qkv_history, qkv, size_t(seg.T) * size_t(CD) * sizeof(float));
-        be.conv_silu(qkv, st.conv, w.conv.data(), seg.T, CD, hp.ssm_conv, conv, parent);
-        be.gated_delta_net(conv, b.b + r * HV, b.a + r * HV, w.a.data(), w.dt_bias.data(), dims, seg.T, st.ssm,
-                           b.attn + r * inner, st.ssm_history, parent);
+    if (s.tree) {  // tree verify (one sequence): each token's window and state from its parent
+        RecurrentState &st = s.recurrent[size_t(il)];
+        if (st.qkv_history) be.copy(st.qkv_history, b.qkv, size_t(T) * size_t(CD) * sizeof(float));
+        be.conv_silu(b.qkv, st.conv, w.conv.data(), T, CD, hp.ssm_conv, b.conv, b.tree_parent);
+        be.gated_delta_net(b.conv, b.b, b.a, w.a.data(), w.dt_bias.data(), dims, T, st.ssm, b.attn,
+                           st.ssm_history, b.tree_parent);
+    } else {
+        // Each sequence of the step through its own conv window and delta-rule state.
+        const SegmentSpan segments = step_segments(s, T);
+        RecurrentRows rows[MAX_STEP];
+        for (int i = 0; i < segments.n; ++i) {
+            const StepSegment &seg = segments.first[i];
+            RecurrentState &st = (*seg.recurrent)[size_t(il)];
+            if (st.qkv_history)
+                be.copy(st.qkv_history, b.qkv + int64_t(seg.row0) * CD, size_t(seg.T) * size_t(CD) * sizeof(float));
+            rows[i] = {seg.row0, seg.T, st.conv, st.ssm, st.ssm_history};
+        }
+        be.deltanet_sequences(b.qkv, w.conv.data(), CD, hp.ssm_conv, b.conv, b.b, b.a, w.a.data(), w.dt_bias.data(),
+                              dims, rows, segments.n, b.attn);
     }
     be.rmsnorm_gated(b.attn, w.norm.data(), b.z, T, HV, hp.ssm_dv, hp.rms_eps);
     be.matmul(w.out, b.attn, T, b.mix, E);
