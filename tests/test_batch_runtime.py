@@ -136,20 +136,28 @@ with Engine(sys.argv[1], device="gpu", ctx_size=256) as eng:
     kw = dict(temperature=0.9, top_k=20, seed=5, ignore_eos=True)
     sampled = [eng.generate(prompt_ids=p, max_tokens=m, **kw).tokens for p, m in zip(prompts, budgets)]
     sampled_batch = [g.tokens for g in eng.generate(prompt_ids=prompts, max_tokens=budgets, parallel=3, **kw)]
+# Quantized, rotated caches with no split-KV pass (128 positions: one split).
+with Engine(sys.argv[1], device="gpu", ctx_size=128, cache_type_k="q8_0", cache_type_v="q4_0", kv_rotate=True) as eng:
+    quant_single = [eng.generate(prompt_ids=p, max_tokens=m, ignore_eos=True).tokens for p, m in zip(prompts, budgets)]
+    quant_batch = [g.tokens for g in eng.generate(prompt_ids=prompts, max_tokens=budgets, parallel=3, ignore_eos=True)]
 print(json.dumps({"device": eng.device, "single": single, "batch": batch, "sampled": sampled,
-                  "sampled_batch": sampled_batch}))
+                  "sampled_batch": sampled_batch, "quant_single": quant_single, "quant_batch": quant_batch}))
 """
 
 
 def test_batch_on_the_emulated_cuda_backend(tiny_path):
     """The batched step only calls Backend ops, so the GPU backend runs it as it is: on the emulated
     CUDA path (a child process: the GPU library stays loaded once loaded) the batch equals the GPU's
-    own one-by-one decoding, graph-replayed steps included, greedy and seeded top-k sampling."""
+    own one-by-one decoding, graph-replayed steps included, greedy and seeded top-k sampling; and
+    with quantized, rotated caches read without the split-KV pass. (The GPU runs a batch's
+    recurrent layers and attention for all sequences in one launch per op: these equalities are
+    what holds those launches to the per-sequence ones, bit for bit.)"""
     prompts, budgets = PROMPTS[:5], [6, 9, 3, 0, 5]
     out = run_on_emulated_cuda(_EMU_PROBE, tiny_path, json.dumps(prompts), json.dumps(budgets))
     assert out["device"] == "gpu"
     assert out["batch"] == out["single"] and [len(t) for t in out["single"]] == budgets
     assert out["sampled_batch"] == out["sampled"] and out["sampled"] != out["single"]
+    assert out["quant_batch"] == out["quant_single"] and [len(t) for t in out["quant_single"]] == budgets
 
 
 def test_cli_parallel_writes_every_id_once_as_parallel_1(tmp_path):

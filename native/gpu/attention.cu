@@ -61,6 +61,25 @@ KvRows kv_rows(const KvLayer &kv, int head_dim) {
             int(kv_row_bytes(kv.format.k, head_dim)), int(kv_row_bytes(kv.format.v, head_dim)), kv.window};
 }
 
+// Which cache a step's row t reads and writes: one sequence's step has one (OneCache); a batched
+// step's rows belong to several sequences, each with its own cache of the same format, n_ctx and
+// window (RowCaches: the K and V bases per row, by value in the launch's parameters, 1 KB). The
+// kernels take either, so a batched step's row runs exactly the code its own sequence's launch
+// would.
+struct OneCache {
+    KvRows kv;
+    __device__ __forceinline__ KvRows at(int) const { return kv; }
+};
+struct RowCaches {
+    KvRows kv;
+    uint8_t *k[MAX_STEP], *v[MAX_STEP];
+    __device__ __forceinline__ KvRows at(int t) const {
+        KvRows r = kv;
+        r.k = k[t], r.v = v[t];
+        return r;
+    }
+};
+
 __device__ __forceinline__ float f16_word(uint32_t bits) { return __half2float(__ushort_as_half(uint16_t(bits))); }
 
 // Values 4c .. 4c+3 of a row of D values of type t: one aligned load of quants and, for the block
@@ -169,9 +188,10 @@ __global__ void hadamard_rows_kernel(float *x, int dim) {
 // heads (q_h, the first D of each 2D row of qg), the rest the key heads, which also store the
 // token's k and v rows in the cache at slot[t]. k is rewritten in place, as the five ops leave it.
 // A rotated cache (kv_cache.h) has q and k rotated after RoPE, as Backend::qk_norm_rope_store does.
+template <class Caches>
 __global__ void __launch_bounds__(1024) qk_norm_rope_store_kernel(const float *qg, const float *q_norm, float *q,
                                                                   float *k, const float *k_norm, const float *v,
-                                                                  KvRows kv, bool rotate, int n_ctx,
+                                                                  Caches caches, bool rotate, int n_ctx,
                                                                   const int32_t *pos, const int32_t *slot, int T,
                                                                   int n_head, int n_head_kv, int D, int n_rot,
                                                                   float theta, float eps) {
@@ -197,6 +217,7 @@ __global__ void __launch_bounds__(1024) qk_norm_rope_store_kernel(const float *q
     for (int i = threadIdx.x; i < D; i += blockDim.x) vrow[i] = v[int64_t(r) * D + i];
     __syncthreads();
     const int64_t dst = int64_t(r % n_head_kv) * n_ctx + slot[t];
+    const KvRows kv = caches.at(t);
     kv_store_row(kv.k + dst * kv.k_row, kv.tk, head, D);
     kv_store_row(kv.v + dst * kv.v_row, kv.tv, vrow, D);
 }
@@ -349,13 +370,14 @@ struct Partials {
 };
 
 // Dynamic shared memory: q[D] | acc[W][D] | m[W] | l[W].
-template <int QC, bool F32>
+template <int QC, bool F32, class Caches>
 __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
-    attention_kernel(const float *q, KvRows kv, int n_ctx, const int32_t *pos, const uint8_t *mask, int n_head,
+    attention_kernel(const float *q, Caches caches, int n_ctx, const int32_t *pos, const uint8_t *mask, int n_head,
                      int group, int head_dim, float scale, float *out) {
     wait_for_inputs();
     LUCE_DYNAMIC_SHARED(float, smem);
     const int h = blockIdx.x, t = blockIdx.y, D = head_dim, W = blockDim.x / LUCE_WARP;
+    const KvRows kv = caches.at(t);
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
@@ -376,13 +398,14 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
 // part[((t * n_head + h) * n_split + split) * (D + 2)]. A few heads times one token cannot fill
 // the device; the splits over the KV length can.
 // Dynamic shared memory as attention_kernel.
-template <int QC, bool F32>
+template <int QC, bool F32, class Caches>
 __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
-    attention_split_kernel(const float *q, KvRows kv, int n_ctx, const int32_t *pos, const uint8_t *mask,
+    attention_split_kernel(const float *q, Caches caches, int n_ctx, const int32_t *pos, const uint8_t *mask,
                            int n_head, int group, int head_dim, float scale, float *part) {
     wait_for_inputs();
     LUCE_DYNAMIC_SHARED(float, smem);
     const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z, n_split = gridDim.z, D = head_dim;
+    const KvRows kv = caches.at(t);
     const int W = blockDim.x / LUCE_WARP;
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
@@ -626,13 +649,22 @@ void hadamard_rows(cudaStream_t stream, float *x, int n_rows, int dim) {
     launch_kernel(hadamard_rows_kernel, unsigned(n_rows), row_threads(dim), size_t(dim) * sizeof(float), stream, x, dim);
 }
 
+template <class Caches>
+void launch_prologue(cudaStream_t stream, const float *qg, const float *q_norm, float *q, float *k,
+                     const float *k_norm, const float *v, const KvLayer &kv, const Caches &caches, const int32_t *pos,
+                     const int32_t *slot, int T, int n_head, int n_head_kv, int head_dim, int n_rot, float theta,
+                     float eps) {
+    launch_kernel(qk_norm_rope_store_kernel<Caches>, unsigned(T * (n_head + n_head_kv)), norm_threads(head_dim),
+                  2 * size_t(head_dim) * sizeof(float), stream, qg, q_norm, q, k, k_norm, v, caches, kv.format.rotate,
+                  kv.n_ctx, pos, slot, T, n_head, n_head_kv, head_dim, n_rot, theta, eps);
+}
+
 void qk_norm_rope_store(cudaStream_t stream, const float *qg, const float *q_norm, float *q, float *k,
                         const float *k_norm, const float *v, KvLayer &kv, const int32_t *pos, const int32_t *slot,
                         int T, int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps) {
     if (T < 1) return;
-    launch_kernel(qk_norm_rope_store_kernel, unsigned(T * (n_head + n_head_kv)), norm_threads(head_dim),
-                  2 * size_t(head_dim) * sizeof(float), stream, qg, q_norm, q, k, k_norm, v, kv_rows(kv, head_dim),
-                  kv.format.rotate, kv.n_ctx, pos, slot, T, n_head, n_head_kv, head_dim, n_rot, theta, eps);
+    launch_prologue(stream, qg, q_norm, q, k, k_norm, v, kv, OneCache{kv_rows(kv, head_dim)}, pos, slot, T, n_head,
+                    n_head_kv, head_dim, n_rot, theta, eps);
 }
 
 // Splits over the KV length: chunks of at least SPLIT_MIN_KEYS keys, and about SPLIT_TARGET_BLOCKS
@@ -668,24 +700,16 @@ void with_head_chunks(int head_dim, F &&f) {
     else f(std::integral_constant<int, 8>{});
 }
 
-void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv, const int32_t *pos,
-               const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out, void *scratch,
-               int64_t scratch_bytes) {
-    if (T < 1) return;
-    if (n_head_kv < 1 || n_head % n_head_kv != 0 || head_dim < 1 || kv.n_ctx < 1)
-        fail(LUCE_ERR_INTERNAL, "GPU attention: bad shape (%d heads, %d kv heads, dim %d, ctx %d)", n_head, n_head_kv,
-             head_dim, kv.n_ctx);
+// The one-query kernels (split-KV and merge where the scratch holds the splits) over T rows.
+template <class Caches>
+void launch_attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv, const Caches &caches,
+                      const int32_t *pos, const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim,
+                      float *out, void *scratch, int64_t scratch_bytes) {
     const int W = ATTENTION_THREADS / warp;
     const size_t shared = sizeof(float) * (size_t(head_dim) * (1 + W) + 2 * size_t(W));
-    const KvRows rows = kv_rows(kv, head_dim);
-    const bool f32 = rows.tk == KvType::F32 && rows.tv == KvType::F32;
+    const bool f32 = kv.format.k == KvType::F32 && kv.format.v == KvType::F32;
     const int group = n_head / n_head_kv;
     const float scale = 1.0f / sqrtf(float(head_dim));
-#if !defined(LUCE_HIP)
-    if (!mask && T > MAX_STEP && warp == 32 &&
-        attention_prefill(stream, q, rows, f32, kv.n_ctx, pos, T, n_head, group, head_dim, scale, out))
-        return;
-#endif
     const int n_split = scratch ? attention_splits(T, n_head, kv.n_ctx) : 1;
     const bool split = n_split > 1 && attention_scratch_bytes(T, n_head, head_dim, kv.n_ctx) <= scratch_bytes;
     with_head_chunks(head_dim, [&](auto qc) {
@@ -693,17 +717,74 @@ void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv,
         if (split) {
             auto *part = static_cast<float *>(scratch);
             const dim3 grid{unsigned(n_head), unsigned(T), unsigned(n_split)};
-            launch_kernel(f32 ? attention_split_kernel<QC, true> : attention_split_kernel<QC, false>, grid,
-                          ATTENTION_THREADS, shared, stream, q, rows, kv.n_ctx, pos, mask, n_head, group, head_dim,
+            launch_kernel(f32 ? attention_split_kernel<QC, true, Caches> : attention_split_kernel<QC, false, Caches>,
+                          grid, ATTENTION_THREADS, shared, stream, q, caches, kv.n_ctx, pos, mask, n_head, group, head_dim,
                           scale, part);
             launch_kernel(attention_merge_kernel, dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, 0, stream,
                           part, pos, mask, kv.n_ctx, kv.window, n_split, n_head, head_dim, out);
             return;
         }
-        launch_kernel(f32 ? attention_kernel<QC, true> : attention_kernel<QC, false>, dim3{unsigned(n_head), unsigned(T)},
-                      ATTENTION_THREADS, shared, stream, q, rows, kv.n_ctx, pos, mask, n_head, group, head_dim, scale,
-                      out);
+        launch_kernel(f32 ? attention_kernel<QC, true, Caches> : attention_kernel<QC, false, Caches>,
+                      dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, shared, stream, q, caches, kv.n_ctx, pos,
+                      mask, n_head, group, head_dim, scale, out);
     });
+}
+
+void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv, const int32_t *pos,
+               const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out, void *scratch,
+               int64_t scratch_bytes) {
+    if (T < 1) return;
+    if (n_head_kv < 1 || n_head % n_head_kv != 0 || head_dim < 1 || kv.n_ctx < 1)
+        fail(LUCE_ERR_INTERNAL, "GPU attention: bad shape (%d heads, %d kv heads, dim %d, ctx %d)", n_head, n_head_kv,
+             head_dim, kv.n_ctx);
+    const KvRows rows = kv_rows(kv, head_dim);
+#if !defined(LUCE_HIP)
+    const bool f32 = rows.tk == KvType::F32 && rows.tv == KvType::F32;
+    if (!mask && T > MAX_STEP && warp == 32 &&
+        attention_prefill(stream, q, rows, f32, kv.n_ctx, pos, T, n_head, n_head / n_head_kv, head_dim,
+                          1.0f / sqrtf(float(head_dim)), out))
+        return;
+#endif
+    launch_attention(stream, warp, q, kv, OneCache{rows}, pos, mask, T, n_head, n_head_kv, head_dim, out, scratch,
+                     scratch_bytes);
+}
+
+bool attention_sequences_batch(const AttentionRows *seqs, int n, const int32_t *pos) {
+    if (n < 2 || n > MAX_STEP) return false;
+    const KvLayer &kv0 = *seqs[0].kv;
+    int rows = 0;
+    for (int i = 0; i < n; ++i) {
+        const AttentionRows &s = seqs[i];
+        const KvLayer &kv = *s.kv;
+        // Causal rows at their positions, in order, caches alike but for their memory.
+        if (s.mask || s.slot != pos + s.row0 || s.row0 != rows || kv.n_ctx != kv0.n_ctx || kv.window != kv0.window ||
+            kv.format.k != kv0.format.k || kv.format.v != kv0.format.v || kv.format.rotate != kv0.format.rotate)
+            return false;
+        rows += s.T;
+    }
+    return rows <= MAX_STEP;
+}
+
+void attention_sequences(cudaStream_t stream, int warp, const float *qg, const float *q_norm, float *q, float *k,
+                         const float *k_norm, const float *v, const int32_t *pos, const AttentionRows *seqs, int n,
+                         int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps, float *out,
+                         void *scratch, int64_t scratch_bytes) {
+    if (!attention_sequences_batch(seqs, n, pos)) fail(LUCE_ERR_INTERNAL, "GPU attention: not a batch of %d", n);
+    const KvLayer &kv0 = *seqs[0].kv;
+    if (n_head_kv < 1 || n_head % n_head_kv != 0 || head_dim < 1 || kv0.n_ctx < 1)
+        fail(LUCE_ERR_INTERNAL, "GPU attention: bad shape (%d heads, %d kv heads, dim %d, ctx %d)", n_head, n_head_kv,
+             head_dim, kv0.n_ctx);
+    RowCaches caches{kv_rows(kv0, head_dim), {}, {}};
+    int T = 0;
+    for (const AttentionRows *s = seqs; s < seqs + n; ++s)
+        for (int t = 0; t < s->T; ++t, ++T) {
+            caches.k[T] = static_cast<uint8_t *>(s->kv->k);
+            caches.v[T] = static_cast<uint8_t *>(s->kv->v);
+        }
+    launch_prologue(stream, qg, q_norm, q, k, k_norm, v, kv0, caches, pos, pos, T, n_head, n_head_kv, head_dim, n_rot,
+                    theta, eps);
+    launch_attention(stream, warp, q, kv0, caches, pos, nullptr, T, n_head, n_head_kv, head_dim, out, scratch,
+                     scratch_bytes);
 }
 
 }  // namespace luce::gpu

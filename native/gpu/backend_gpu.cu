@@ -484,6 +484,24 @@ void GpuBackend::attention(const float *q, const KvLayer &kv, const int32_t *pos
                    need ? attn_scratch_ : nullptr, int64_t(attn_scratch_bytes_));
 }
 
+void GpuBackend::attention_sequences(const float *qg, const float *q_norm, float *q, float *k, const float *k_norm,
+                                     const float *v, const int32_t *pos, const AttentionRows *seqs, int n,
+                                     int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps,
+                                     float *out) {
+    if (!fused_attn_ || !gpu::attention_sequences_batch(seqs, n, pos)) {  // one sequence at a time
+        Backend::attention_sequences(qg, q_norm, q, k, k_norm, v, pos, seqs, n, n_head, n_head_kv, head_dim, n_rot,
+                                     theta, eps, out);
+        return;
+    }
+    LUCE_OP("attention_sequences");
+    int T = 0;
+    for (int i = 0; i < n; ++i) T += seqs[i].T;
+    const size_t need = attn_split_ ? size_t(gpu::attention_scratch_bytes(T, n_head, head_dim, seqs[0].kv->n_ctx)) : 0;
+    grow(attn_scratch_, attn_scratch_bytes_, need);
+    gpu::attention_sequences(stream_, warp_, qg, q_norm, q, k, k_norm, v, pos, seqs, n, n_head, n_head_kv, head_dim,
+                             n_rot, theta, eps, out, need ? attn_scratch_ : nullptr, int64_t(attn_scratch_bytes_));
+}
+
 void GpuBackend::conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc, float *out,
                            const int32_t *parent) {
     LUCE_OP("conv_silu");

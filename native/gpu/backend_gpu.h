@@ -57,6 +57,9 @@ public:
                             int n_head_kv, int head_dim, int n_rot, float theta, float eps) override;
     void attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask, int T,
                    int n_head, int n_head_kv, int head_dim, float *out) override;
+    void attention_sequences(const float *qg, const float *q_norm, float *q, float *k, const float *k_norm,
+                             const float *v, const int32_t *pos, const AttentionRows *seqs, int n, int n_head,
+                             int n_head_kv, int head_dim, int n_rot, float theta, float eps, float *out) override;
     void conv_silu(const float *x, float *state, const float *w, int T, int C, int Kc,
                    float *out, const int32_t *parent) override;
     void gated_delta_net(const float *conv, const float *b, const float *a, const float *ssm_a,

@@ -127,6 +127,16 @@ int64_t attention_scratch_bytes(int T, int n_head, int head_dim, int n_ctx);
 void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv, const int32_t *pos,
                const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim, float *out, void *scratch,
                int64_t scratch_bytes);
+// Backend::attention_sequences: the prologue and the attention of every sequence of a batched
+// causal step in one launch each (two with the split-KV merge), row t against its own sequence's
+// cache, with the bits of the per-sequence launches. attention_sequences_batch: whether the
+// sequences are such a batch (2..MAX_STEP of them, causal, in row order, slots at their positions,
+// caches of one format, n_ctx and window); the other steps go one sequence at a time.
+bool attention_sequences_batch(const AttentionRows *seqs, int n, const int32_t *pos);
+void attention_sequences(cudaStream_t stream, int warp, const float *qg, const float *q_norm, float *q, float *k,
+                         const float *k_norm, const float *v, const int32_t *pos, const AttentionRows *seqs, int n,
+                         int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps, float *out,
+                         void *scratch, int64_t scratch_bytes);
 
 // deltanet.cu
 void conv_silu(cudaStream_t stream, const float *x, float *state, const float *w, int T, int C, int Kc,

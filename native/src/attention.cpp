@@ -19,15 +19,8 @@ void attention_layer(Backend &be, const Hparams &hp, const AttentionWeights &w, 
                                        {&w.v, b.v, int64_t(Hkv) * D}};
     be.matmuls(b.cur, T, proj, 3);
     // Each sequence of the step against its own cache; rows r.. of every buffer are its rows.
-    const int64_t qg_w = 2 * int64_t(H) * D, q_w = int64_t(H) * D, kv_w = int64_t(Hkv) * D;
-    for (int i = 0; i < n_seqs; ++i) {
-        const AttentionRows &seq = seqs[i];
-        const int64_t r = seq.row0;
-        be.qk_norm_rope_store(b.qg + r * qg_w, w.q_norm.data(), b.q + r * q_w, b.k + r * kv_w, w.k_norm.data(),
-                              b.v + r * kv_w, *seq.kv, b.pos + r, seq.slot, seq.T, H, Hkv, D, hp.n_rot,
-                              hp.rope_theta, hp.rms_eps);
-        be.attention(b.q + r * q_w, *seq.kv, b.pos + r, seq.mask, seq.T, H, Hkv, D, b.attn + r * q_w);
-    }
+    be.attention_sequences(b.qg, w.q_norm.data(), b.q, b.k, w.k_norm.data(), b.v, b.pos, seqs, n_seqs, H, Hkv, D,
+                           hp.n_rot, hp.rope_theta, hp.rms_eps, b.attn);
     be.mul_sigmoid(b.attn, b.qg + D, 2 * D, T * H, D);  // gate_h sits right after q_h
     be.matmul(w.o, b.attn, T, b.mix, E);
 }

@@ -48,6 +48,16 @@ struct RecurrentRows {
     float *conv_state = nullptr, *ssm = nullptr, *ssm_history = nullptr;
 };
 
+// One sequence's rows [row0, row0 + T) of an attention step: k, v stored in kv at slot[t], keys
+// visible by position (mask null) or by mask.
+struct AttentionRows {
+    int64_t row0;
+    int T;
+    KvLayer *kv;
+    const int32_t *slot;
+    const uint8_t *mask;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -168,6 +178,23 @@ public:
     // j <= pos[t] when mask is null; otherwise mask[t * n_ctx + j] != 0 (tree verify).
     virtual void attention(const float *q, const KvLayer &kv, const int32_t *pos, const uint8_t *mask,
                            int T, int n_head, int n_head_kv, int head_dim, float *out) = 0;
+
+    // qk_norm_rope_store then attention for each of n sequences of a step: qg, q, k, v and out
+    // are the step's buffers and pos its positions, each sequence at its rows. The default runs
+    // the two ops per sequence; a backend may launch every sequence at once where each keeps the
+    // bits of its own ops.
+    virtual void attention_sequences(const float *qg, const float *q_norm, float *q, float *k, const float *k_norm,
+                                     const float *v, const int32_t *pos, const AttentionRows *seqs, int n, int n_head,
+                                     int n_head_kv, int head_dim, int n_rot, float theta, float eps, float *out) {
+        const int64_t qg_w = 2 * int64_t(n_head) * head_dim, q_w = int64_t(n_head) * head_dim,
+                      kv_w = int64_t(n_head_kv) * head_dim;
+        for (const AttentionRows *s = seqs; s < seqs + n; ++s) {
+            const int64_t r = s->row0;
+            qk_norm_rope_store(qg + r * qg_w, q_norm, q + r * q_w, k + r * kv_w, k_norm, v + r * kv_w, *s->kv, pos + r,
+                               s->slot, s->T, n_head, n_head_kv, head_dim, n_rot, theta, eps);
+            attention(q + r * q_w, *s->kv, pos + r, s->mask, s->T, n_head, n_head_kv, head_dim, out + r * q_w);
+        }
+    }
 
     // Gated DeltaNet -------------------------------------------------------------------------
     // Causal depthwise conv over time then SiLU. x [T][C] raw projections; state [Kc-1][C] holds

@@ -165,15 +165,6 @@ struct SegmentSpan {
 };
 SegmentSpan step_segments(Session &s, int T);
 
-// One sequence's rows [row0, row0 + T) of an attention step: k, v stored in kv at slot[t], keys
-// visible by position (mask null) or by mask.
-struct AttentionRows {
-    int64_t row0;
-    int T;
-    KvLayer *kv;
-    const int32_t *slot;
-    const uint8_t *mask;
-};
 // The gated attention of one full-attention layer with H query and Hkv kv heads over b.cur [T][E]
 // at positions b.pos into b.mix [T][E]: the projections over all T rows, then each sequence's rows
 // against its own cache. The target's layers (attention_mixer: one range per sequence of a batch)
