@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from luce.batch import ResultLog, generate_record, read_prompt_jobs, result_record
+from luce.batch import ResultLog, generate_record, generate_records, read_prompt_jobs, result_record
 from luce.engine import DEFAULT_CTX_SIZE, DEFAULT_MAX_TOKENS, DEVICES, KV_CACHE_TYPES, MAX_PARALLEL
 from luce.errors import LuceError
 
@@ -205,7 +205,7 @@ class Stream:
               help=f"With --prompts: N sequences in flight (1..{MAX_PARALLEL}), one forward per decode step over all "
                    "of them (continuous batching); 1 runs the prompts one after another. With --draft each "
                    "sequence drafts its own block and one forward verifies them all (chain drafting: not "
-                   "with --ddtree).")
+                   "with --ddtree). With --ray: N in flight on each worker.")
 @click.option("--prompt-ids", metavar="1,2,3", help="Raw prompt token ids (debugging, parity checks).")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=DEFAULT_MAX_TOKENS, show_default=True,
               help="Most tokens to generate.")
@@ -280,9 +280,8 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
         raise click.UsageError("--output goes with --prompts")
     if (ray_address is not None or ray_workers) and prompts_file is None:
         raise click.UsageError("--ray and --ray-workers spread a --prompts batch; give --prompts FILE.jsonl")
-    if parallel > 1 and (prompts_file is None or ray_address is not None):
-        raise click.UsageError("--parallel runs a --prompts batch in this process; give --prompts FILE.jsonl "
-                               "(without --ray)")
+    if parallel > 1 and prompts_file is None:
+        raise click.UsageError("--parallel runs a --prompts batch; give --prompts FILE.jsonl")
     if parallel > 1 and ddtree:
         raise click.UsageError("--ddtree does not combine with --parallel > 1 (a batch verifies chains only): "
                                "drop one of them")
@@ -331,7 +330,7 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
             from luce.ray_batch import RayBatch
 
             with RayBatch(model, None if ray_address == LOCAL_RAY else ray_address, ray_workers,
-                          engine_kwargs) as batch:
+                          engine_kwargs, parallel=parallel) as batch:
                 run_batch(batch.run, jobs, settings, log, as_json)
             return
         with open_engine(model, **engine_kwargs) as engine:
@@ -396,31 +395,12 @@ def run_in_order(engine, todo, settings: dict, write, progress) -> None:
 
 def run_parallel(engine, parallel: int, todo, settings: dict, write, progress) -> None:
     """--parallel N: the prompts through the engine's continuous batching, N sequences in flight;
-    each result is written as its sequence finishes (a finished slot takes the next prompt at once).
-    A prompt the engine refuses (empty, or longer than the context with -n) gets its error line
-    first and stays out of the batch."""
-    runnable, ids_list = [], []
-    for job in todo:
-        try:
-            ids = engine.encode_prompt(job.prompt, chat=settings["chat"])
-            engine.check_fits(ids, settings["max_tokens"])
-        except LuceError as e:
-            record = {"id": job.id, "index": job.index, "error": str(e)}
-            write(record)
-            progress(record)
-            continue
-        runnable.append(job)
-        ids_list.append(ids)
-    if not runnable:
-        return
-
-    def on_result(i: int, gen) -> None:
-        record = {"id": runnable[i].id, "index": runnable[i].index} | result_record(gen)
+    each result is written as its sequence finishes (luce.batch.generate_records)."""
+    def emit(record: dict) -> None:
         write(record)
         progress(record)
 
-    options = {key: value for key, value in settings.items() if key != "chat"}
-    engine.generate(prompt_ids=ids_list, parallel=min(parallel, len(ids_list)), on_result=on_result, **options)
+    generate_records(engine, todo, settings, parallel, emit)
 
 
 class BatchProgress:

@@ -144,3 +144,28 @@ def generate_record(engine, job: PromptJob, settings: dict) -> dict:
         return head | result_record(engine.generate(prompt=job.prompt, **settings))
     except LuceError as e:
         return head | {"error": str(e)}
+
+
+def generate_records(engine, jobs: list[PromptJob], settings: dict, parallel: int, emit) -> None:
+    """The jobs through the engine's continuous batching, `parallel` sequences in flight; emit(record)
+    as each sequence finishes (a finished slot takes the next prompt at once). A prompt the engine
+    refuses (empty, or longer than the context with its max_tokens) gets its error record first
+    and stays out of the batch."""
+    runnable, ids_list = [], []
+    for job in jobs:
+        try:
+            ids = engine.encode_prompt(job.prompt, chat=settings.get("chat", False))
+            engine.check_fits(ids, settings["max_tokens"])
+        except LuceError as e:
+            emit({"id": job.id, "index": job.index, "error": str(e)})
+            continue
+        runnable.append(job)
+        ids_list.append(ids)
+    if not runnable:
+        return
+
+    def on_result(i: int, gen) -> None:
+        emit({"id": runnable[i].id, "index": runnable[i].index} | result_record(gen))
+
+    options = {key: value for key, value in settings.items() if key != "chat"}
+    engine.generate(prompt_ids=ids_list, parallel=min(parallel, len(ids_list)), on_result=on_result, **options)

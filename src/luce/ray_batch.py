@@ -1,14 +1,16 @@
 """A prompt batch spread over a Ray cluster: one engine actor per GPU, or per CPU worker.
 
     from luce.ray_batch import RayBatch
-    with RayBatch(model, address=None, workers=0, engine_kwargs={...}) as batch:
+    with RayBatch(model, address=None, workers=0, engine_kwargs={...}, parallel=1) as batch:
         batch.run(jobs, settings, write=log.write, progress=bar.advance)
 
-The driver (this process) is the only writer of results: each actor generates one prompt at a
-time and hands the record back, and the driver writes it to the ResultLog (luce.batch) as it
-arrives. A worker that dies (its node lost, its process killed) fails only the prompt it held;
-the driver starts a replacement actor and queues that prompt again, so every prompt is answered
-exactly once. Every node must see the model (and drafter) at the same path, as with vLLM's Ray
+The driver (this process) is the only writer of results: each actor generates one chunk of
+prompts at a time and hands the records back, and the driver writes them to the ResultLog
+(luce.batch) as they arrive. With parallel 1 a chunk is one prompt; with parallel N it is
+CHUNK_PER_SLOT x N prompts, which the actor runs through its engine's continuous batching (N
+sequences in flight; as Ray Data's map_batches hands an actor a batch of rows). A worker that
+dies (its node lost, its process killed) fails only the chunk it held; the driver starts a
+replacement actor and queues that chunk again, so every prompt is answered exactly once. Every node must see the model (and drafter) at the same path, as with vLLM's Ray
 backend. Ray is an optional extra (`pip install luce[ray]`), imported only here.
 """
 from __future__ import annotations
@@ -34,18 +36,26 @@ class _EngineWorker:
 
         self.engine = Engine(model, **engine_kwargs)
 
-    def generate(self, job, settings: dict) -> dict:
-        from luce.batch import generate_record
+    def generate(self, jobs: list, settings: dict, parallel: int) -> list[dict]:
+        from luce.batch import generate_record, generate_records
 
-        return generate_record(self.engine, job, settings)
+        if parallel == 1:
+            return [generate_record(self.engine, job, settings) for job in jobs]
+        records = []
+        generate_records(self.engine, jobs, settings, parallel, records.append)
+        return records
 
 
 class RayBatch:
     """Actors on a Ray cluster (the module docstring tells the guarantees)."""
 
     MAX_RESTARTS = 8  # replacement actors before the batch gives up: a model that kills every worker
+    # Prompts per chunk and slot with parallel > 1: a chunk's batch drains at its end, so the
+    # slots idle for the last few prompts of each chunk; four per slot keeps that tail short and
+    # still spreads a file over the workers.
+    CHUNK_PER_SLOT = 4
 
-    def __init__(self, model: str, address: str | None, workers: int, engine_kwargs: dict):
+    def __init__(self, model: str, address: str | None, workers: int, engine_kwargs: dict, parallel: int = 1):
         self.ray = _ray()
         self._started_ray = not self.ray.is_initialized()
         if self._started_ray:
@@ -55,7 +65,7 @@ class RayBatch:
             except Exception as e:  # ray raises ConnectionError, RuntimeError, ValueError ...
                 raise LuceError(f"cannot start or join the Ray cluster{f' at {address}' if address else ''}: "
                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-        self.model, self.engine_kwargs = str(model), dict(engine_kwargs)
+        self.model, self.engine_kwargs, self.parallel = str(model), dict(engine_kwargs), parallel
         self.resources = self._actor_resources()
         self.workers = [self._start_worker() for _ in range(workers or self._default_workers())]
         self.restarts = 0
@@ -81,30 +91,34 @@ class RayBatch:
 
     def run(self, jobs, settings: dict, write, progress) -> None:
         """Generates every job; write(record) and progress(record) run in this process as each
-        result arrives, in completion order."""
-        queue, in_flight = deque(jobs), {}  # ObjectRef -> (worker, job)
+        chunk's results arrive, in completion order."""
+        jobs = list(jobs)
+        size = 1 if self.parallel == 1 else self.CHUNK_PER_SLOT * self.parallel
+        queue = deque(jobs[i:i + size] for i in range(0, len(jobs), size))
+        in_flight = {}  # ObjectRef -> (worker, chunk)
 
         def submit(worker):
-            job = queue.popleft()
-            in_flight[worker.generate.remote(job, settings)] = (worker, job)
+            chunk = queue.popleft()
+            in_flight[worker.generate.remote(chunk, settings, self.parallel)] = (worker, chunk)
 
         for worker in self.workers:
             if queue:
                 submit(worker)
         while in_flight:
             [ref], _ = self.ray.wait(list(in_flight), num_returns=1)
-            worker, job = in_flight.pop(ref)
+            worker, chunk = in_flight.pop(ref)
             try:
-                record = self.ray.get(ref)
+                records = self.ray.get(ref)
             except self.ray.exceptions.RayActorError as e:
                 worker = self._replace(worker, e)
-                queue.appendleft(job)  # the prompt it held runs again
-                record = None
+                queue.appendleft(chunk)  # the prompts it held run again
+                records = []
             except self.ray.exceptions.RayTaskError as e:
-                raise LuceError(f"prompt {job.id!r} failed on a Ray worker: {e.cause or e}") from None
+                raise LuceError(f"prompt {chunk[0].id!r}{' (or its chunk)' if len(chunk) > 1 else ''} failed on a "
+                                f"Ray worker: {e.cause or e}") from None
             if queue:
-                submit(worker)  # before writing: the worker starts its next prompt at once
-            if record is not None:
+                submit(worker)  # before writing: the worker starts its next chunk at once
+            for record in records:
                 write(record)
                 progress(record)
 
