@@ -156,6 +156,19 @@ luce_status luce_session_snapshot(const luce_session *session, luce_snapshot **o
 luce_status luce_session_restore(luce_session *session, const luce_snapshot *snapshot);
 void luce_snapshot_free(luce_snapshot *snapshot);
 
+/* The session's state in a file: what a disk prefix cache keeps of a prompt. Save writes the
+   attention layers' K and V rows of positions 0 .. n_past-1 (in the cache's own format) and every
+   DeltaNet layer's conv and recurrent state, tagged with the caller's identity bytes (0 .. 64;
+   e.g. a hash of the model and its settings), whole or not at all (a temporary file beside path,
+   renamed over it). Load replaces the session's state and n_past with a file's; it refuses
+   (LUCE_ERR_FORMAT) a file that is not a session state, has another format version or identity,
+   another KV cache type or rotation, or sizes this model's state does not have, before reading any
+   of its data; a read that fails past those checks leaves the session empty. */
+luce_status luce_session_state_save(const luce_session *session, const char *path, const uint8_t *identity,
+                                    int32_t identity_len);
+luce_status luce_session_state_load(luce_session *session, const char *path, const uint8_t *identity,
+                                    int32_t identity_len);
+
 /* ---- drafter -------------------------------------------------------------------------- */
 
 typedef struct luce_drafter luce_drafter;

@@ -144,6 +144,24 @@ LUCE_API luce_status luce_session_restore(luce_session *session, const luce_snap
 
 LUCE_API void luce_snapshot_free(luce_snapshot *snapshot) { delete snapshot; }
 
+LUCE_API luce_status luce_session_state_save(const luce_session *session, const char *path, const uint8_t *identity,
+                                             int32_t identity_len) {
+    return guard([&] {
+        require(session, "session");
+        require(path, "path");
+        luce::save_session_state(*session->s, path, identity, identity_len);
+    });
+}
+
+LUCE_API luce_status luce_session_state_load(luce_session *session, const char *path, const uint8_t *identity,
+                                             int32_t identity_len) {
+    return guard([&] {
+        require(session, "session");
+        require(path, "path");
+        luce::load_session_state(*session->s, path, identity, identity_len);
+    });
+}
+
 LUCE_API luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
                                        float *logits, int32_t n_logit_rows) {
     return guard([&] {

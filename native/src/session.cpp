@@ -115,15 +115,10 @@ void Session::reset() {
     n_past = 0;
 }
 
-namespace {
-
-// Element counts of the two state buffers of a recurrent layer.
 void state_sizes(const Hparams &hp, size_t &n_conv, size_t &n_ssm) {
     n_conv = size_t(hp.ssm_conv - 1) * size_t(hp.conv_channels());
     n_ssm = size_t(hp.ssm_hv) * size_t(hp.ssm_dv) * size_t(hp.ssm_dk);
 }
-
-}  // namespace
 
 void Session::snapshot(Snapshot &out) const {
     const Hparams &hp = model->hp;

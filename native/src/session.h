@@ -138,6 +138,11 @@ struct Session {
 
 // Zeroes the conv and delta-rule state of every recurrent layer (a sequence starting afresh).
 void clear_recurrent_state(const Model &m, std::vector<RecurrentState> &recurrent);
+// Element counts of the two state buffers of a recurrent layer (conv window, delta-rule state).
+void state_sizes(const Hparams &hp, size_t &n_conv, size_t &n_ssm);
+// A session's state in a file (session_file.cpp; luce.h luce_session_state_save / _load).
+void save_session_state(const Session &s, const char *path, const uint8_t *identity, int identity_len);
+void load_session_state(Session &s, const char *path, const uint8_t *identity, int identity_len);
 
 // PREFILL_STEP, or LUCE_PREFILL_STEP when set (an integer in MAX_STEP..MAX_PREFILL_STEP).
 int prefill_step_setting();

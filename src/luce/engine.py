@@ -339,15 +339,30 @@ class Engine:
 
     # -- logits ------------------------------------------------------------------------------
 
-    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Logits of every position of `token_ids` from an empty context: [n, n_vocab] float32."""
+    def logits(self, token_ids: Sequence[int], *, state: str | os.PathLike | None = None,
+               identity: bytes = b"") -> np.ndarray:
+        """Logits of every position of `token_ids`: [n, n_vocab] float32. From an empty context,
+        or after the tokens of a session state file (`state`, written by save_state with the same
+        `identity`)."""
         ids = self._ids_array(token_ids)
         session = self._live_session()
         check(lib().luce_session_reset(session))
+        if state is not None:
+            check(lib().luce_session_state_load(session, os.fsencode(state), identity, len(identity)))
         out = np.empty((len(ids), self.info.n_vocab), dtype=np.float32)
         check(lib().luce_session_eval(session, ffi.from_buffer("int32_t[]", ids), len(ids),
                                       ffi.from_buffer("float[]", out), len(ids)))
         return out
+
+    def save_state(self, token_ids: Sequence[int], path: str | os.PathLike, *, identity: bytes = b"") -> None:
+        """Evaluates `token_ids` from an empty context and writes the session's state after them
+        to `path` (the attention KV rows and the DeltaNet state; luce.h luce_session_state_save):
+        whole or not at all. `identity` (up to 64 bytes) tags the file; loading it needs the same."""
+        ids = self._ids_array(token_ids)
+        session = self._live_session()
+        check(lib().luce_session_reset(session))
+        check(lib().luce_session_eval(session, ffi.from_buffer("int32_t[]", ids), len(ids), ffi.NULL, 0))
+        check(lib().luce_session_state_save(session, os.fsencode(path), identity, len(identity)))
 
     def hidden_states(self, token_ids: Sequence[int], layers: Sequence[int]) -> np.ndarray:
         """Outputs of the given main layers (residual stream before the final norm) at every
