@@ -124,6 +124,9 @@ def print_stats(stats: dict) -> None:
     table.add_column(justify="right")
     table.add_row("prompt tokens", str(stats["prompt_tokens"]), f"prefill {stats['prefill_tok_s']:9.1f} tok/s")
     table.add_row("generated tokens", str(stats["generated_tokens"]), f"decode  {stats['decode_tok_s']:9.1f} tok/s")
+    if "prompt_cached_tokens" in stats:  # prompt tokens above: those prefilled after the cache's part
+        table.add_row("prompt cache", f"{stats['prompt_cached_tokens']} loaded",
+                      f"load + head + store {stats['prompt_cache_seconds']:.3f}s")
     if "tau" in stats:  # speculative run
         table.add_row("draft steps", f"{stats['spec_steps']} (+{stats['plain_steps']} plain)",
                       f"tau {stats['tau']:.2f}, block {stats['block_size']}"
@@ -236,6 +239,10 @@ class Stream:
 @click.option("--fa-window", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Full-attention layers see only the last N positions (0: all; at least 64). "
               "The first prompt longer than N is named in one warning on stderr.")
+@click.option("--prompt-cache", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Keep each prompt's head (its last whole 256-token block) on disk in DIR; a later prompt "
+              "that starts with a kept head loads it and prefills only the rest. Plain decoding, one sequence "
+              "at a time (not with --draft or --parallel > 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt and nothing else.")
 @click.option("--draft", type=DraftSource(), metavar="DRAFTER.gguf|mtp",
               help="Speculative decoding with this DFlash / DFlash 2 / DSpark drafter (checked like luce inspect), "
@@ -256,7 +263,7 @@ class Stream:
               help="From this many committed tokens, verify at most max(8, block/2) rows (0: never cap).")
 def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_address, ray_workers, parallel, prompt_ids, max_tokens, temperature, top_k,
             top_p, seed, ignore_eos, chat, device, threads, ctx_size, cache_type_k, cache_type_v, kv_rotate, fa_window,
-            as_json,
+            prompt_cache, as_json,
             draft, draft_block_size, ddtree, ddtree_budget, no_adaptive, dspark_confidence_threshold, verify_cap):
     """Generate text with a qwen35 target model, plain or speculative (--draft).
 
@@ -285,6 +292,9 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
     if parallel > 1 and ddtree:
         raise click.UsageError("--ddtree does not combine with --parallel > 1 (a batch verifies chains only): "
                                "drop one of them")
+    if prompt_cache is not None and (draft is not None or parallel > 1):
+        raise click.UsageError("--prompt-cache goes with plain decoding one sequence at a time: "
+                               "drop --draft / --parallel, or the cache")
     if ray_workers and ray_address is None:
         raise click.UsageError("--ray-workers goes with --ray")
     if resume and output_file is None:
@@ -321,7 +331,8 @@ def command(model, prompt, prompt_file, prompts_file, output_file, resume, ray_a
                         adaptive=not no_adaptive, dspark_confidence_threshold=dspark_confidence_threshold,
                         verify_cap_from=verify_cap if verify_cap > 0 else -1)
     engine_kwargs = dict(device=device, threads=threads, ctx_size=ctx_size, draft=draft, cache_type_k=cache_type_k,
-                         cache_type_v=cache_type_v, kv_rotate=kv_rotate, fa_window=fa_window)
+                         cache_type_v=cache_type_v, kv_rotate=kv_rotate, fa_window=fa_window,
+                         prompt_cache=prompt_cache)
     warnings.showwarning = lambda message, *_: click.secho(f"warning: {message}", err=True, fg="yellow")
     # an --output that would lose results is refused before the model load, too
     log = ResultLog(output_file, resume=resume) if output_file is not None else None

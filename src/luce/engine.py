@@ -25,6 +25,7 @@ this target, drafter and device, so the next run's policy starts from them.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -143,8 +144,12 @@ class Engine:
                  cache_type_k: str | None = None, cache_type_v: str | None = None, kv_rotate: bool = False,
                  fa_window: int = 0,
                  draft: str | os.PathLike | None = None,
+                 prompt_cache: str | os.PathLike | None = None,
                  progress: Callable[[int, int], None] | None = None):
         kv_type = kv_type_argument(cache_type_k or kv_cache, cache_type_v or kv_cache, kv_rotate)
+        if prompt_cache is not None and draft is not None:
+            raise LuceError("a prompt cache does not combine with a drafter yet: speculative decoding needs the "
+                            "target's features of the whole prompt")
         if device not in DEVICES:
             raise LuceError(f"unknown device '{device}' (choose from {', '.join(DEVICES)})")
         if not isinstance(threads, int) or threads < 0:
@@ -197,6 +202,15 @@ class Engine:
                 self.close()
                 raise
         self._kv_type = kv_type
+        self._prompt_cache = None
+        if prompt_cache is not None:
+            from luce.prompt_cache import PromptCache, identity
+
+            try:
+                self._prompt_cache = PromptCache(prompt_cache, identity(self.path, f"kv_type {kv_type}"))
+            except BaseException:
+                self.close()
+                raise
         if draft is not None:
             mtp = str(draft) == MTP_DRAFT
             try:
@@ -452,6 +466,11 @@ class Engine:
         block, block_auto = _block_size_param(draft_block_size)
         session = self._live_session()
         check(lib().luce_session_reset(session))
+        n_prompt, cached, cache_seconds = len(ids), 0, 0.0
+        if self._prompt_cache is not None:
+            t0 = time.perf_counter()
+            ids, cached = self._prefill_from_cache(session, ids)
+            cache_seconds = time.perf_counter() - t0
 
         stop = self._stop_ids() if not ignore_eos else []
         stop_buf = ffi.new("int32_t[]", stop or [0])
@@ -506,11 +525,38 @@ class Engine:
         result = _stats_dict(stats, speculative_run)
         if speculative_run:
             self._store_costs(prior, result)
+        if self._prompt_cache is not None:  # the native counts cover the tokens luce_generate prefilled
+            result.update(prompt_cached_tokens=cached, prompt_cache_seconds=cache_seconds)
         return Generation(text=self.tokenizer.decode(tokens) if tokens else "", tokens=tokens,
-                          prompt_tokens=len(ids),
+                          prompt_tokens=n_prompt,
                           stats=result | self._memory_stats()
                           | ({"adaptive": bool(adaptive), "costs_from_cache": prior is not None}
                              if speculative_run else {}))
+
+    def _prefill_from_cache(self, session, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """The prompt cache's part of a prefill (luce.prompt_cache): loads the longest cached head
+        of the prompt (all of it but the last token, whose logits luce_generate needs), evaluates
+        the prompt up to its last whole block and stores that head. Returns the ids left for
+        luce_generate and the number of prompt tokens the cache gave."""
+        from luce.prompt_cache import BLOCK
+
+        cache, n = self._prompt_cache, 0
+        hit = cache.lookup(ids[:-1])
+        if hit is not None:
+            try:
+                check(lib().luce_session_state_load(session, os.fsencode(hit[0]), cache.tag, len(cache.tag)))
+                n = hit[1]
+            except LuceError:  # cut short, or written by another luce: prefill in full
+                cache.drop(hit[0])
+                check(lib().luce_session_reset(session))
+        head = (len(ids) - 1) // BLOCK * BLOCK
+        if head > n:
+            rest = np.ascontiguousarray(ids[n:head], dtype=np.int32)
+            check(lib().luce_session_eval(session, ffi.from_buffer("int32_t[]", rest), len(rest), ffi.NULL, 0))
+            cache.store(ids[:head], lambda path: check(lib().luce_session_state_save(
+                session, os.fsencode(path), cache.tag, len(cache.tag))))
+            return ids[head:], n
+        return ids[n:], n
 
     def _warn_fa_window(self, n_prompt: int) -> None:
         """The first prompt that outgrows fa_window: one FaWindowWarning naming both numbers (its
