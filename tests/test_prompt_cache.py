@@ -80,6 +80,17 @@ def test_a_damaged_entry_is_dropped_and_the_prompt_prefilled(tmp_path, plain):
         assert eng.generate(PROMPT, **RUN).stats["prompt_cached_tokens"] == 768
 
 
+def test_a_head_that_cannot_be_stored_costs_the_cache_not_the_answer(tmp_path, plain):
+    from luce.engine import PromptCacheWarning
+
+    with Engine(TARGET, threads=2, ctx_size=2048, prompt_cache=tmp_path / "cache") as eng:
+        for entry in (tmp_path / "cache").iterdir():  # the identity folder gone: nowhere to write
+            entry.rmdir()
+        with pytest.warns(PromptCacheWarning, match="could not store this prompt's head"):
+            g = eng.generate(PROMPT, **RUN)
+    assert g.tokens == plain[PROMPT][0]
+
+
 def test_a_prompt_cache_with_a_drafter_is_refused():
     with pytest.raises(LuceError, match="does not combine with a drafter"):
         Engine(TARGET, prompt_cache="unused", draft="mtp")

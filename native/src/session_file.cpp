@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -114,7 +115,7 @@ void save_session_state(const Session &s, const char *path, const uint8_t *ident
 
     // Written beside the target and renamed over it: a reader sees the whole file or none, and
     // two writers of one path never interleave.
-    static int counter = 0;
+    static std::atomic<int> counter{0};
     const std::string tmp = std::string(path) + ".partial-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
     try {
         File f(tmp, "wb");

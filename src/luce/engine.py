@@ -138,6 +138,11 @@ def kv_type_argument(type_k: str, type_v: str, rotate: bool) -> int:
             | (lib().LUCE_KV_ROTATE if rotate else 0))
 
 
+class PromptCacheWarning(UserWarning):
+    """The prompt cache could not store a head (disk full, folder removed): the generation goes
+    on without it."""
+
+
 class Engine:
     def __init__(self, model: str | os.PathLike, *, device: str = "cpu", threads: int = 0,
                  ctx_size: int = DEFAULT_CTX_SIZE, kv_cache: str = "f32",
@@ -553,8 +558,12 @@ class Engine:
         if head > n:
             rest = np.ascontiguousarray(ids[n:head], dtype=np.int32)
             check(lib().luce_session_eval(session, ffi.from_buffer("int32_t[]", rest), len(rest), ffi.NULL, 0))
-            cache.store(ids[:head], lambda path: check(lib().luce_session_state_save(
-                session, os.fsencode(path), cache.tag, len(cache.tag))))
+            try:
+                cache.store(ids[:head], lambda path: check(lib().luce_session_state_save(
+                    session, os.fsencode(path), cache.tag, len(cache.tag))))
+            except (LuceError, OSError) as e:  # a full disk costs the cache, not the answer
+                warnings.warn(PromptCacheWarning(f"the prompt cache could not store this prompt's head: "
+                                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"))
             return ids[head:], n
         return ids[n:], n
 
