@@ -1,4 +1,4 @@
-"""The GPU's own weight layouts (docs/gpu.md): the upload rewrites IQ4_XS and Q6_K blocks in place
+"""The GPU's own weight layouts (docs/gpu.md): the upload rewrites IQ4_XS, IQ4_NL and Q6_K blocks in place
 (native/gpu/quant_blocks.cuh) so the kernels decode them with fewer instructions. The values must
 stay GGUF's to the bit. tests/native/gpu_layouts.cu runs the device's conversion and its
 dequantizer of the converted bytes on the host; here they meet gguf's own dequantization of the
@@ -42,7 +42,7 @@ def _random_blocks(qtype: Q, n_blocks: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, (n_blocks, block_bytes), dtype=np.uint8)
     d = rng.uniform(-2.0, 2.0, n_blocks).astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
-    at = 0 if qtype == Q.IQ4_XS else block_bytes - 2  # where the block's f16 d sits
+    at = 0 if qtype in (Q.IQ4_XS, Q.IQ4_NL) else block_bytes - 2  # where the block's f16 d sits
     blocks[:, at:at + 2] = d  # a finite scale: random bytes may spell inf or NaN
     return blocks
 
@@ -52,7 +52,7 @@ def _through_gpu_layout(program: Path, name: str, blocks: np.ndarray) -> np.ndar
     return np.frombuffer(out, dtype=np.float32)
 
 
-@pytest.mark.parametrize("qtype, name", [(Q.IQ4_XS, "iq4_xs"), (Q.Q6_K, "q6_k")])
+@pytest.mark.parametrize("qtype, name", [(Q.IQ4_XS, "iq4_xs"), (Q.IQ4_NL, "iq4_nl"), (Q.Q6_K, "q6_k")])
 def test_gpu_layout_keeps_gguf_values(program, qtype, name):
     blocks = _random_blocks(qtype, 257, seed=int(qtype))
     want = dequantize(blocks, qtype).reshape(-1).astype(np.float32)

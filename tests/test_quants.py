@@ -27,12 +27,11 @@ from luce.errors import LuceError
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import synthetic_qwen35 as synth  # noqa: E402
 
-# The 32-element legacy types and IQ4_NL run the scalar reference with fp32 activations (no int8
-# kernel yet); the 1-3-bit types a scalar kernel over int8 activations (quants.cpp, matmul_rows_lowbit).
+# The 32-element legacy types and IQ4_NL take int8 activations in blocks of 32, as Q8_0 does.
 BLOCK32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL]
 LOWBIT = [T.Q2_K, T.Q3_K, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]
 SUPPORTED = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS] + BLOCK32 + LOWBIT
-QUANTIZED = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS] + LOWBIT  # over int8 activations
+QUANTIZED = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS] + BLOCK32 + LOWBIT  # over int8 activations
 # libgguf reproduces llama.cpp's quantizers for these (gguf-py cannot quantize them).
 LIBGGUF_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.IQ4_NL] + LOWBIT
 
@@ -211,7 +210,7 @@ def assert_matmul_close(qtype: T, raw: np.ndarray, w64: np.ndarray, x: np.ndarra
 def activation_rounding_bound(qtype: T, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """|w @ x_kernel - w @ x| <= sum_b d_b/2 * sum_{i in b} |w_i| (|x - d q| <= d/2 per value,
     1% slack for d itself being an fp32 quotient)."""
-    blk = 32 if qtype == T.Q8_0 else 256
+    blk = ACT_BLOCK[qtype.name]
     n_tok, n = x.shape
     d = np.abs(x).reshape(n_tok, n // blk, blk).max(axis=2) / 127  # [n_tok, blocks]
     wsum = np.abs(w).reshape(w.shape[0], n // blk, blk).sum(axis=2)  # [rows, blocks]
@@ -299,11 +298,11 @@ def test_matmul_random_blocks_close_to_float64(qtype, n_rows, n_cols, n_tok, ker
     assert_matmul_close(qtype, raw, w64, x)
 
 
-@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q8_0, *BLOCK32], ids=lambda t: t.name)
 def test_matmul_rows_not_multiple_of_256(qtype, kernel_level):
     """Row lengths that are a multiple of the block but not of 256 (tails of every loop)."""
     rng = np.random.default_rng(77 + int(qtype))
-    n_rows, n_cols = 9, 32 * 13 if qtype == T.Q8_0 else 301
+    n_rows, n_cols = 9, 32 * 13 if qtype in [T.Q8_0, *BLOCK32] else 301
     block, _ = GGML_QUANT_SIZES[qtype]
     raw = matmul_raw(qtype, n_rows * n_cols // block, rng)
     w64 = gguf_dequantize(raw, qtype).reshape(n_rows, n_cols).astype(np.float64)
@@ -337,11 +336,16 @@ def test_matmul_many_rows_run_in_row_blocks(qtype, kernel_level):
     assert_matmul_close(qtype, raw, w64, rng.standard_normal((6, n_cols)).astype(np.float32))
 
 
-@pytest.mark.parametrize("qtype", LIBGGUF_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", LIBGGUF_TYPES + GGUF_PY_QUANTIZED[1:], ids=lambda t: t.name)
 def test_matmul_llama_cpp_quantized_close_to_float64(qtype, kernel_level):
     rng = np.random.default_rng(3000 + int(qtype))
     w = realistic_rows(48, 1536, rng)
-    raw = libgguf_quantize(w, qtype)
+    if qtype in GGUF_PY_QUANTIZED:
+        from gguf.quants import quantize as gguf_quantize
+
+        raw = gguf_quantize(w, qtype).reshape(-1)
+    else:
+        raw = libgguf_quantize(w, qtype)
     w64 = gguf_dequantize(raw, qtype).reshape(w.shape).astype(np.float64)
     for n_tok in (1, 4, 32):
         x = rng.standard_normal((n_tok, w.shape[1])).astype(np.float32)

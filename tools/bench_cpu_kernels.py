@@ -25,7 +25,7 @@ from luce.binding import check, ffi, lib
 # Byte offsets of each type's f16 scale fields inside one block (set to 1.0 so no Inf/NaN runs).
 F16_FIELDS = {"Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q2_K": [80, 82],
               "Q3_K": [108], "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0],
-              "IQ1_S": [0], "IQ1_M": []}
+              "IQ1_S": [0], "IQ1_M": [], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0]}
 ONE_F16 = (0x00, 0x3C)
 
 
@@ -61,9 +61,11 @@ def time_matmul(name: str, raw: np.ndarray, rows: int, cols: int, n_tok: int, re
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--types", default="IQ4_XS,Q4_K,Q8_0,Q2_K,Q3_K,IQ2_XXS,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S,IQ1_S,IQ1_M")
+    ap.add_argument("--types", default="IQ4_XS,Q4_K,Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,IQ4_NL,Q2_K,Q3_K,IQ2_XXS,IQ2_XS,"
+                                       "IQ2_S,IQ3_XXS,IQ3_S,IQ1_S,IQ1_M")
     ap.add_argument("--tokens", default="1,16", help="token counts (1 = decode, more = prefill/verify)")
-    ap.add_argument("--levels", default="auto", help="LUCE_CPU_KERNELS caps: auto,scalar,avx2,avx512")
+    ap.add_argument("--levels", default="auto",
+                    help="LUCE_CPU_KERNELS caps: auto,scalar,avx2,avx512, or exact (fp32 activations, the reference)")
     ap.add_argument("--shape", default="2048x4096", help="rows x columns (columns a multiple of 256)")
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()

@@ -132,8 +132,32 @@ struct alignas(16) Unit {  // 16-aligned: copied to shared memory as three 16-by
 // words around them and shifted into place by decode_unit (`shift` 0 or 16). (Q6_K's 210-byte
 // blocks are rearranged at upload so that its units are word-aligned: quant_blocks.cuh.)
 template <int TYPE, bool LOWBIT = is_lowbit_type(TYPE)>
-struct RawUnit {  // Q8_0: f16 d; i8 qs[32]
+struct RawUnit {  // Q8_0: f16 d; i8 qs[32] (34 bytes, 2-byte aligned: the nine words around them)
     uint32_t w[9], shift;
+};
+// The legacy 32-element types (one block per unit, spec/qwen35.md §4). Q4_0 / IQ4_NL (f16 d;
+// u8 qs[16]: 18 bytes) and Q5_0 (f16 d; u32 qh; u8 qs[16]: 22 bytes) are only 2-byte aligned:
+// the words around them, as Q8_0. Q4_1 (f16 d, f16 m; qs: 20 bytes) and Q5_1 (d, m, qh, qs: 24)
+// are word-aligned from an aligned tensor.
+template <>
+struct RawUnit<GGML_Q4_0> {
+    uint32_t w[5], shift;
+};
+template <>
+struct RawUnit<GGML_IQ4_NL> {
+    uint32_t w[5], shift;
+};
+template <>
+struct RawUnit<GGML_Q5_0> {
+    uint32_t w[6], shift;
+};
+template <>
+struct RawUnit<GGML_Q4_1> {
+    uint32_t w[5];
+};
+template <>
+struct RawUnit<GGML_Q5_1> {
+    uint32_t w[6];
 };
 template <int TYPE>
 struct RawUnit<TYPE, true> {  // the 1-3-bit types: their block and the unit in it, read by decode_unit
@@ -185,15 +209,17 @@ struct RawUnit<GGML_IQ4_XS> {  // f16 d, u16 scales_h, u8 scales_l[4]; the unit'
 
 __device__ __forceinline__ uint16_t u16_at(const uint8_t *p) { return *reinterpret_cast<const uint16_t *>(p); }
 
-// The nine aligned words around the 2-byte-aligned 34 bytes at p: [p & ~3, (p & ~3) + 36). When
-// p is 4-aligned the last word would reach 2 bytes past the run, so only its first half is read
-// there (the run may end the tensor).
-__device__ __forceinline__ uint32_t fetch_words_a2(const uint8_t *p, uint32_t (&w)[9]) {
+// The N aligned words around the 2-byte-aligned 4N - 2 bytes at p (a block of Q8_0, Q4_0,
+// IQ4_NL or Q5_0): [p & ~3, (p & ~3) + 4N). When p is 4-aligned the last word would reach 2 bytes
+// past the run, so only its first half is read there (the run may end the tensor). Word i of the
+// block (its bytes 4i .. 4i + 3) is then word_a2(w, shift, i).
+template <int N>
+__device__ __forceinline__ uint32_t fetch_words_a2(const uint8_t *p, uint32_t (&w)[N]) {
     const uint32_t shift = (reinterpret_cast<uintptr_t>(p) & 2) ? 16u : 0u;
     const uint32_t *a = reinterpret_cast<const uint32_t *>(p - shift / 8);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = a[i];
-    w[8] = !shift ? uint32_t(*reinterpret_cast<const uint16_t *>(a + 8)) : a[8];
+    for (int i = 0; i < N - 1; ++i) w[i] = a[i];
+    w[N - 1] = !shift ? uint32_t(*reinterpret_cast<const uint16_t *>(a + N - 1)) : a[N - 1];
     return shift;
 }
 
@@ -259,8 +285,12 @@ __host__ __device__ constexpr int group_bytes(int type) { return block_bytes(typ
 // Unit j (0..SLOTS-1) of the group at g.
 template <int TYPE>
 __device__ __forceinline__ void fetch_group_unit(const uint8_t *g, int j, RawUnit<TYPE> &r) {
-    if constexpr (TYPE == GGML_Q8_0) {
-        r.shift = fetch_words_a2(g + 34 * j, r.w);
+    if constexpr (TYPE == GGML_Q8_0 || TYPE == GGML_Q4_0 || TYPE == GGML_IQ4_NL || TYPE == GGML_Q5_0) {
+        r.shift = fetch_words_a2(g + block_bytes(TYPE) * j, r.w);
+    } else if constexpr (TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1) {
+        const uint32_t *w = reinterpret_cast<const uint32_t *>(g + block_bytes(TYPE) * j);
+#pragma unroll
+        for (int i = 0; i < int(sizeof(r.w) / 4); ++i) r.w[i] = w[i];
     } else if constexpr (TYPE == GGML_Q4_K || TYPE == GGML_Q5_K) {
         // 144- and 176-byte blocks from an aligned base: every field below is 16-byte aligned.
         const int c = j / 2;
@@ -369,7 +399,68 @@ __device__ __forceinline__ void decode_fetched_lowbit(const RawUnit<TYPE> &r, in
     }
 }
 
-// cb: the IQ4_NL codebook (load_codebook), used by IQ4_XS only. u >= 0: `u & 7` is its unit in
+// The words of a block fetched by fetch_words_a2 (v[i]: its bytes 4i .. 4i + 3; the last holds 2).
+template <int N>
+__device__ __forceinline__ void block_words_a2(const uint32_t (&w)[N], uint32_t shift, uint32_t (&v)[N]) {
+#pragma unroll
+    for (int i = 0; i < N - 1; ++i) v[i] = word_a2(w, shift, i);
+    v[N - 1] = w[N - 1] >> shift;
+}
+
+// Whether `type` is one of the legacy 32-element types with 4-bit codes (Q4_0, Q4_1, Q5_0, Q5_1,
+// IQ4_NL): one weight block and one activation block per unit.
+__host__ __device__ constexpr bool legacy_4bit(int type) {
+    return type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q5_0 || type == GGML_Q5_1 || type == GGML_IQ4_NL;
+}
+
+// A legacy block's 32 codes in element order from its four qs words (GGUF order: byte m holds
+// element m in its low nibble and m + 16 in its high one), each with its 5th bit from qh (bit e:
+// element e) for Q5_0 / Q5_1: 0..15, or 0..31.
+template <bool FIVE>
+__device__ __forceinline__ void legacy_codes(const uint32_t (&qs)[4], uint32_t qh, uint32_t (&q)[8]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q[i] = qs[i] & 0x0F0F0F0Fu, q[i + 4] = (qs[i] >> 4) & 0x0F0F0F0Fu;
+    if constexpr (FIVE) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] |= ((((qh >> (4 * i)) & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
+    }
+}
+
+// Unit (= block) of a legacy type: the codes as integers (Q4_0 / Q5_0 keep q, their -8 / -16
+// comes in through the activation sums as Q6_K's -32 does), d, and Q4_1 / Q5_1's m in dmin.
+// IQ4_NL's codes are in the GPU layout (repack_weights, matmul.cu), looked up as IQ4_XS's.
+template <int TYPE>
+__device__ __forceinline__ void decode_legacy(const RawUnit<TYPE> &r, const Codebook &cb, Unit &un) {
+    constexpr int N = sizeof(r.w) / 4;
+    uint32_t v[N];
+    if constexpr (TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = r.w[i];
+        un.s.dmin = f16_bits(v[0] >> 16);
+    } else {
+        block_words_a2(r.w, r.shift, v);
+    }
+    un.s.d = f16_bits(v[0] & 0xFFFF);
+    uint32_t qs[4], qh = 0;
+    if constexpr (TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1) {  // qs at byte 4 or 8: words 1..4 or 2..5
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qs[i] = v[N - 4 + i];
+        if constexpr (TYPE == GGML_Q5_1) qh = v[1];
+    } else {  // qs at byte 2 (Q4_0, IQ4_NL) or 6 (Q5_0, after qh at 2)
+        constexpr int k = TYPE == GGML_Q5_0 ? 1 : 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qs[i] = (v[k + i] >> 16) | (v[k + i + 1] << 16);
+        if constexpr (TYPE == GGML_Q5_0) qh = (v[0] >> 16) | (v[1] << 16);
+    }
+    if constexpr (TYPE == GGML_IQ4_NL) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) lookup8(cb, qs[i], un.q[2 * i], un.q[2 * i + 1]);
+    } else {
+        legacy_codes<TYPE == GGML_Q5_0 || TYPE == GGML_Q5_1>(qs, qh, un.q);
+    }
+}
+
+// cb: the IQ4_NL codebook (load_codebook), used by IQ4_XS and IQ4_NL only. u >= 0: `u & 7` is its unit in
 // the block, which a kernel's units SLOTS k + slot make a loop-invariant `slot & 7` (`u % 8` of a
 // signed u was five instructions a unit, in the loop).
 template <int TYPE>
@@ -378,11 +469,12 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
         // Bytes 0-1: d; 2-33: qs. With the run's word j = word_a2(j), qs word i is the upper half
         // of word i and the lower half of word i + 1.
         uint32_t v[9];
-#pragma unroll
-        for (int i = 0; i < 9; ++i) v[i] = i < 8 ? word_a2(r.w, r.shift, i) : (r.w[8] >> r.shift);
+        block_words_a2(r.w, r.shift, v);
         un.s.d = f16_bits(v[0] & 0xFFFF);
 #pragma unroll
         for (int i = 0; i < 8; ++i) un.q[i] = (v[i] >> 16) | (v[i + 1] << 16);
+    } else if constexpr (legacy_4bit(TYPE)) {
+        decode_legacy<TYPE>(r, cb, un);
     } else if constexpr (TYPE == GGML_Q4_K || TYPE == GGML_Q5_K) {
         // Sub-block j = nibble hi = j % 2 of qs[32c + l], c = j / 2; Q5_K's 5th bit is bit j of
         // qh[l]; scale and min: 6-bit fields of scales[12] (spec/qwen35.md §4, get_scale_min_k4).
@@ -433,9 +525,16 @@ __device__ __forceinline__ void decode_unit(const RawUnit<TYPE> &r, int u, const
     }
 }
 
-// The types whose units subtract a min times the activations' sum (d sc q - dmin m).
+// The types whose units apply a min times the activations' sum: d sc q - dmin m (Q4_K, Q5_K,
+// Q2_K), d q + m (Q4_1, Q5_1: m kept in dmin).
 __host__ __device__ constexpr bool has_min(int type) {
-    return type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q2_K;
+    return type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q2_K || type == GGML_Q4_1 || type == GGML_Q5_1;
+}
+
+// The types whose units read the activations' 16-sums: those with a min, and those whose codes
+// are kept unsigned with a zero point (Q6_K's 32, Q4_0's 8, Q5_0's 16).
+__host__ __device__ constexpr bool uses_act_sums(int type) {
+    return has_min(type) || type == GGML_Q6_K || type == GGML_Q4_0 || type == GGML_Q5_0;
 }
 
 // The types whose unit's two 16-element halves carry scales of their own: their integer dots are
@@ -453,8 +552,14 @@ __device__ __forceinline__ float apply_scaled_dots(const UnitScales &us, float s
     if constexpr (TYPE == GGML_Q6_K) {  // q kept 0..63: the -32 comes in through the sums
         acc = fmaf(sd, float(us.sc0 * (lo - 32 * sum_lo)), acc);
         return fmaf(sd, float(us.sc1 * (hi - 32 * sum_hi)), acc);
-    } else if constexpr (TYPE == GGML_Q8_0) {
+    } else if constexpr (TYPE == GGML_Q8_0 || TYPE == GGML_IQ4_NL) {
         return fmaf(sd, float(lo + hi), acc);
+    } else if constexpr (TYPE == GGML_Q4_0 || TYPE == GGML_Q5_0) {  // d (q - z) . x, z = 8 or 16
+        constexpr int zero = TYPE == GGML_Q4_0 ? 8 : 16;
+        return fmaf(sd, float(lo + hi - zero * (sum_lo + sum_hi)), acc);
+    } else if constexpr (TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1) {  // d (q . x) + m (sum x)
+        acc = fmaf(sd, float(lo + hi), acc);
+        return fmaf(smin, float(sum_lo + sum_hi), acc);
     } else if constexpr (TYPE == GGML_IQ4_XS) {
         return fmaf(sd, float(us.sc0 * (lo + hi)), acc);
     } else if constexpr (TYPE == GGML_Q2_K) {  // d (sc q . x) - dmin (m sum x), per half

@@ -128,17 +128,19 @@ __global__ void get_rows_kernel(const uint8_t *w, int64_t row_bytes, int n_in, c
         if (i < n_valid) dst[i] = wv[i];
 }
 
-// The GPU's IQ4_XS layout, in place: each sub-block's 16 code bytes re-paired so byte m holds
-// elements 2m (low nibble) and 2m + 1 (high nibble), GGUF's holding m and m + 16, and every code
-// renumbered (iq4_gpu_code, quant_blocks.cuh). A lookup of four bytes then yields eight
-// consecutive values with no permute to separate the halves, two permutes per four codes
-// (int8_units.cuh, lookup8). One thread per 32-element unit; d and the scales stay in place.
-__global__ void repack_iq4_xs_kernel(uint8_t *w, int64_t n_units) {
+// The GPU's IQ4_XS / IQ4_NL layout, in place: each 32-element unit's 16 code bytes re-paired so
+// byte m holds elements 2m (low nibble) and 2m + 1 (high nibble), GGUF's holding m and m + 16,
+// and every code renumbered (iq4_gpu_code, quant_blocks.cuh). A lookup of four bytes then yields
+// eight consecutive values with no permute to separate the halves, two permutes per four codes
+// (int8_units.cuh, lookup8). One thread per unit; d and the scales stay in place.
+template <int TYPE>
+__global__ void repack_iq4_kernel(uint8_t *w, int64_t n_units) {
     wait_for_inputs();
     const int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (u >= n_units) return;
-    constexpr int BLOCK = block_bytes(GGML_IQ4_XS);  // f16 d, u16 scales_h, u8 scales_l[4], qs[128]
-    uint8_t *qs = w + BLOCK * (u / 8) + 8 + 16 * (u % 8);
+    // IQ4_XS: f16 d, u16 scales_h, u8 scales_l[4], qs[128]; IQ4_NL: f16 d, qs[16].
+    constexpr int BLOCK = block_bytes(TYPE), UNITS = block_elems(TYPE) / 32;
+    uint8_t *qs = w + BLOCK * (u / UNITS) + (TYPE == GGML_IQ4_XS ? 8 + 16 * (u % UNITS) : 2);
     uint8_t in[16], out[16];
     for (int i = 0; i < 16; ++i) in[i] = qs[i];
     iq4_xs_codes_to_gpu(in, out);
@@ -227,7 +229,7 @@ void matmul(cudaStream_t stream, int warp, const Weight &w, const float *x, int 
 }
 
 void repack_weights(cudaStream_t stream, int type, void *data, int64_t n_bytes) {
-    if (type != GGML_IQ4_XS && type != GGML_Q6_K) return;  // every other type keeps its GGUF bytes
+    if (type != GGML_IQ4_XS && type != GGML_IQ4_NL && type != GGML_Q6_K) return;  // the others keep GGUF's bytes
     const int block = block_bytes(type);
     if (n_bytes % block != 0 || reinterpret_cast<uintptr_t>(data) % 4 != 0)
         fail(LUCE_ERR_INTERNAL, "repack_weights: %lld bytes of type %d", (long long)n_bytes, type);
@@ -236,7 +238,10 @@ void repack_weights(cudaStream_t stream, int type, void *data, int64_t n_bytes) 
     auto *w = static_cast<uint8_t *>(data);
     if (type == GGML_IQ4_XS) {
         const int64_t n_units = n_bytes / block * 8;
-        launch_kernel(repack_iq4_xs_kernel, blocks_for(n_units), threads, 0, stream, w, n_units);
+        launch_kernel(repack_iq4_kernel<GGML_IQ4_XS>, blocks_for(n_units), threads, 0, stream, w, n_units);
+    } else if (type == GGML_IQ4_NL) {
+        const int64_t n_units = n_bytes / block;
+        launch_kernel(repack_iq4_kernel<GGML_IQ4_NL>, blocks_for(n_units), threads, 0, stream, w, n_units);
     } else {
         launch_kernel(repack_q6_k_kernel, blocks_for(n_bytes / block), threads, 0, stream, w, n_bytes / block);
     }

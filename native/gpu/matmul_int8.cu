@@ -193,7 +193,7 @@ struct Int8Launch {
         if constexpr (act_block_of(TYPE) == 0) {
             fail(LUCE_ERR_INTERNAL, "int8 matmul called for float type %d", TYPE);
         } else {
-            constexpr bool light = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 || lowbit_fetched(TYPE);
+            constexpr bool light = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 || legacy_4bit(TYPE) || lowbit_fetched(TYPE);
             if (T == 1) {
                 if constexpr (light) {
                     // FFN down's rows (17 units a lane) in two rounds of 9 + 8 instead of 8 + 8 + 1

@@ -56,14 +56,11 @@ struct WarpStage {
     UnitScales s[WARP_SLOTS][16];  // unit-major: the 16 lanes storing one unit write 256 contiguous bytes
 };
 
-// Q6_K and the K-quants apply the activations' 16-sums (their zero points or mins); Q8_0, IQ4_XS
-// and the other 1-3-bit types do not.
-__host__ __device__ constexpr bool uses_sums(int type) { return has_min(type) || type == GGML_Q6_K; }
 // The 256-element types: a group is one weight block and one activation block, so a group's
 // units share d (and dmin) and dx, and every group of a row is whole.
 __host__ __device__ constexpr bool group_is_block(int type) { return block_elems(type) == 256; }
 
-// Whether unit `slot` of group k is in the row: always for the 256-element types; a Q8_0 row may
+// Whether unit `slot` of group k is in the row: always for the 256-element types; a row of a 32-element type may
 // end mid-group (warp-uniform per (group, slot)).
 template <int TYPE>
 __device__ __forceinline__ bool unit_in_row(int k, int slot, int n_units) {
@@ -87,13 +84,13 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t row_addr, uint32_t &a0, uin
 
 // One group's activation operands for the warp's two units: the B fragments of each n-tile's
 // token g, the C columns' (tokens 2 tq, 2 tq + 1) scales (one per group for the 256-element
-// types, one per unit for Q8_0) and the units' 16-sums.
+// types, one per unit for the 32-element ones) and the units' 16-sums.
 template <int TYPE, int NTILES>
 struct ActLoads {
     static constexpr int DX_UNITS = group_is_block(TYPE) ? 1 : WARP_SLOTS;
     uint32_t x[WARP_SLOTS][NTILES][2];
     float dx[DX_UNITS][NTILES][2];
-    uint32_t sums[uses_sums(TYPE) ? WARP_SLOTS : 1][NTILES][2];  // the unit's two 16-sums, int16 each
+    uint32_t sums[uses_act_sums(TYPE) ? WARP_SLOTS : 1][NTILES][2];  // the unit's two 16-sums, int16 each
 };
 
 // Where this lane reads the fragment-order activations (act_quant.cuh, FragDst) of the warp's
@@ -122,10 +119,10 @@ __device__ __forceinline__ ActCursor<NTILES> act_cursor(const MmaArgs &p, int t0
     return cur;
 }
 
-// One 8-byte load per (unit, n-tile) for the B fragments, one per group (per unit for Q8_0) for
+// One 8-byte load per (unit, n-tile) for the B fragments, one per group (per unit for the 32-element types) for
 // the C columns' scales, one per unit for their 16-sums: a warp's loads of one unit are 256
 // contiguous bytes. Group `ahead` groups past the cursor, of whose units `left` are in the row
-// (Q8_0 rows may end mid-pair: nothing is read past them).
+// (32-element types' rows may end mid-pair: nothing is read past them).
 template <int TYPE, int NTILES>
 __device__ __forceinline__ void fetch_acts(const ActCursor<NTILES> &c, int ahead, int left, ActLoads<TYPE, NTILES> &l) {
 #pragma unroll
@@ -135,7 +132,7 @@ __device__ __forceinline__ void fetch_acts(const ActCursor<NTILES> &c, int ahead
             if (!group_is_block(TYPE) && h >= left) break;
             const uint2 x = *reinterpret_cast<const uint2 *>(c.x[j] + 256 * (SLOTS * ahead + h));
             l.x[h][j][0] = x.x, l.x[h][j][1] = x.y;
-            if constexpr (uses_sums(TYPE)) {
+            if constexpr (uses_act_sums(TYPE)) {
                 const uint2 s = *reinterpret_cast<const uint2 *>(c.sums[j] + 16 * (SLOTS * ahead + h));
                 l.sums[h][j][0] = s.x, l.sums[h][j][1] = s.y;
             }
@@ -143,7 +140,7 @@ __device__ __forceinline__ void fetch_acts(const ActCursor<NTILES> &c, int ahead
 #pragma unroll
         for (int h = 0; h < ActLoads<TYPE, NTILES>::DX_UNITS; ++h) {
             if (!group_is_block(TYPE) && h >= left) break;
-            const int block = group_is_block(TYPE) ? ahead : SLOTS * ahead + h;  // Q8_0: a block per unit
+            const int block = group_is_block(TYPE) ? ahead : SLOTS * ahead + h;  // 32-element types: a block per unit
             const float2 dx = *reinterpret_cast<const float2 *>(c.dx[j] + 8 * block);
             l.dx[h][j][0] = dx.x, l.dx[h][j][1] = dx.y;
         }
@@ -196,7 +193,7 @@ __device__ __forceinline__ void multiply_staged(const WarpStage &st, uint32_t q_
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             int sum_lo = 0, sum_hi = 0;
-            if constexpr (uses_sums(TYPE)) {
+            if constexpr (uses_act_sums(TYPE)) {
                 const uint32_t s = l.sums[h][j][c % 2];
                 sum_lo = int16_t(s & 0xFFFF), sum_hi = int16_t(s >> 16);
             }
@@ -221,7 +218,7 @@ __device__ __forceinline__ void stage_and_multiply(const Unit &un, int k, int pa
     TokenScales<NTILES> ts;
     if constexpr (group_is_block(TYPE)) token_scales<TYPE, NTILES>(st.s[0][g], st.s[0][g + 8], now.dx[0], ts);
 #pragma unroll
-    for (int s = 0; s < WARP_SLOTS; ++s)  // warp-uniform: a last Q8_0 group may end mid-pair
+    for (int s = 0; s < WARP_SLOTS; ++s)  // warp-uniform: a last 32-element group may end mid-pair
         if (unit_in_row<TYPE>(k, WARP_SLOTS * pair + s, n_units))
             multiply_staged<TYPE>(st, q_addr, now, ts, s, g, acc[s]);
 }
@@ -296,7 +293,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
     const int u0 = SLOTS * k_begin + WARP_SLOTS * pair;  // the warp's first unit
     ActCursor<NTILES> cur = act_cursor<TYPE, NTILES>(p, t0, u0, n_units, n_blocks, g, tq);
     constexpr int dx_per_group = group_is_block(TYPE) ? 1 : SLOTS;
-    ActLoads<TYPE, NTILES> acts[ACT_RING];  // groups k, k + 1, ... (Q8_0: dx is per unit, u0 is its block)
+    ActLoads<TYPE, NTILES> acts[ACT_RING];  // groups k, k + 1, ... (32-element types: dx per unit, u0 its block)
 #pragma unroll
     for (int i = 0; i < ACT_RING; ++i)
         if (k_begin + i < k_end) fetch_acts<TYPE, NTILES>(cur, i, n_units - (u0 + SLOTS * i), acts[i]);
@@ -309,7 +306,7 @@ __global__ void __launch_bounds__(PAIR_WARPS * 32 * PARTS) matmul_mma_frag_kerne
             if (k >= k_end) break;
             Unit un;  // fields a type does not use stay unset: nothing reads them
             if (unit_in_row<TYPE>(k, slot, n_units)) decode_unit<TYPE>(raw[i], SLOTS * k + slot, cb, un);
-            else un = Unit{};  // past a Q8_0 row's end: staged, never multiplied
+            else un = Unit{};  // past a 32-element row's end: staged, never multiplied
             const int kn = k + UNROLL;
             if (kn < k_end && unit_in_row<TYPE>(kn, slot, n_units))
                 fetch_group_unit<TYPE>(wr + group_bytes(TYPE) * (i + UNROLL), slot, raw[i]);
@@ -649,7 +646,7 @@ struct FragLaunch {
     // 2026-12-04). Rows of several parts put each part on its own four warps.
     template <int TYPE, int NTILES>
     void launch() const {
-        constexpr int UNROLL = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 ? 4 : 2;
+        constexpr int UNROLL = TYPE == GGML_IQ4_XS || TYPE == GGML_Q8_0 || legacy_4bit(TYPE) ? 4 : 2;
         with_row_parts(int(n_in), [&](auto parts) {
             constexpr int PARTS = decltype(parts)::value;
             constexpr int MIN_BLOCKS = bulk_min_blocks<TYPE, NTILES, PARTS>();

@@ -14,7 +14,7 @@
 
 namespace luce::gpu {
 
-// The GPU's IQ4_XS codes (repack_weights, matmul.cu) are GGUF's with bits 2 and 3 swapped (its
+// The GPU's IQ4_XS and IQ4_NL codes (repack_weights, matmul.cu) are GGUF's with bits 2 and 3 swapped (its
 // own inverse): GGUF code c is stored as iq4_gpu_code(c). The order pairs every code j < 8 with
 // the code j + 8 of the same sign, which lets the CUDA codebook lookup take two byte permutes per
 // four codes instead of three (int8_units.cuh, lookup4). The values are GGUF's.
@@ -35,7 +35,7 @@ __host__ __device__ inline int iq4_gpu_value(int code) {
 #endif
 }
 
-// One IQ4_XS sub-block's 16 code bytes, GGUF's (byte m: elements m and m + 16) -> the GPU's (byte
+// One IQ4_XS sub-block's (or IQ4_NL block's) 16 code bytes, GGUF's (byte m: elements m and m + 16) -> the GPU's (byte
 // m: elements 2m in the low nibble and 2m + 1 in the high one, each code renumbered).
 __host__ __device__ inline void iq4_xs_codes_to_gpu(const uint8_t *in, uint8_t *out) {
     for (int m = 0; m < 16; ++m) {
@@ -73,12 +73,12 @@ __host__ __device__ constexpr int block_bytes(int type) {
     }
 }
 
-// Activation block of the int8 path for weights of `type` (quants.cpp's act_block): 0 for float
-// weights and for the 32-element types other than Q8_0 (Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL), which have
-// no int8 kernel yet: they keep fp32 activations and the exact kernel.
+// Activation block of the int8 path for weights of `type` (quants.cpp's act_block): the weight
+// block for the 32-element types, 256 for the K and IQ types, 0 for float weights (fp32
+// activations and the exact kernel).
 __host__ __device__ constexpr int act_block_of(int type) {
-    return type == GGML_Q8_0 ? 32 : (type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K ||
-                                     type == GGML_IQ4_XS || is_lowbit_type(type)) ? 256 : 0;
+    return is_block32_type(type) ? 32 : (type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K ||
+                                         type == GGML_IQ4_XS || is_lowbit_type(type)) ? 256 : 0;
 }
 
 // IEEE binary16 -> binary32: the hardware conversion, exact for every input (one instruction;
@@ -189,6 +189,8 @@ __host__ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u
                          TYPE == GGML_IQ4_NL) {
         // One block: f16 d; (Q4_1 / Q5_1: f16 m;) (Q5_0 / Q5_1: u32 qh;) u8 qs[16]. Element j:
         // nibble j / 16 of qs[j % 16]; Q5: bit j of qh is its 5th bit (spec/qwen35.md section 4).
+        // IQ4_NL's codes are in the GPU layout (iq4_xs_codes_to_gpu): element j is nibble j % 2 of
+        // qs[j / 2], its GPU code.
         constexpr bool has_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1, five = TYPE == GGML_Q5_0 || TYPE == GGML_Q5_1;
         const uint8_t *b = row + int64_t(block_bytes(TYPE)) * u;
         const float d = f16_at(b), m = has_m ? f16_at(b + 2) : 0.f;
@@ -196,9 +198,9 @@ __host__ __device__ __forceinline__ void load_unit(const uint8_t *row, int64_t u
         const uint32_t h = five ? uint32_t(qh[0]) | uint32_t(qh[1]) << 8 | uint32_t(qh[2]) << 16 | uint32_t(qh[3]) << 24 : 0;
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
-            int q = (qs[j % 16] >> (4 * (j / 16))) & 0xF;
+            int q = TYPE == GGML_IQ4_NL ? (qs[j / 2] >> (4 * (j % 2))) & 0xF : (qs[j % 16] >> (4 * (j / 16))) & 0xF;
             if constexpr (five) q |= int((h >> j) & 1) << 4;
-            if constexpr (TYPE == GGML_IQ4_NL) w[j] = d * float(iq4_gpu_value(iq4_gpu_code(q)));
+            if constexpr (TYPE == GGML_IQ4_NL) w[j] = d * float(iq4_gpu_value(q));
             else if constexpr (has_m) w[j] = d * float(q) + m;
             else w[j] = d * float(q - (five ? 16 : 8));
         }

@@ -341,7 +341,7 @@ void matmul_rows_reference(int32_t type, const void *w, int64_t n_cols, int64_t 
 
 int64_t act_block(int32_t type) {
     switch (type) {
-        case GGML_Q8_0: return 32;
+        case GGML_Q8_0: case GGML_Q4_0: case GGML_Q4_1: case GGML_Q5_0: case GGML_Q5_1: case GGML_IQ4_NL: return 32;
         case GGML_Q4_K: case GGML_Q5_K: case GGML_Q6_K: case GGML_IQ4_XS: return 256;
         default: return is_lowbit_type(type) ? 256 : 0;
     }

@@ -1,9 +1,9 @@
 // quants.h — ggml weight encodings: block layouts, dequantization and dot products.
 //
 // The types real Qwen3.5-family GGUFs use are kept in their GGUF encoding and consumed here
-// directly; no whole-model dequantization. F32/F16/BF16, Q8_0, Q4_K/Q5_K/Q6_K and IQ4_XS have
-// SIMD kernels over int8 activations; the 1-3-bit types (quants_lowbit.h) a scalar kernel over
-// int8 activations; Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL the scalar reference (fp32 activations) for now.
+// directly; no whole-model dequantization. Every supported type has an AVX2 kernel (quantized
+// types over int8 activations); F32/F16/BF16, Q8_0, Q4_K/Q5_K/Q6_K and IQ4_XS also an AVX-512
+// one (the others run their AVX2 kernel there); without AVX2 a scalar path of the same contract.
 // Layouts follow ggml exactly (spec/qwen35.md §4).
 // Every function accumulates in fp32. Callers validate sizes; these kernels trust n/rows/cols.
 #pragma once
@@ -61,8 +61,8 @@ void dequantize_row(int32_t type, const void *src, float *dst, int64_t n);
 // y[t * ldy + r] = dot(W row r, x[t * n_cols ..]) for r in [row_begin, row_end), t in [0, n_tok).
 // W is row-major with rows of n_cols elements in `type`; each weight row is read once for all
 // n_tok activations (the decode/verify/prefill matmul). Thread-safe; callers split rows.
-// Quantized weights (Q8_0, K, IQ4_XS) multiply int8-quantized activations, as llama.cpp does:
-// each block of 32 (Q8_0) or 256 values of x becomes d*q, d = max|x|/127 (contract and error
+// Quantized weights multiply int8-quantized activations, as llama.cpp does: each block of 32
+// (the 32-element types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) or 256 values of x becomes d*q, d = max|x|/127 (contract and error
 // bound: quants_kernels.h, docs/architecture-quants.md); float weights use x as it is.
 void matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
                  const float *x, int64_t n_tok, float *y, int64_t ldy);

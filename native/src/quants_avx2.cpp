@@ -62,6 +62,12 @@ inline uint16_t load_u16(const uint8_t *p) { return uint16_t(p[0] | (p[1] << 8))
 
 inline float f16(const uint8_t *p) { return _cvtsh_ss(load_u16(p)); }
 
+inline uint32_t u32_le(const uint8_t *p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
 // 16 x int16: lanes 0-7 = lo, lanes 8-15 = hi (maddubs lane i holds elements 2i, 2i+1, so this
 // scales elements 0-15 by lo and 16-31 by hi).
 inline __m256i scale_pair(int16_t lo, int16_t hi) {
@@ -272,6 +278,80 @@ void q8_0_tile(const Tile &t) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The legacy 32-element types: f16 d; (Q4_1 / Q5_1: f16 m;) (Q5_0 / Q5_1: u32 qh;) u8 qs[16];
+// IQ4_NL: f16 d; u8 qs[16]. Element j: code = nibble j / 16 of qs[j % 16] (| bit j of qh << 4);
+// value d (code - 8) for Q4_0, d (code - 16) for Q5_0, d code + m for Q4_1 / Q5_1, d K[code] for
+// IQ4_NL. One activation block per weight block. Q4_0 / Q5_0 / IQ4_NL go through the signed
+// weights of Q8_0's dot (|w| <= 127); Q4_1 / Q5_1 keep their unsigned codes (maddubs' unsigned
+// operand) and add m times the block's activation sum (two 16-sums) once per block.
+
+template <int TYPE>
+constexpr int legacy_qs_at() {
+    return TYPE == GGML_Q4_1 ? 4 : TYPE == GGML_Q5_0 ? 6 : TYPE == GGML_Q5_1 ? 8 : 2;
+}
+
+// The 32 codes of a block, elements 0-15 in lane 0 and 16-31 in lane 1, Q5's 5th bits included.
+template <int TYPE>
+inline __m256i legacy_codes(const uint8_t *b) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + legacy_qs_at<TYPE>()));
+    __m256i codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+    if constexpr (TYPE == GGML_Q5_0 || TYPE == GGML_Q5_1) {
+        const uint32_t qh = u32_le(b + (TYPE == GGML_Q5_0 ? 2 : 4));
+        const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)),
+                                                  _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                                                     0x0303030303030303));
+        const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+        codes = _mm256_or_si256(codes, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    return codes;
+}
+
+template <int TYPE, int NT>
+void legacy32_tile(const Tile &t) {
+    constexpr bool with_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1;
+    const int64_t nb = t.n_cols / 32, i_end = t.c1 / 32, bytes = type_traits(TYPE)->block_bytes;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4nlValues)));
+    for (int64_t r = t.r0; r < t.r1; ++r) {
+        __m256 acc[NT];
+        float offset[NT] = {};
+        for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+        const uint8_t *row = t.w + r * t.row_bytes;
+        for (int64_t i = t.c0 / 32; i < i_end; ++i) {
+            const uint8_t *b = row + i * bytes;
+            const float d = f16(b);
+            const __m256i codes = legacy_codes<TYPE>(b);
+            __m256i w = codes, aw = codes;  // Q4_1 / Q5_1: unsigned codes, no signs to move
+            if constexpr (!with_m) {
+                if constexpr (TYPE == GGML_IQ4_NL) w = _mm256_shuffle_epi8(table, codes);
+                else w = _mm256_sub_epi8(codes, _mm256_set1_epi8(TYPE == GGML_Q4_0 ? 8 : 16));
+                aw = _mm256_sign_epi8(w, w);
+            }
+            for (int k = 0; k < NT; ++k) {
+                const int64_t tok = t.t0 + k;
+                const __m256i x = load256(t.a->q + tok * t.a->q_stride + i * 32);
+                const __m256i sx = with_m ? x : _mm256_sign_epi8(x, w);
+                const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                const float dx = t.a->d[tok * nb + i];
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(s), acc[k]);
+                if constexpr (with_m) {
+                    const int16_t *sums = t.a->sums16 + tok * t.a->s_stride + 2 * i;
+                    offset[k] += f16(b + 2) * dx * float(sums[0] + sums[1]);
+                }
+            }
+        }
+        for (int k = 0; k < NT; ++k) put(t, k, r, hsum(acc[k]) + offset[k]);
+    }
+}
+
+template <int NT> void q4_0_tile(const Tile &t) { legacy32_tile<GGML_Q4_0, NT>(t); }
+template <int NT> void q4_1_tile(const Tile &t) { legacy32_tile<GGML_Q4_1, NT>(t); }
+template <int NT> void q5_0_tile(const Tile &t) { legacy32_tile<GGML_Q5_0, NT>(t); }
+template <int NT> void q5_1_tile(const Tile &t) { legacy32_tile<GGML_Q5_1, NT>(t); }
+template <int NT> void iq4_nl_tile(const Tile &t) { legacy32_tile<GGML_IQ4_NL, NT>(t); }
+
+// ---------------------------------------------------------------------------------------------
 // The 1-3-bit types (quants_lowbit.h): each 32-element unit decoded to int8 codes q with a small
 // integer scale per 16-element half (lowbit_unit_int, the decoder the scalar path and the GPU
 // share), then the same integer dot as IQ4_XS: |q| <= 62 and scales <= 32 in magnitude keep
@@ -295,12 +375,6 @@ inline __m256i apply_signs(__m256i magnitudes, uint32_t signs) {
 inline uint32_t iq2_sign_word(uint32_t aux) {  // four 7-bit indices of kIq2Signs -> 32 sign bits
     return uint32_t(kIq2Signs[aux & 127]) | uint32_t(kIq2Signs[(aux >> 7) & 127]) << 8 |
            uint32_t(kIq2Signs[(aux >> 14) & 127]) << 16 | uint32_t(kIq2Signs[(aux >> 21) & 127]) << 24;
-}
-
-inline uint32_t u32_le(const uint8_t *p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
 }
 
 // IQ1: 8 g + 1, or 8 g - 1 where the entry's delta is negative (g = -1, 0, 1).
@@ -601,7 +675,9 @@ const TileFn *tiles_for(int32_t type) {
                         iq2_xxs[] = LUCE_TILES(iq2_xxs_tile), iq2_xs[] = LUCE_TILES(iq2_xs_tile),
                         iq2_s[] = LUCE_TILES(iq2_s_tile), iq3_xxs[] = LUCE_TILES(iq3_xxs_tile),
                         iq3_s[] = LUCE_TILES(iq3_s_tile), iq1_s[] = LUCE_TILES(iq1_s_tile),
-                        iq1_m[] = LUCE_TILES(iq1_m_tile);
+                        iq1_m[] = LUCE_TILES(iq1_m_tile), q4_0[] = LUCE_TILES(q4_0_tile),
+                        q4_1[] = LUCE_TILES(q4_1_tile), q5_0[] = LUCE_TILES(q5_0_tile),
+                        q5_1[] = LUCE_TILES(q5_1_tile), iq4_nl[] = LUCE_TILES(iq4_nl_tile);
     switch (type) {
         case GGML_F32: return f32;
         case GGML_F16: return f16_;
@@ -620,6 +696,11 @@ const TileFn *tiles_for(int32_t type) {
         case GGML_IQ3_S: return iq3_s;
         case GGML_IQ1_S: return iq1_s;
         case GGML_IQ1_M: return iq1_m;
+        case GGML_Q4_0: return q4_0;
+        case GGML_Q4_1: return q4_1;
+        case GGML_Q5_0: return q5_0;
+        case GGML_Q5_1: return q5_1;
+        case GGML_IQ4_NL: return iq4_nl;
         default: return nullptr;
     }
 }

@@ -30,8 +30,9 @@ struct QuantizedActs {
     int16_t *sums16 = nullptr;
 };
 
-// Activation block size used with weights of `type`: 32 for Q8_0, 256 for the K and IQ types,
-// 0 for float weights (which take fp32 activations as they are).
+// Activation block size used with weights of `type`: 32 for the 32-element types (Q8_0, Q4_0,
+// Q4_1, Q5_0, Q5_1, IQ4_NL: one activation block per weight block, as llama.cpp's q8_0 / q8_1),
+// 256 for the K and IQ types, 0 for float weights (which take fp32 activations as they are).
 int64_t act_block(int32_t type);
 
 // Quantizes one block of `block` values (a multiple of 32): q[0..block), *d. Each ISA has its

@@ -1,9 +1,9 @@
 // Host program for tests/test_gpu_layouts.py: GGUF blocks of one quantized type on stdin -> their
 // values through the GPU's weight layout, float32 on stdout. It runs the functions the device
 // runs (native/gpu/quant_blocks.cuh): the upload's conversion to the GPU layout
-// (iq4_xs_codes_to_gpu, q6_k_block_to_gpu, as repack_weights applies them) and the dequantizer
+// (iq4_xs_codes_to_gpu for IQ4_XS and IQ4_NL, q6_k_block_to_gpu, as repack_weights applies them) and the dequantizer
 // that reads that layout (load_unit), so the test can hold them to gguf's own dequantization
-// on a machine without a GPU. Usage: gpu_layouts iq4_xs|q6_k < blocks > values
+// on a machine without a GPU. Usage: gpu_layouts iq4_xs|iq4_nl|q6_k < blocks > values
 //
 // Also the bulk copies' windows (native/gpu/bulk_copy.cuh): gpu_layouts windows SPAN prints, for
 // a run of SPAN bytes at each offset 0..63, "a end first bytes max" with the window the device
@@ -35,6 +35,8 @@ std::vector<uint8_t> to_gpu_layout(int type, const std::vector<uint8_t> &gguf) {
         uint8_t *out = gpu.data() + b * block;
         if (type == GGML_Q6_K) {
             q6_k_block_to_gpu(in, out, b % 2 != 0);
+        } else if (type == GGML_IQ4_NL) {
+            iq4_xs_codes_to_gpu(in + 2, out + 2);  // f16 d; qs[16]
         } else {
             for (int ib = 0; ib < 8; ++ib) iq4_xs_codes_to_gpu(in + 8 + 16 * ib, out + 8 + 16 * ib);
         }
@@ -44,7 +46,7 @@ std::vector<uint8_t> to_gpu_layout(int type, const std::vector<uint8_t> &gguf) {
 
 template <int TYPE>
 std::vector<float> values(const std::vector<uint8_t> &gpu) {
-    const int64_t n_units = int64_t(gpu.size() / block_bytes(TYPE)) * 8;
+    const int64_t n_units = int64_t(gpu.size() / block_bytes(TYPE)) * (block_elems(TYPE) / 32);
     std::vector<float> y(size_t(n_units) * 32);
     for (int64_t u = 0; u < n_units; ++u) load_unit<TYPE>(gpu.data(), u, 32, y.data() + 32 * u);
     return y;
@@ -81,9 +83,9 @@ int main(int argc, char **argv) {
     if (argc == 3 && std::string(argv[1]) == "windows") return print_windows(argv[2]);
     if (argc == 3 && std::string(argv[1]) == "boxes") return print_boxes(argv[2]);
     const std::string name = argc == 2 ? argv[1] : "";
-    const int type = name == "iq4_xs" ? GGML_IQ4_XS : name == "q6_k" ? GGML_Q6_K : -1;
+    const int type = name == "iq4_xs" ? GGML_IQ4_XS : name == "iq4_nl" ? GGML_IQ4_NL : name == "q6_k" ? GGML_Q6_K : -1;
     if (type < 0) {
-        std::fprintf(stderr, "usage: gpu_layouts iq4_xs|q6_k < blocks > values, or gpu_layouts windows SPAN\n");
+        std::fprintf(stderr, "usage: gpu_layouts iq4_xs|iq4_nl|q6_k < blocks > values, or gpu_layouts windows SPAN\n");
         return 2;
     }
     const std::vector<uint8_t> gguf{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
@@ -92,7 +94,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     const std::vector<uint8_t> gpu = to_gpu_layout(type, gguf);
-    const std::vector<float> y = type == GGML_Q6_K ? values<GGML_Q6_K>(gpu) : values<GGML_IQ4_XS>(gpu);
+    const std::vector<float> y = type == GGML_Q6_K    ? values<GGML_Q6_K>(gpu)
+                                 : type == GGML_IQ4_NL ? values<GGML_IQ4_NL>(gpu)
+                                                       : values<GGML_IQ4_XS>(gpu);
     std::fwrite(y.data(), sizeof(float), y.size(), stdout);
     return 0;
 }
