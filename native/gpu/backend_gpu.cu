@@ -519,7 +519,7 @@ void GpuBackend::gated_delta_net(const float *conv, const float *b, const float 
 void GpuBackend::deltanet_sequences(const float *qkv, const float *conv_w, int C, int Kc, float *conv_out,
                                     const float *b, const float *a, const float *ssm_a, const float *dt_bias,
                                     const DeltaNetDims &dims, const RecurrentRows *seqs, int n, float *out) {
-    if (n == 1) {  // the two ops as one sequence's step launches them (and profiles them)
+    if (!gpu::deltanet_sequences_batch(Kc, dims, seqs, n, delta_kernel_)) {  // one sequence at a time
         Backend::deltanet_sequences(qkv, conv_w, C, Kc, conv_out, b, a, ssm_a, dt_bias, dims, seqs, n, out);
         return;
     }

@@ -590,23 +590,23 @@ void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const flo
     }
 }
 
+static int max_tokens(const RecurrentRows *seqs, int n) {
+    int max_T = 0;
+    for (int i = 0; i < n; ++i) max_T = std::max(max_T, seqs[i].T);
+    return max_T;
+}
+
+bool deltanet_sequences_batch(int Kc, const DeltaNetDims &dm, const RecurrentRows *seqs, int n, DeltaKernel kernel) {
+    return n > 1 && n <= MAX_STEP && kernel != DeltaKernel::memory && Kc - 1 <= CONV_BLOCK_TOKENS &&
+           (dm.dk == 16 || dm.dk == 32 || dm.dk == 64 || dm.dk == 128) && max_tokens(seqs, n) <= MAX_STEP;
+}
+
 void deltanet_sequences(cudaStream_t stream, int warp, const float *qkv, const float *conv_w, int C, int Kc,
                         float *conv_out, const float *b, const float *a, const float *ssm_a, const float *dt_bias,
                         const DeltaNetDims &dm, const RecurrentRows *seqs, int n, float *out, DeltaKernel kernel) {
-    const int64_t inner = int64_t(dm.hv) * dm.dv;
-    const bool batched = n > 1 && n <= MAX_STEP && kernel != DeltaKernel::memory && Kc - 1 <= CONV_BLOCK_TOKENS &&
-                         (dm.dk == 16 || dm.dk == 32 || dm.dk == 64 || dm.dk == 128);
-    int max_T = 0;
-    for (int i = 0; i < n; ++i) max_T = std::max(max_T, seqs[i].T);
-    if (!batched || max_T > MAX_STEP) {  // one sequence, or a kind the batched kernels do not have
-        for (const RecurrentRows *r = seqs; r < seqs + n; ++r) {
-            const int64_t row0 = r->row0;
-            conv_silu(stream, qkv + row0 * C, r->conv_state, conv_w, r->T, C, Kc, conv_out + row0 * C);
-            gated_delta_net(stream, warp, conv_out + row0 * C, b + row0 * dm.hv, a + row0 * dm.hv, ssm_a, dt_bias, dm,
-                            r->T, r->ssm, out + row0 * inner, r->ssm_history, kernel);
-        }
-        return;
-    }
+    if (!deltanet_sequences_batch(Kc, dm, seqs, n, kernel))
+        fail(LUCE_ERR_INTERNAL, "deltanet_sequences: %d sequences the batched kernels do not take", n);
+    const int max_T = max_tokens(seqs, n);
     // Two tables: the sequences with a state history (speculative steps) and those without.
     SeqTable tables[2];
     int counts[2] = {0, 0};

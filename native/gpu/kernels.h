@@ -151,9 +151,11 @@ void gated_delta_net(cudaStream_t stream, int warp, const float *conv, const flo
                      const float *ssm_a, const float *dt_bias, const DeltaNetDims &dims, int T,
                      float *state, float *out, float *state_history, DeltaKernel kernel,
                      const int32_t *parent = nullptr);
-// Backend::deltanet_sequences: both ops for every sequence of a batched step, one launch each per
-// up to MAX_STEP sequences (the per-sequence launches' bits); the memory kernel, and state
-// dims the register kernel lacks, run the sequences one by one.
+// Backend::deltanet_sequences: both ops for every sequence of a batched step, one launch each (the
+// per-sequence launches' bits). deltanet_sequences_batch: whether the batched kernels take the
+// step (not the memory kernel, nor state dims the register kernel lacks, nor more than MAX_STEP
+// sequences or tokens); else the backend runs the sequences one by one.
+bool deltanet_sequences_batch(int Kc, const DeltaNetDims &dims, const RecurrentRows *seqs, int n, DeltaKernel kernel);
 void deltanet_sequences(cudaStream_t stream, int warp, const float *qkv, const float *conv_w, int C, int Kc,
                         float *conv_out, const float *b, const float *a, const float *ssm_a, const float *dt_bias,
                         const DeltaNetDims &dims, const RecurrentRows *seqs, int n, float *out, DeltaKernel kernel);
