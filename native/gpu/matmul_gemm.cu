@@ -17,7 +17,9 @@
 // Q5_K: eight, plus their mins against the activations' unit sums in a second integer sum,
 //   acc += (d * dx) * float(isum) - (dmin * dx) * float(sum_j m_j xsum_j);
 // Q8_0 has an f16 scale per 32 values on both sides (its activations are quantized in blocks of
-// 32), so each unit's product is scaled in fp32: acc += (d_j * dx_j) * float(dot_j).
+// 32), so each unit's product is scaled in fp32: acc += (d_j * dx_j) * float(dot_j); so do Q4_0,
+// Q5_0 and IQ4_NL, whose weights are staged as signed values (Q4_0 / Q5_0: q - 8 / q - 16).
+// (Q4_1 / Q5_1, whose mins need the activations' unit sums per block, keep the staged kernel.)
 // Deterministic: a fixed order, no atomics; a token's outputs do not depend on its tile or on T.
 //
 // Split K: a tile's groups are cut into `splits` runs of whole groups (blockIdx.z), each written
@@ -28,7 +30,7 @@
 // Pipeline: per group the block stages its 128 rows' eight units (decoded to int8 as the other
 // kernels decode them, sub-scales as bytes, the block scale) and its 64 tokens' 256 activations
 // and scale in shared memory; the next group's loads are in flight in registers meanwhile.
-// IQ4_XS, Q4_K, Q5_K, Q6_K and Q8_0, every quantized type luce loads.
+// IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0 and IQ4_NL.
 #include <algorithm>
 
 #include "kernels.h"
@@ -51,13 +53,16 @@ constexpr int GROUP = SLOTS * 32;                               // values per gr
 // of a warp (row g, word tq) on banks 4 g + tq (+ 8 u): all different.
 constexpr int LINE_WORDS = GROUP / 4 + 4;
 
-// What a type needs beside its int8 weights, per group: Q8_0 has a scale per 32-value block on
-// both sides (its activations are quantized in blocks of 32), the others one d per row and one
+// What a type needs beside its int8 weights, per group: the 32-element types have a scale per
+// 32-value block on both sides (their activations are quantized in blocks of 32), the others one d per row and one
 // activation scale per token; Q4_K / Q5_K also a min per sub-block, applied to the activations'
 // sums (d sc (q . x) - dmin m (sum x)).
 template <int TYPE>
 struct GemmType {
-    static constexpr bool per_unit_scales = TYPE == GGML_Q8_0;
+    static constexpr bool per_unit_scales = is_block32_type(TYPE);
+    // Unsigned codes staged less their zero point (bytewise), so no activation sums are needed.
+    static constexpr uint32_t zero4 = TYPE == GGML_Q6_K ? 0x20202020u : TYPE == GGML_Q4_0 ? 0x08080808u
+                                    : TYPE == GGML_Q5_0 ? 0x10101010u : 0u;
     static constexpr bool has_min = TYPE == GGML_Q4_K || TYPE == GGML_Q5_K;
     static constexpr int scales = per_unit_scales ? SLOTS : 1;  // d per row / dx per token
 };
@@ -142,9 +147,9 @@ __device__ __forceinline__ void stage_group(const GemmRows<TYPE> &wr, const Gemm
         Unit un{};
         if (wr.row[i]) {
             decode_unit<TYPE>(f.w[i], SLOTS * k + u, cb, un);
-            if constexpr (TYPE == GGML_Q6_K) {  // q 0..63 -> q - 32, bytewise
+            if constexpr (G::zero4 != 0) {  // q -> q - zero, bytewise
 #pragma unroll
-                for (int w = 0; w < 8; ++w) un.q[w] = __vsub4(un.q[w], 0x20202020u);
+                for (int w = 0; w < 8; ++w) un.q[w] = __vsub4(un.q[w], G::zero4);
             }
         }
         uint4 *dst = reinterpret_cast<uint4 *>(smem + S::w + row * LINE_WORDS + 8 * u);
@@ -185,7 +190,7 @@ __device__ __forceinline__ void stage_group(const GemmRows<TYPE> &wr, const Gemm
 // Q4_K / Q5_K: the units' scales, then their mins).
 template <int TYPE>
 struct RowScales {
-    static constexpr int words = TYPE == GGML_IQ4_XS ? 2 : (TYPE == GGML_Q8_0 ? 0 : 4);
+    static constexpr int words = TYPE == GGML_IQ4_XS ? 2 : (GemmType<TYPE>::per_unit_scales ? 0 : 4);
     uint32_t w[words > 0 ? words : 1];
     __device__ __forceinline__ int operator[](int j) const { return int(int8_t(w[j / 4] >> (8 * (j % 4)))); }
 };
@@ -198,7 +203,7 @@ __device__ __forceinline__ int frag_tok(int wn, int j, int tq, int c) { return W
 // acc += the staged group for the warp's 32 rows (wm) x 32 tokens (wn).
 //   IQ4_XS, Q6_K:  acc += d dx isum,                    isum = sum_j sc_j dot_j
 //   Q4_K, Q5_K:    acc += d dx isum - dmin dx msum,     msum = sum_j m_j (sum of x over unit j)
-//   Q8_0:          acc += sum_j (d_j dx_j) dot_j        (each 32-value block its own scales)
+//   32-element:    acc += sum_j (d_j dx_j) dot_j        (each 32-value block its own scales)
 // Each mma's C fragment is folded in at once (rows g (e < 2) and g + 8, tokens 2 tq + e % 2), so
 // only one is live at a time.
 template <int TYPE>
@@ -221,7 +226,7 @@ __device__ __forceinline__ void multiply_group(const uint32_t *smem, int wm, int
 #pragma unroll
     for (int u = 0; u < SLOTS; ++u) {
         uint32_t a[MT][4];
-        float du[MT][2];  // Q8_0: this unit's scale of the lane's rows
+        float du[MT][2];  // 32-element types: this unit's scale of the lane's rows
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             const uint32_t *ra = smem + S::w + (WARP_ROWS * wm + 16 * m + g) * LINE_WORDS + 8 * u;
@@ -387,7 +392,7 @@ int gemm_splits(int64_t n_out, int64_t n_in, int T, int n_sm, int forced) {
 
 bool gemm_serves(int type, int64_t n_in) {
     const bool typed = type == GGML_IQ4_XS || type == GGML_Q6_K || type == GGML_Q4_K || type == GGML_Q5_K ||
-                       type == GGML_Q8_0;
+                       type == GGML_Q8_0 || type == GGML_Q4_0 || type == GGML_Q5_0 || type == GGML_IQ4_NL;
     return typed && n_in % GROUP == 0;
 }
 
@@ -401,6 +406,9 @@ void matmul_gemm(cudaStream_t stream, int type, int64_t n_in, const RowSegments 
     case GGML_Q4_K: launch_gemm<GGML_Q4_K>(stream, n_in, rows, T, a, splits, partial); break;
     case GGML_Q5_K: launch_gemm<GGML_Q5_K>(stream, n_in, rows, T, a, splits, partial); break;
     case GGML_Q8_0: launch_gemm<GGML_Q8_0>(stream, n_in, rows, T, a, splits, partial); break;
+    case GGML_Q4_0: launch_gemm<GGML_Q4_0>(stream, n_in, rows, T, a, splits, partial); break;
+    case GGML_Q5_0: launch_gemm<GGML_Q5_0>(stream, n_in, rows, T, a, splits, partial); break;
+    case GGML_IQ4_NL: launch_gemm<GGML_IQ4_NL>(stream, n_in, rows, T, a, splits, partial); break;
     default: launch_gemm<GGML_IQ4_XS>(stream, n_in, rows, T, a, splits, partial);
     }
 }
