@@ -100,6 +100,22 @@ def test_batch_sampling_equals_one_by_one_with_the_same_seed(engine, top_k):
     assert [g.tokens for g in engine.generate(prompt_ids=PROMPTS, max_tokens=BUDGETS, parallel=3, **kw)] == expected
 
 
+def test_batch_per_prompt_sampling_equals_one_by_one(engine):
+    """temperature, top_k, top_p and seed given one per prompt (greedy and sampled prompts mixed in
+    one batch): each sequence equals one-by-one generation with its own settings."""
+    n = len(PROMPTS)
+    per = dict(temperature=[0.0, 0.9, 1.3, 0.0, 0.7, 1.0], top_k=[0, 20, 0, 5, 0, 40],
+               top_p=[1.0, 0.95, 0.8, 1.0, 1.0, 0.9], seed=[1, 2, 3, 4, 5, 2**63 + 7])
+    expected = [engine.generate(prompt_ids=PROMPTS[i], max_tokens=BUDGETS[i], ignore_eos=True,
+                                **{k: v[i] for k, v in per.items()}).tokens for i in range(n)]
+    got = engine.generate(prompt_ids=PROMPTS, max_tokens=BUDGETS, parallel=3, ignore_eos=True, **per)
+    assert [g.tokens for g in got] == expected
+    # the settings did reach their sequences: a prompt sampled with another seed draws otherwise
+    other = engine.generate(prompt_ids=PROMPTS, max_tokens=BUDGETS, parallel=3, ignore_eos=True,
+                            **(per | {"seed": [s + 100 for s in per["seed"][:5]] + [per["seed"][5]]}))
+    assert [g.tokens for g in other][1] != expected[1] and [g.tokens for g in other][0] == expected[0]
+
+
 def test_reference_target_text_prompts(tmp_path):
     """The trained reference target on real code prompts, four in flight."""
     prompts = [json.loads(line)["prompt"] for line in CODE_PROMPTS.read_text().splitlines()[:6]]
@@ -117,6 +133,12 @@ def test_bad_batch_requests_are_refused(engine):
         engine.generate(prompt_ids=[[1], [2], [3] * 250], max_tokens=10)
     with pytest.raises(LuceError, match="a list of 2 numbers"):
         engine.generate(prompt_ids=[[1], [2]], max_tokens=[1, 2, 3])
+    with pytest.raises(LuceError, match="temperature must be a number or a list of 2 numbers"):
+        engine.generate(prompt_ids=[[1], [2]], temperature=[0.5, "hot"])
+    with pytest.raises(LuceError, match="seed must be a number or a list of 2 numbers"):
+        engine.generate(prompt_ids=[[1], [2]], seed=[True, 3])
+    with pytest.raises(LuceError, match="top_p must be a number \\(a list of them goes with a list of prompts\\)"):
+        engine.generate(prompt_ids=[1, 2], top_p=[0.5])
     out = ffi.new("luce_batch **")
     for bad in (0, -3, 65):  # the runtime's own bound, below the Python check
         assert lib().luce_batch_create(engine._model, bad, 64, 0, out) == lib().LUCE_ERR_INVALID_ARGUMENT
@@ -181,6 +203,45 @@ def test_cli_bad_parallel_is_one_error_line(tmp_path, value):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
     assert proc.stdout == "" and len(errors) == 1 and "--parallel" in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_cli_prompt_lines_carry_their_own_settings(tmp_path):
+    """A prompt line's max_tokens / temperature / seed override the run's for that prompt, the
+    same with --parallel 1 and 2, and equal to a run that gives that prompt those options."""
+    lines = [{"id": "a", "prompt": "def add(a, b):"},
+             {"id": "b", "prompt": "def sub(a, b):", "max_tokens": 3},
+             {"id": "c", "prompt": "import os", "temperature": 1.1, "seed": 9, "max_tokens": 7}]
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    results = {}
+    for parallel in (1, 2):
+        out = tmp_path / f"out{parallel}.jsonl"
+        proc = run_luce("generate", "-m", TARGET, "--prompts", src, "--output", out, "-n", 5, "-t", 2,
+                        "--ignore-eos", "--device", "cpu", "--parallel", parallel)
+        assert proc.returncode == 0, proc.stderr
+        results[parallel] = {r["id"]: r["tokens"] for r in map(json.loads, out.read_text().splitlines())}
+    assert results[2] == results[1]
+    assert [len(results[1][k]) for k in "abc"] == [5, 3, 7]
+    with Engine(TARGET, threads=2) as eng:
+        alone = eng.generate("import os", max_tokens=7, temperature=1.1, seed=9, ignore_eos=True).tokens
+    assert results[1]["c"] == alone
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompt": "a", "temperature": -1}', '"temperature" must be a number >= 0'),
+    ('{"prompt": "a", "top_p": 0}', '"top_p" must be a number in (0, 1]'),
+    ('{"prompt": "a", "max_tokens": 2.5}', '"max_tokens" must be an integer >= 0'),
+    ('{"prompt": "a", "seed": "x"}', '"seed" must be an integer in 0..2^64-1'),
+    ('{"prompt": "a", "top_k": true}', '"top_k" must be an integer >= 0'),
+])
+def test_cli_bad_prompt_line_settings_are_one_error_line(tmp_path, line, message):
+    src = tmp_path / "prompts.jsonl"
+    src.write_text('"fine"\n' + line + "\n")
+    proc = run_luce("generate", "-m", TARGET, "--prompts", src, "--output", tmp_path / "out.jsonl")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and f"prompts.jsonl:2: {message}" in errors[0], proc.stderr
+    assert not (tmp_path / "out.jsonl").exists() or (tmp_path / "out.jsonl").stat().st_size == 0
 
 
 def test_cli_parallel_keeps_going_past_a_refused_prompt(tmp_path):

@@ -7,7 +7,9 @@
                 log.write({"id": job.id, ...})
 
 A prompt's id is its line's "id" field (a string or an integer), else its line number, so a
-result can always be traced to its prompt and a rerun can skip what is answered. The log is
+result can always be traced to its prompt and a rerun can skip what is answered. A line may also
+set its own "max_tokens", "temperature", "top_k", "top_p" and "seed" (numbers), which override
+the run's for that prompt (vLLM's per-request sampling parameters); other fields are ignored. The log is
 append-only: each result is one complete line written with a single write() and fsync'ed, so a
 crash or Ctrl-C leaves every finished result and at most one partial last line, which resume
 cuts off (it was never a result). A log is never truncated or replaced: without resume an
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from luce.errors import LuceError
 
@@ -27,11 +29,23 @@ class PromptJob:
     id: str | int      # the line's "id", else its 1-based line number
     index: int         # 0-based position among the file's prompts
     prompt: str
+    settings: dict = field(default_factory=dict)  # the line's own max_tokens / sampling (LINE_SETTINGS)
+
+
+# The settings a prompt line may give for itself: whether each is an integer, and the values it
+# takes (the ranges of luce generate's options).
+LINE_SETTINGS = {
+    "max_tokens": (True, lambda v: v >= 0, ">= 0"),
+    "temperature": (False, lambda v: v >= 0, ">= 0"),
+    "top_k": (True, lambda v: v >= 0, ">= 0"),
+    "top_p": (False, lambda v: 0 < v <= 1, "in (0, 1]"),
+    "seed": (True, lambda v: 0 <= v < 2**64, "in 0..2^64-1"),
+}
 
 
 def read_prompt_jobs(path: str) -> list[PromptJob]:
-    """One prompt per non-blank line: a JSON string, or an object with a "prompt" string and an
-    optional "id" (string or integer, unique in the file)."""
+    """One prompt per non-blank line: a JSON string, or an object with a "prompt" string, an
+    optional "id" (string or integer, unique in the file) and optional LINE_SETTINGS numbers."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -66,7 +80,14 @@ def _parse_prompt_line(path: str, number: int, line: str, index: int) -> PromptJ
     job_id = item.get("id", number) if isinstance(item, dict) else number
     if isinstance(job_id, bool) or not isinstance(job_id, (str, int)):
         raise LuceError(f'{path}:{number}: "id" must be a string or an integer')
-    return PromptJob(job_id, index, prompt)
+    settings = {}
+    for key, (integer, valid, bounds) in LINE_SETTINGS.items():
+        if isinstance(item, dict) and key in item:
+            value = item[key]
+            if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not valid(value):
+                raise LuceError(f'{path}:{number}: "{key}" must be {"an integer" if integer else "a number"} {bounds}')
+            settings[key] = value
+    return PromptJob(job_id, index, prompt, settings)
 
 
 class ResultLog:
@@ -141,7 +162,7 @@ def generate_record(engine, job: PromptJob, settings: dict) -> dict:
     """One prompt's result line: its id and index, then the result or the engine's refusal."""
     head = {"id": job.id, "index": job.index}
     try:
-        return head | result_record(engine.generate(prompt=job.prompt, **settings))
+        return head | result_record(engine.generate(prompt=job.prompt, **(settings | job.settings)))
     except LuceError as e:
         return head | {"error": str(e)}
 
@@ -155,7 +176,7 @@ def generate_records(engine, jobs: list[PromptJob], settings: dict, parallel: in
     for job in jobs:
         try:
             ids = engine.encode_prompt(job.prompt, chat=settings.get("chat", False))
-            engine.check_fits(ids, settings["max_tokens"])
+            engine.check_fits(ids, job.settings.get("max_tokens", settings["max_tokens"]))
         except LuceError as e:
             emit({"id": job.id, "index": job.index, "error": str(e)})
             continue
@@ -168,4 +189,7 @@ def generate_records(engine, jobs: list[PromptJob], settings: dict, parallel: in
         emit({"id": runnable[i].id, "index": runnable[i].index} | result_record(gen))
 
     options = {key: value for key, value in settings.items() if key != "chat"}
+    for key in LINE_SETTINGS:  # one value per prompt where a line gave its own
+        if key in options and any(key in job.settings for job in runnable):
+            options[key] = [job.settings.get(key, options[key]) for job in runnable]
     engine.generate(prompt_ids=ids_list, parallel=min(parallel, len(ids_list)), on_result=on_result, **options)

@@ -439,7 +439,9 @@ class Engine:
         A list of prompts (texts, or id lists in prompt_ids) gives a list of Generations, one per
         prompt in order, run `parallel` at a time (default min(len, 8), at most 64) by continuous
         batching: one forward per decode step over every sequence in flight; max_tokens may then
-        be a list too. on_result(i, generation) is called as prompt i finishes. Greedy results
+        be a list too, and so may temperature, top_k, top_p and seed (one value per prompt, as
+        vLLM's per-request sampling parameters). on_result(i, generation) is called as prompt i
+        finishes. Greedy results
         equal one-by-one generation's. With a drafter loaded (and speculative=True) every sequence of
         the batch decodes speculatively (chain drafting; ddtree is refused), each with its own
         acceptance, rollback and adaptive policy, one target forward verifying all their blocks;
@@ -464,6 +466,9 @@ class Engine:
                               verify_cap_from=verify_cap_from, ddtree=ddtree, ddtree_budget=ddtree_budget))
         if parallel is not None or on_result is not None:
             raise LuceError("parallel and on_result go with a list of prompts")
+        for name, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_k", top_k),
+                            ("top_p", top_p), ("seed", seed)):
+            _per_prompt(name, value, 1, many=False)
         ids = self._ids_array(prompt_ids if prompt is None else self.encode_prompt(prompt, chat=chat))
         self._warn_fa_window(len(ids))
         if max_tokens < 0:
@@ -593,14 +598,17 @@ class Engine:
             return []
         if self.fa_window:
             raise LuceError("fa_window is not applied inside a batch yet: generate the prompts one by one")
-        budgets = _per_prompt(max_tokens, len(ids_list))
+        per_prompt = {name: _per_prompt(name, value, len(ids_list))
+                      for name, value in (("max_tokens", max_tokens), ("temperature", settings["temperature"]),
+                                          ("top_k", settings["top_k"]), ("top_p", settings["top_p"]),
+                                          ("seed", settings["seed"]))}
         speculative = speculative and self._drafter is not None
         n_parallel = min(len(ids_list), DEFAULT_PARALLEL) if parallel is None else parallel
         if isinstance(n_parallel, bool) or not isinstance(n_parallel, int) or not 1 <= n_parallel <= MAX_PARALLEL:
             raise LuceError(f"parallel must be an integer in 1..{MAX_PARALLEL}, got {parallel!r}")
-        return self._run_batch(ids_list, budgets, n_parallel, on_result, settings, speculative)
+        return self._run_batch(ids_list, per_prompt, n_parallel, on_result, settings, speculative)
 
-    def _run_batch(self, ids_list, budgets, n_parallel, on_result, settings, speculative) -> list[Generation]:
+    def _run_batch(self, ids_list, per_prompt, n_parallel, on_result, settings, speculative) -> list[Generation]:
         """The prompts through luce_batch_generate, each result built as its sequence finishes.
         Speculative batches neither read nor write the cost cache: a step's cost there is that of a
         forward shared with the other sequences, not a lone sequence's."""
@@ -611,13 +619,14 @@ class Engine:
         n = len(ids_list)
         keep = [stop_buf]  # cffi buffers the requests point into, alive through the call
         requests = ffi.new("luce_batch_request[]", n)
-        for i, (ids, budget) in enumerate(zip(ids_list, budgets)):
+        for i, ids in enumerate(ids_list):
+            budget = per_prompt["max_tokens"][i]
             if budget < 0:
                 raise LuceError(f"max_tokens must be >= 0, got {budget}")
             params = ffi.new("luce_generate_params *", {
-                "max_tokens": int(budget), "temperature": float(settings["temperature"]),
-                "top_k": int(settings["top_k"]), "top_p": float(settings["top_p"]),
-                "seed": int(settings["seed"]) & (2**64 - 1), "ignore_eos": int(settings["ignore_eos"]),
+                "max_tokens": budget, "temperature": per_prompt["temperature"][i],
+                "top_k": per_prompt["top_k"][i], "top_p": per_prompt["top_p"][i],
+                "seed": per_prompt["seed"][i] & (2**64 - 1), "ignore_eos": int(settings["ignore_eos"]),
                 "stop_ids": stop_buf, "n_stop_ids": len(stop)} | (_spec_params(settings) if speculative else {}))
             prompt = ffi.from_buffer("int32_t[]", ids)
             out = ffi.new("int32_t[]", max(1, budget))
@@ -714,14 +723,27 @@ def _is_many(prompt, prompt_ids) -> bool:
     return bool(items) and not isinstance(items[0], (int, np.integer))
 
 
-def _per_prompt(max_tokens, n: int) -> list[int]:
-    """max_tokens for each of n prompts: one number for all, or one each."""
-    if isinstance(max_tokens, (int, np.integer)) and not isinstance(max_tokens, bool):
-        return [int(max_tokens)] * n
-    budgets = list(max_tokens)
-    if len(budgets) != n or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in budgets):
-        raise LuceError(f"max_tokens must be a number or a list of {n} numbers (one per prompt)")
-    return [int(b) for b in budgets]
+# The settings a list of prompts may give one per prompt, and the type each takes.
+PER_PROMPT = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": float, "seed": int}
+
+
+def _per_prompt(name: str, value, n: int, many: bool = True) -> list:
+    """`name` for each of n prompts: one number for all, or (many: a list of prompts) one each."""
+    kind = PER_PROMPT[name]
+
+    def number(v) -> bool:
+        if isinstance(v, bool):
+            return False
+        return isinstance(v, (int, np.integer)) or (kind is float and isinstance(v, (float, np.floating)))
+
+    if number(value):
+        return [kind(value)] * n
+    if not many:
+        raise LuceError(f"{name} must be a number (a list of them goes with a list of prompts)")
+    values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if values is None or len(values) != n or not all(number(v) for v in values):
+        raise LuceError(f"{name} must be a number or a list of {n} numbers (one per prompt)")
+    return [kind(v) for v in values]
 
 
 def _spec_params(settings: dict) -> dict:
