@@ -715,6 +715,12 @@ bool mma_frag_serves(int type, int64_t n_in, int T) {
     if (T > MMA_FRAG_MAX_TOKENS) return false;
     if (type == GGML_IQ4_XS || small_units(type)) return true;
     const int parts = int8_units::row_parts(int(n_in));
+    // The legacy 32-element types: one n-tile, and rows of four parts to 16 tokens (H200 kernel
+    // bench, 2026-12-07, fragment against staged, us: Q4_0 10240x5120 at 4 / 8 / 16 tokens 29.5 /
+    // 29.4 / 59.8 against 38.9 / 39.7 / 39.2; 17408x5120 57.2 / 57.4 / 89.9 against 58.0 / 61.0 /
+    // 74.4; 5120x17408 71.6 / 71.5 / 92.3 against 77.8 / 81.3 / 109.6; IQ4_NL 17408x5120 55.8 /
+    // 55.9 / 94.9 against 59.1 / 60.9 / 64.3; Q5_0 and Q4_1 alike).
+    if (int8_units::legacy_4bit(type)) return T <= 8 || (parts == int8_units::MAX_PARTS && T <= 16);
     if (type == GGML_Q4_K) return parts == 1 || T <= 16;
     if (type == GGML_Q5_K && parts == 1) return true;
     if (type == GGML_Q6_K && frag_bulk_copies && bulk_serves(type, parts, frag_ntiles(T))) return true;
