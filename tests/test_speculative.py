@@ -350,6 +350,25 @@ def test_narrow_kv_cache_chain_and_tree(pair, cache):
     assert tree.stats["max_accepted"] >= 2
 
 
+@pytest.mark.parametrize("config", [dict(kv_cache="q8_0", kv_rotate=True), dict(fa_window=64),
+                                    dict(cache_type_k="q4_0", cache_type_v="q8_0", kv_rotate=True, fa_window=96)],
+                         ids=["q8_0-rotated", "fa-window", "q4_0-q8_0-rotated-fa-window"])
+@pytest.mark.filterwarnings("ignore:the prompt .* outgrows fa_window")  # its own test: test_fa_window.py
+def test_long_context_verify_cap_with_cache_types_and_window(pair, config):
+    """The long-context verify cap (here from the first step) under a quantized, rotated cache
+    and a window narrower than the 600-token prompt: speculative output equals plain output of
+    the same engine settings, and the cap held each verify to 8 rows (anchor + 7) while the
+    drafter drafted its block of 16."""
+    prompt = PROMPTS["long"]
+    with Engine(pair.target, threads=1, **config) as eng:
+        ref = eng.generate(prompt_ids=prompt, max_tokens=60, ignore_eos=True).tokens
+    with Engine(pair.target, threads=1, draft=pair.drafters["dflash"], **config) as eng:
+        g = eng.generate(prompt_ids=prompt, max_tokens=60, ignore_eos=True, adaptive=False, draft_block_size=16,
+                         verify_cap_from=1, oracle_tokens=ref)
+    assert g.tokens == ref
+    assert g.stats["max_accepted"] == 7 and g.stats["block_size"] == 16
+
+
 def test_tree_fits_a_tight_context(pair, plain):
     """The context holds exactly prompt + max_tokens: the tree shrinks near the end instead of
     writing cache slots past it."""
