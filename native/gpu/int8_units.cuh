@@ -128,36 +128,15 @@ struct alignas(16) Unit {  // 16-aligned: copied to shared memory as three 16-by
 // waits on them), decode_unit turns those into a Unit. Kernels fetch the next units before they
 // decode and apply the current ones, so DRAM latency hides behind the arithmetic: a decode-step
 // matmul is one pass over ~47 MB with little else to overlap (formats: spec/qwen35.md §4).
-// Q8_0 fields are only 2-byte aligned (34-byte blocks): they are fetched as the 4-byte-aligned
-// words around them and shifted into place by decode_unit (`shift` 0 or 16). (Q6_K's 210-byte
-// blocks are rearranged at upload so that its units are word-aligned: quant_blocks.cuh.)
+// The 32-element types' blocks (Q8_0: f16 d; i8 qs[32]; the legacy Q4_0, Q4_1, Q5_0, Q5_1,
+// IQ4_NL: spec/qwen35.md §4) are fetched whole as the words around them. Q8_0 (34 bytes), Q4_0 /
+// IQ4_NL (18) and Q5_0 (22) are only 2-byte aligned: the 4-byte-aligned words around the block,
+// shifted into place by decode_unit (`shift` 0 or 16); Q4_1 (20) and Q5_1 (24) are word-aligned
+// from an aligned tensor (`shift` 0). (Q6_K's 210-byte blocks are rearranged at upload so that its
+// units are word-aligned: quant_blocks.cuh.)
 template <int TYPE, bool LOWBIT = is_lowbit_type(TYPE)>
-struct RawUnit {  // Q8_0: f16 d; i8 qs[32] (34 bytes, 2-byte aligned: the nine words around them)
-    uint32_t w[9], shift;
-};
-// The legacy 32-element types (one block per unit, spec/qwen35.md §4). Q4_0 / IQ4_NL (f16 d;
-// u8 qs[16]: 18 bytes) and Q5_0 (f16 d; u32 qh; u8 qs[16]: 22 bytes) are only 2-byte aligned:
-// the words around them, as Q8_0. Q4_1 (f16 d, f16 m; qs: 20 bytes) and Q5_1 (d, m, qh, qs: 24)
-// are word-aligned from an aligned tensor.
-template <>
-struct RawUnit<GGML_Q4_0> {
-    uint32_t w[5], shift;
-};
-template <>
-struct RawUnit<GGML_IQ4_NL> {
-    uint32_t w[5], shift;
-};
-template <>
-struct RawUnit<GGML_Q5_0> {
-    uint32_t w[6], shift;
-};
-template <>
-struct RawUnit<GGML_Q4_1> {
-    uint32_t w[5];
-};
-template <>
-struct RawUnit<GGML_Q5_1> {
-    uint32_t w[6];
+struct RawUnit {
+    uint32_t w[(block_bytes(TYPE) + 3) / 4], shift;
 };
 template <int TYPE>
 struct RawUnit<TYPE, true> {  // the 1-3-bit types: their block and the unit in it, read by decode_unit
@@ -291,6 +270,7 @@ __device__ __forceinline__ void fetch_group_unit(const uint8_t *g, int j, RawUni
         const uint32_t *w = reinterpret_cast<const uint32_t *>(g + block_bytes(TYPE) * j);
 #pragma unroll
         for (int i = 0; i < int(sizeof(r.w) / 4); ++i) r.w[i] = w[i];
+        r.shift = 0;
     } else if constexpr (TYPE == GGML_Q4_K || TYPE == GGML_Q5_K) {
         // 144- and 176-byte blocks from an aligned base: every field below is 16-byte aligned.
         const int c = j / 2;
@@ -399,7 +379,7 @@ __device__ __forceinline__ void decode_fetched_lowbit(const RawUnit<TYPE> &r, in
     }
 }
 
-// The words of a block fetched by fetch_words_a2 (v[i]: its bytes 4i .. 4i + 3; the last holds 2).
+// The words of a block fetched by fetch_words_a2, or word by word with shift 0 (v[i]: its bytes 4i .. 4i + 3).
 template <int N>
 __device__ __forceinline__ void block_words_a2(const uint32_t (&w)[N], uint32_t shift, uint32_t (&v)[N]) {
 #pragma unroll
@@ -433,14 +413,9 @@ template <int TYPE>
 __device__ __forceinline__ void decode_legacy(const RawUnit<TYPE> &r, const Codebook &cb, Unit &un) {
     constexpr int N = sizeof(r.w) / 4;
     uint32_t v[N];
-    if constexpr (TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) v[i] = r.w[i];
-        un.s.dmin = f16_bits(v[0] >> 16);
-    } else {
-        block_words_a2(r.w, r.shift, v);
-    }
+    block_words_a2(r.w, r.shift, v);  // Q4_1 / Q5_1: shift 0, the words as fetched
     un.s.d = f16_bits(v[0] & 0xFFFF);
+    if constexpr (TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1) un.s.dmin = f16_bits(v[0] >> 16);
     uint32_t qs[4], qh = 0;
     if constexpr (TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1) {  // qs at byte 4 or 8: words 1..4 or 2..5
 #pragma unroll

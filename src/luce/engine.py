@@ -466,8 +466,8 @@ class Engine:
                               verify_cap_from=verify_cap_from, ddtree=ddtree, ddtree_budget=ddtree_budget))
         if parallel is not None or on_result is not None:
             raise LuceError("parallel and on_result go with a list of prompts")
-        for name, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_k", top_k),
-                            ("top_p", top_p), ("seed", seed)):
+        for name, value in dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                seed=seed).items():
             _per_prompt(name, value, 1, many=False)
         ids = self._ids_array(prompt_ids if prompt is None else self.encode_prompt(prompt, chat=chat))
         self._warn_fa_window(len(ids))
@@ -599,9 +599,7 @@ class Engine:
         if self.fa_window:
             raise LuceError("fa_window is not applied inside a batch yet: generate the prompts one by one")
         per_prompt = {name: _per_prompt(name, value, len(ids_list))
-                      for name, value in (("max_tokens", max_tokens), ("temperature", settings["temperature"]),
-                                          ("top_k", settings["top_k"]), ("top_p", settings["top_p"]),
-                                          ("seed", settings["seed"]))}
+                      for name, value in (settings | {"max_tokens": max_tokens}).items() if name in PER_PROMPT}
         speculative = speculative and self._drafter is not None
         n_parallel = min(len(ids_list), DEFAULT_PARALLEL) if parallel is None else parallel
         if isinstance(n_parallel, bool) or not isinstance(n_parallel, int) or not 1 <= n_parallel <= MAX_PARALLEL:
