@@ -18,8 +18,9 @@
 //   acc += (d * dx) * float(isum) - (dmin * dx) * float(sum_j m_j xsum_j);
 // Q8_0 has an f16 scale per 32 values on both sides (its activations are quantized in blocks of
 // 32), so each unit's product is scaled in fp32: acc += (d_j * dx_j) * float(dot_j); so do Q4_0,
-// Q5_0 and IQ4_NL, whose weights are staged as signed values (Q4_0 / Q5_0: q - 8 / q - 16).
-// (Q4_1 / Q5_1, whose mins need the activations' unit sums per block, keep the staged kernel.)
+// Q5_0 and IQ4_NL, whose weights are staged as signed values (Q4_0 / Q5_0: q - 8 / q - 16);
+// Q4_1 / Q5_1 add their block's min against the activations' unit sum:
+//   acc += (d_j * dx_j) * float(dot_j) + (m_j * dx_j) * float(xsum_j).
 // Deterministic: a fixed order, no atomics; a token's outputs do not depend on its tile or on T.
 //
 // Split K: a tile's groups are cut into `splits` runs of whole groups (blockIdx.z), each written
@@ -30,7 +31,7 @@
 // Pipeline: per group the block stages its 128 rows' eight units (decoded to int8 as the other
 // kernels decode them, sub-scales as bytes, the block scale) and its 64 tokens' 256 activations
 // and scale in shared memory; the next group's loads are in flight in registers meanwhile.
-// IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0 and IQ4_NL.
+// IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL.
 #include <algorithm>
 
 #include "kernels.h"
@@ -64,6 +65,9 @@ struct GemmType {
     static constexpr uint32_t zero4 = TYPE == GGML_Q6_K ? 0x20202020u : TYPE == GGML_Q4_0 ? 0x08080808u
                                     : TYPE == GGML_Q5_0 ? 0x10101010u : 0u;
     static constexpr bool has_min = TYPE == GGML_Q4_K || TYPE == GGML_Q5_K;
+    static constexpr bool unit_min = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1;  // m per 32-value block
+    static constexpr bool unit_sums = has_min || unit_min;  // the activations' sum per unit staged
+    static constexpr int mins = unit_min ? SLOTS : has_min ? 1 : 0;  // per row
     static constexpr int scales = per_unit_scales ? SLOTS : 1;  // d per row / dx per token
 };
 
@@ -76,9 +80,9 @@ struct GemmSmem {
     static constexpr int sc = x + GEMM_TOKS * LINE_WORDS;     // [GEMM_ROWS][4]: up to 16 int8 sub-scales
     static constexpr int d = sc + GEMM_ROWS * 4;              // [GEMM_ROWS][scales] the block scale(s)
     static constexpr int dmin = d + GEMM_ROWS * G::scales;    // [GEMM_ROWS] Q4_K / Q5_K: the block's dmin
-    static constexpr int dx = dmin + (G::has_min ? GEMM_ROWS : 0);  // [GEMM_TOKS][scales] activation scale(s)
+    static constexpr int dx = dmin + GEMM_ROWS * G::mins;  // [GEMM_TOKS][scales] activation scale(s)
     static constexpr int xs = dx + GEMM_TOKS * G::scales;     // [GEMM_TOKS][SLOTS] Q4_K / Q5_K: unit sums
-    static constexpr int words = xs + (G::has_min ? GEMM_TOKS * SLOTS : 0);
+    static constexpr int words = xs + (G::unit_sums ? GEMM_TOKS * SLOTS : 0);
     static constexpr size_t bytes = size_t(words) * 4;
 };
 
@@ -128,7 +132,7 @@ __device__ __forceinline__ void fetch_acts(const MmaArgs &p, int t0, int k, Gemm
     }
 #pragma unroll
     for (int i = 0; i < f.dx_entries; ++i) f.dx[i] = fetch_dx<TYPE>(p, t0, k, threadIdx.x + i * GEMM_THREADS);
-    if constexpr (GemmType<TYPE>::has_min) {  // 16-sums 4q .. 4q + 3 of token tid / 4, q = tid % 4
+    if constexpr (GemmType<TYPE>::unit_sums) {  // 16-sums 4q .. 4q + 3 of token tid / 4, q = tid % 4
         const int tok = t0 + int(threadIdx.x) / 4;
         f.xs = tok < p.T ? *reinterpret_cast<const uint2 *>(p.xs + int64_t(tok) * (p.n_in / 16) + 16 * k +
                                                             4 * (threadIdx.x % 4))
@@ -167,6 +171,7 @@ __device__ __forceinline__ void stage_group(const GemmRows<TYPE> &wr, const Gemm
         else if (u == 0) smem[S::d + row] = __float_as_uint(un.s.d);
         if constexpr (G::has_min)
             if (u == 0) smem[S::dmin + row] = __float_as_uint(un.s.dmin);
+        if constexpr (G::unit_min) smem[S::dmin + SLOTS * row + u] = __float_as_uint(un.s.dmin);
     }
 #pragma unroll
     for (int i = 0; i < f.x_entries; ++i) {
@@ -178,7 +183,7 @@ __device__ __forceinline__ void stage_group(const GemmRows<TYPE> &wr, const Gemm
         const int e = threadIdx.x + i * GEMM_THREADS;
         if (e < GEMM_TOKS * G::scales) smem[S::dx + e] = __float_as_uint(f.dx[i]);
     }
-    if constexpr (G::has_min) {  // unit j's sum = its two 16-sums
+    if constexpr (G::unit_sums) {  // unit j's sum = its two 16-sums
         const int tok = threadIdx.x / 4, q = threadIdx.x % 4;
         const auto half = [](uint32_t w, int h) { return int(int16_t(w >> (16 * h))); };
         smem[S::xs + SLOTS * tok + 2 * q] = uint32_t(half(f.xs.x, 0) + half(f.xs.x, 1));
@@ -226,7 +231,7 @@ __device__ __forceinline__ void multiply_group(const uint32_t *smem, int wm, int
 #pragma unroll
     for (int u = 0; u < SLOTS; ++u) {
         uint32_t a[MT][4];
-        float du[MT][2];  // 32-element types: this unit's scale of the lane's rows
+        float du[MT][2], mu[MT][2];  // 32-element types: this unit's scale (and min) of the lane's rows
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             const uint32_t *ra = smem + S::w + (WARP_ROWS * wm + 16 * m + g) * LINE_WORDS + 8 * u;
@@ -234,6 +239,9 @@ __device__ __forceinline__ void multiply_group(const uint32_t *smem, int wm, int
             a[m][0] = ra[tq], a[m][1] = rb[tq], a[m][2] = ra[tq + 4], a[m][3] = rb[tq + 4];
             if constexpr (G::per_unit_scales)
                 for (int h = 0; h < 2; ++h) du[m][h] = d[SLOTS * frag_row(wm, m, g, 2 * h) + u];
+            if constexpr (G::unit_min)
+                for (int h = 0; h < 2; ++h)
+                    mu[m][h] = reinterpret_cast<const float *>(smem + S::dmin)[SLOTS * frag_row(wm, m, g, 2 * h) + u];
         }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -254,8 +262,13 @@ __device__ __forceinline__ void multiply_group(const uint32_t *smem, int wm, int
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         if constexpr (G::per_unit_scales) {
-                            const float s = du[m][e / 2] * dx[SLOTS * frag_tok(wn, j, tq, e) + u];
+                            const int tok = frag_tok(wn, j, tq, e);
+                            const float s = du[m][e / 2] * dx[SLOTS * tok + u];
                             acc[m][j][e] = fmaf(s, float(c[e]), acc[m][j][e]);
+                            if constexpr (G::unit_min) {
+                                const int xsum = reinterpret_cast<const int *>(smem + S::xs)[SLOTS * tok + u];
+                                acc[m][j][e] = fmaf(mu[m][e / 2] * dx[SLOTS * tok + u], float(xsum), acc[m][j][e]);
+                            }
                         } else {
                             isum[m][j][e] += sc[m][e / 2][u] * c[e];
                         }
@@ -392,7 +405,7 @@ int gemm_splits(int64_t n_out, int64_t n_in, int T, int n_sm, int forced) {
 
 bool gemm_serves(int type, int64_t n_in) {
     const bool typed = type == GGML_IQ4_XS || type == GGML_Q6_K || type == GGML_Q4_K || type == GGML_Q5_K ||
-                       type == GGML_Q8_0 || type == GGML_Q4_0 || type == GGML_Q5_0 || type == GGML_IQ4_NL;
+                       type == GGML_Q8_0 || is_block32_type(type);
     return typed && n_in % GROUP == 0;
 }
 
@@ -408,6 +421,8 @@ void matmul_gemm(cudaStream_t stream, int type, int64_t n_in, const RowSegments 
     case GGML_Q8_0: launch_gemm<GGML_Q8_0>(stream, n_in, rows, T, a, splits, partial); break;
     case GGML_Q4_0: launch_gemm<GGML_Q4_0>(stream, n_in, rows, T, a, splits, partial); break;
     case GGML_Q5_0: launch_gemm<GGML_Q5_0>(stream, n_in, rows, T, a, splits, partial); break;
+    case GGML_Q4_1: launch_gemm<GGML_Q4_1>(stream, n_in, rows, T, a, splits, partial); break;
+    case GGML_Q5_1: launch_gemm<GGML_Q5_1>(stream, n_in, rows, T, a, splits, partial); break;
     case GGML_IQ4_NL: launch_gemm<GGML_IQ4_NL>(stream, n_in, rows, T, a, splits, partial); break;
     default: launch_gemm<GGML_IQ4_XS>(stream, n_in, rows, T, a, splits, partial);
     }
