@@ -140,12 +140,16 @@ def dequantize(qtype: T, raw: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def matmul(qtype: T, raw: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray) -> np.ndarray:
-    """y [n_tok, n_rows] for x [n_tok, n_cols] (luce_matvec when n_tok is 1)."""
+def matmul(qtype: T, raw: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray, prefill: bool = False) -> np.ndarray:
+    """y [n_tok, n_rows] for x [n_tok, n_cols] (luce_matvec when n_tok is 1; prefill: the
+    kernels prompt prefill runs, luce_matmul_prefill)."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     x = np.ascontiguousarray(x, dtype=np.float32)
     y = np.full((x.shape[0], n_rows), np.nan, dtype=np.float32)
-    if x.shape[0] == 1:
+    if prefill:
+        check(lib().luce_matmul_prefill(int(qtype), ffi.from_buffer(raw), raw.nbytes, n_rows, n_cols,
+                                        ffi.from_buffer("float[]", x), x.shape[0], ffi.from_buffer("float[]", y)))
+    elif x.shape[0] == 1:
         check(lib().luce_matvec(int(qtype), ffi.from_buffer(raw), raw.nbytes, n_rows, n_cols,
                                 ffi.from_buffer("float[]", x), ffi.from_buffer("float[]", y)))
     else:
@@ -191,18 +195,18 @@ def fp32_sum_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return 2 * gamma * (np.abs(x) @ np.abs(w).T)
 
 
-def assert_matmul_close(qtype: T, raw: np.ndarray, w64: np.ndarray, x: np.ndarray) -> None:
+def assert_matmul_close(qtype: T, raw: np.ndarray, w64: np.ndarray, x: np.ndarray, prefill: bool = False) -> None:
     """ours == w64 @ x_kernel up to fp32 rounding, x_kernel being x after the documented
     activation quantization (exactly x for float weights)."""
     n_rows, n_cols = w64.shape
-    ours = matmul(qtype, raw, n_rows, n_cols, x)
+    ours = matmul(qtype, raw, n_rows, n_cols, x, prefill)
     xk = kernel_activations(qtype, x)
     exact = xk @ w64.T
     err = np.abs(ours - exact)
     bound = fp32_sum_bound(w64, xk)
     worst = np.unravel_index(np.argmax(err - bound), err.shape)
     assert np.all(err <= bound), (
-        f"{qtype.name} {n_rows}x{n_cols} n_tok={x.shape[0]}: token {worst[0]} row {worst[1]} "
+        f"{qtype.name} {n_rows}x{n_cols} n_tok={x.shape[0]}{' prefill' if prefill else ''}: token {worst[0]} row {worst[1]} "
         f"ours {ours[worst]:.9g} exact {exact[worst]:.9g} |err| {err[worst]:.3g} > bound {bound[worst]:.3g}")
     return ours
 
@@ -357,14 +361,60 @@ def test_matmul_llama_cpp_quantized_close_to_float64(qtype, kernel_level):
         assert np.all(np.abs(ours - exact) <= bound)
 
 
-def test_matmul_tokens_are_independent(kernel_level):
-    """Each output row t depends on x[t] only: a batch equals its rows run one at a time."""
-    rng = np.random.default_rng(5)
-    raw = random_raw(T.Q4_K, 8 * 512 // 256, rng)
-    x = rng.standard_normal((6, 512)).astype(np.float32)
-    batch = matmul(T.Q4_K, raw, 8, 512, x)
-    one_by_one = np.concatenate([matmul(T.Q4_K, raw, 8, 512, x[t:t + 1]) for t in range(6)])
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_cols", [512, 8192 + 2048], ids=lambda v: f"{v}cols")
+def test_matmul_rows_and_tokens_are_independent(qtype, n_cols, kernel_level):
+    """Each output y[t][r] depends on x[t] and weight row r only, bit for bit: a batch equals its
+    tokens run one at a time (verify steps reproduce decode steps), and every row equals that row
+    run alone (kernels that take several rows at once, in groups that 11 rows do not fill). Also
+    for rows wider than one column pass of a token tile (quants_kernels.h column_chunk), which a
+    lone token must split where a tile does (a 27B's ffn_down rows are 17408 wide)."""
+    rng = np.random.default_rng(5 + int(qtype))
+    n_rows = 11
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = matmul_raw(qtype, n_rows * n_cols // block, rng)
+    x = rng.standard_normal((6, n_cols)).astype(np.float32)
+    batch = matmul(qtype, raw, n_rows, n_cols, x)
+    one_by_one = np.concatenate([matmul(qtype, raw, n_rows, n_cols, x[t:t + 1]) for t in range(6)])
     np.testing.assert_array_equal(batch, one_by_one)
+    for n_tok in (2, 3, 4):  # every tile width
+        np.testing.assert_array_equal(matmul(qtype, raw, n_rows, n_cols, x[:n_tok]), one_by_one[:n_tok])
+    row_bytes = n_cols // block * size
+    for r in range(n_rows):
+        alone = matmul(qtype, raw[r * row_bytes:(r + 1) * row_bytes], 1, n_cols, x)
+        np.testing.assert_array_equal(batch[:, r:r + 1], alone)
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, *BLOCK32], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_rows,n_cols,n_tok", SHAPES + [(9, 32 * 13, 5), (6, 8192 + 512, 6)], ids=lambda v: str(v))
+def test_prefill_matmul_close_to_float64(qtype, n_rows, n_cols, n_tok, kernel_level):
+    """The kernels of prompt prefill (the 32-element types' four-row kernels) hold the same
+    bound as the one-token ones: rows not filling a group of four, block tails, column passes."""
+    rng = np.random.default_rng(n_rows * 1000 + n_cols + n_tok + int(qtype) + 17)
+    block, _ = GGML_QUANT_SIZES[qtype]
+    raw = matmul_raw(qtype, n_rows * n_cols // block, rng)
+    w64 = gguf_dequantize(raw, qtype).reshape(n_rows, n_cols).astype(np.float64)
+    x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+    x[:, rng.integers(0, n_cols, 4)] *= 10
+    assert_matmul_close(qtype, raw, w64, x, prefill=True)
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, *BLOCK32], ids=lambda t: t.name)
+def test_prefill_matmul_rows_and_tokens_are_independent(qtype, kernel_level):
+    """Prefill rows may sum in another order than one-token steps, but still depend on their
+    own token and weight row only: a row equals itself run alone, a token itself run alone."""
+    rng = np.random.default_rng(50 + int(qtype))
+    n_rows, n_cols = 11, 512
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = matmul_raw(qtype, n_rows * n_cols // block, rng)
+    x = rng.standard_normal((6, n_cols)).astype(np.float32)
+    batch = matmul(qtype, raw, n_rows, n_cols, x, prefill=True)
+    one_by_one = np.concatenate([matmul(qtype, raw, n_rows, n_cols, x[t:t + 1], prefill=True) for t in range(6)])
+    np.testing.assert_array_equal(batch, one_by_one)
+    row_bytes = n_cols // block * size
+    for r in range(n_rows):
+        alone = matmul(qtype, raw[r * row_bytes:(r + 1) * row_bytes], 1, n_cols, x, prefill=True)
+        np.testing.assert_array_equal(batch[:, r:r + 1], alone)
 
 
 # ------------------------------------------------------------------------------------------------

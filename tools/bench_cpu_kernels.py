@@ -3,12 +3,14 @@
 
     .venv/bin/python tools/bench_cpu_kernels.py --types IQ4_XS,Q2_K,IQ2_XXS --tokens 1,16
     .venv/bin/python tools/bench_cpu_kernels.py --levels scalar,avx2
+    .venv/bin/python tools/bench_cpu_kernels.py --types Q8_0,Q4_0 --tokens 64,512 --prefill
 
 Why: a decode step on the CPU is the weight matmuls, so Gweights/s per type tells which weight
 types a CPU user can run at memory speed and which are bound by their unpacking. The blocks are
 random bytes with their f16 scales set to 1.0 (timing does not depend on the values); x is
 quantized by the kernel as in a real step. Each number is the fastest of --reps calls through
-luce_matvec (1 token) or luce_matmul; LUCE_CPU_KERNELS caps the level per call.
+luce_matvec (1 token) or luce_matmul (--prefill: luce_matmul_prefill, the kernels prompt
+prefill runs); LUCE_CPU_KERNELS caps the level per call.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def random_weights(name: str, rows: int, cols: int, rng: np.random.Generator) ->
     return raw.reshape(-1)
 
 
-def time_matmul(name: str, raw: np.ndarray, rows: int, cols: int, n_tok: int, reps: int) -> float:
+def time_matmul(name: str, raw: np.ndarray, rows: int, cols: int, n_tok: int, reps: int, prefill: bool) -> float:
     qtype = int(GGMLQuantizationType[name])
     x = np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32)
     y = np.zeros((n_tok, rows), np.float32)
@@ -45,7 +47,9 @@ def time_matmul(name: str, raw: np.ndarray, rows: int, cols: int, n_tok: int, re
     w, xb, yb = ffi.from_buffer(raw), ffi.from_buffer("float[]", x), ffi.from_buffer("float[]", y)
 
     def call():
-        if n_tok == 1:
+        if prefill:
+            check(L.luce_matmul_prefill(qtype, w, raw.nbytes, rows, cols, xb, n_tok, yb))
+        elif n_tok == 1:
             check(L.luce_matvec(qtype, w, raw.nbytes, rows, cols, xb, yb))
         else:
             check(L.luce_matmul(qtype, w, raw.nbytes, rows, cols, xb, n_tok, yb))
@@ -68,6 +72,7 @@ def main() -> int:
                     help="LUCE_CPU_KERNELS caps: auto,scalar,avx2,avx512, or exact (fp32 activations, the reference)")
     ap.add_argument("--shape", default="2048x4096", help="rows x columns (columns a multiple of 256)")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--prefill", action="store_true", help="time the kernels prompt prefill runs")
     args = ap.parse_args()
     try:
         rows, cols = (int(v) for v in args.shape.lower().split("x"))
@@ -88,7 +93,7 @@ def main() -> int:
                 os.environ.pop("LUCE_CPU_KERNELS", None)
             else:
                 os.environ["LUCE_CPU_KERNELS"] = level
-            rates = [time_matmul(name, raw, rows, cols, n, args.reps) for n in tokens]
+            rates = [time_matmul(name, raw, rows, cols, n, args.reps, args.prefill) for n in tokens]
             print(f"{name:8s} {level:7s} " + " ".join(f"{r:10.2f}" for r in rates), flush=True)
     return 0
 

@@ -367,6 +367,10 @@ luce_status luce_matvec(int32_t type, const void *weights, size_t nbytes, int64_
    y[t][r] = sum_c W[r][c] * x[t][c], x row-major [n_tok][n_cols], y row-major [n_tok][n_rows]. */
 luce_status luce_matmul(int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
                         int64_t n_cols, const float *x, int64_t n_tok, float *y);
+/* The same with the kernels prompt prefill runs: some types sum in another fp32 order there
+   (same error bound; docs/architecture-quants.md). */
+luce_status luce_matmul_prefill(int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
+                                int64_t n_cols, const float *x, int64_t n_tok, float *y);
 
 /* ---- the host sampler (sampling.h; what luce_generate runs at temperature > 0) --------------- */
 

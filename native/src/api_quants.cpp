@@ -83,14 +83,24 @@ LUCE_API luce_status luce_matvec(int32_t type, const void *weights, size_t nbyte
     });
 }
 
-LUCE_API luce_status luce_matmul(int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
-                                 int64_t n_cols, const float *x, int64_t n_tok, float *y) {
+static luce_status checked_matmul(int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
+                                  int64_t n_cols, const float *x, int64_t n_tok, float *y, bool prefill) {
     return luce::guard([&] {
         const luce::TypeTraits &t = supported_traits(type);
         require_nbytes(t, nbytes, expected_bytes(t, n_rows, n_cols));
         if (n_tok <= 0) luce::fail(LUCE_ERR_INVALID_ARGUMENT, "n_tok must be positive, got %lld", (long long)n_tok);
         if (weights == nullptr || x == nullptr || y == nullptr)
             luce::fail(LUCE_ERR_INVALID_ARGUMENT, "null buffer");
-        luce::matmul_rows(type, weights, n_cols, 0, n_rows, x, n_tok, y, n_rows);
+        luce::matmul_rows(type, weights, n_cols, 0, n_rows, x, n_tok, y, n_rows, prefill);
     });
+}
+
+LUCE_API luce_status luce_matmul(int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
+                                 int64_t n_cols, const float *x, int64_t n_tok, float *y) {
+    return checked_matmul(type, weights, nbytes, n_rows, n_cols, x, n_tok, y, false);
+}
+
+LUCE_API luce_status luce_matmul_prefill(int32_t type, const void *weights, size_t nbytes, int64_t n_rows,
+                                         int64_t n_cols, const float *x, int64_t n_tok, float *y) {
+    return checked_matmul(type, weights, nbytes, n_rows, n_cols, x, n_tok, y, true);
 }

@@ -292,11 +292,11 @@ public:
     // Forget every recorded graph (the buffers they point into are going away).
     virtual void graph_clear() {}
 
-    // Prefill (GPU, docs/gpu.md) -------------------------------------------------------------
+    // Prefill (docs/gpu.md, docs/architecture-quants.md) -------------------------------------
     // Between set_prefill(true) and set_prefill(false) the steps ingest a prompt: their rows need
     // not be bit-identical to one-token steps of the same tokens (verify steps, which must be,
     // never run inside), so a backend may use kernels with another summation order for them.
-    // The default (CPU) ignores it. PrefillScope below pairs the two calls.
+    // The default ignores it. PrefillScope below pairs the two calls.
     virtual void set_prefill(bool /*on*/) {}
     virtual bool prefill() const { return false; }
 

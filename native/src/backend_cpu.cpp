@@ -132,7 +132,7 @@ void CpuBackend::copy(void *dst, const void *src, size_t n) { std::memcpy(dst, s
 
 void CpuBackend::matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) {
     pool_.run(w.n_out, [&](int64_t r0, int64_t r1) {
-        matmul_rows(w.type, w.data, w.n_in, r0, r1, x, T, y, ldy);
+        matmul_rows(w.type, w.data, w.n_in, r0, r1, x, T, y, ldy, prefill_);
     }, grain_for(w.n_in * T, 16));  // >= 16 rows: whole cache lines of y
 }
 

@@ -19,6 +19,10 @@ public:
     void copy(void *dst, const void *src, size_t n_bytes) override;
 
     void matmul(const Weight &w, const float *x, int T, float *y, int64_t ldy) override;
+    // Prompt prefill may run the matmul kernels of another summation order (matmul_rows'
+    // `prefill`: the 32-element types' four-row kernels).
+    void set_prefill(bool on) override { prefill_ = on; }
+    bool prefill() const override { return prefill_; }
     void get_rows(const Weight &w, const int32_t *ids, int T, float *out) override;
     void rmsnorm(const float *x, int64_t x_stride, const float *w, int n_rows, int dim, float eps,
                  float *y, int64_t y_stride) override;
@@ -59,6 +63,7 @@ public:
 
 private:
     ThreadPool pool_;
+    bool prefill_ = false;
 };
 
 }  // namespace luce

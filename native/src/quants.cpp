@@ -392,12 +392,12 @@ QuantizedActs quantize_acts(const float *x, int64_t n_cols, int64_t n_tok, int64
     return a;
 }
 
-int64_t column_chunk(int64_t n_cols, int64_t n_tok, int64_t x_bytes) {
-    // One token: never split. A single pass streams each row contiguously; two passes over a
-    // 5120x17408 Q4_K matrix measured 2.7x slower (strided reads defeat the prefetchers).
-    if (n_tok <= 1) return n_cols;
+int64_t column_chunk(int32_t type, int64_t n_cols, int64_t tile_tokens) {
+    // The 1-3-bit types take every token count in one pass (their many-token kernel has none).
+    if (is_lowbit_type(type)) return n_cols;
     constexpr int64_t kL1Budget = 32 * 1024;  // of the 48 KiB L1d; the rest for weights and y
-    int64_t chunk = kL1Budget / (n_tok * x_bytes) / 256 * 256;
+    const int64_t x_bytes = act_block(type) != 0 ? 1 : 4;
+    int64_t chunk = kL1Budget / (tile_tokens * x_bytes) / 256 * 256;
     if (chunk < 256) chunk = 256;
     return chunk >= n_cols ? n_cols : chunk;
 }
@@ -467,9 +467,9 @@ static bool exact_requested() {
 }
 
 void matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
-                 const float *x, int64_t n_tok, float *y, int64_t ldy) {
+                 const float *x, int64_t n_tok, float *y, int64_t ldy, bool prefill) {
     if (exact_requested()) return matmul_rows_reference(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);
-    if (matmul_rows_simd(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy)) return;
+    if (matmul_rows_simd(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy, prefill)) return;
     if (matmul_rows_lowbit_any(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy)) return;
     if (act_block(type) != 0)
         matmul_rows_q8_acts(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);

@@ -64,8 +64,12 @@ void dequantize_row(int32_t type, const void *src, float *dst, int64_t n);
 // Quantized weights multiply int8-quantized activations, as llama.cpp does: each block of 32
 // (the 32-element types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) or 256 values of x becomes d*q, d = max|x|/127 (contract and error
 // bound: quants_kernels.h, docs/architecture-quants.md); float weights use x as it is.
+// Every y[t][r] depends on x[t] and row r alone, bit for bit, whatever n_tok and the row range
+// (verify steps reproduce one-token steps). With `prefill` (prompt prefill, Backend::set_prefill)
+// a type may take kernels of another fp32 summation order, the same bound; rows still do not
+// depend on each other or on n_tok.
 void matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
-                 const float *x, int64_t n_tok, float *y, int64_t ldy);
+                 const float *x, int64_t n_tok, float *y, int64_t ldy, bool prefill = false);
 
 // Same contract as matmul_rows, computed the plain way: each weight chunk dequantized exactly
 // (as dequantize_row) and dotted with the fp32 activations in fp32. matmul_rows uses this when

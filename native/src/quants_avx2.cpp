@@ -345,11 +345,88 @@ void legacy32_tile(const Tile &t) {
     }
 }
 
+// Prompt prefill (matmul_rows' `prefill`): four rows at a time. With one scale per 32 weights,
+// the float work per block and row (convert, scale, FMA) costs about as much as the integer dot;
+// two hadd levels pack four rows' 8-lane dots into one vector, lanes 0-3 = the rows' elements
+// 0-15 and lanes 4-7 = their elements 16-31, so a block takes one convert and one FMA for four
+// rows, and each activation load serves four rows. Another summation order than the kernels
+// above (prefill rows need not match one-token steps); a group short of four rows repeats its
+// last row, so a row's bits do not depend on its neighbours. Not for decode: a lone token is
+// memory-bound, and four row streams at once measured slower there.
+template <int TYPE>
+inline __m256i block32_weights(const uint8_t *b, __m256i iq4nl_table) {
+    constexpr bool with_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1;
+    if constexpr (TYPE == GGML_Q8_0) return load256(b + 2);
+    const __m256i codes = legacy_codes<TYPE>(b);
+    if constexpr (with_m) return codes;
+    if constexpr (TYPE == GGML_IQ4_NL) return _mm256_shuffle_epi8(iq4nl_table, codes);
+    return _mm256_sub_epi8(codes, _mm256_set1_epi8(TYPE == GGML_Q4_0 ? 8 : 16));
+}
+
+// The f16 at byte `at` of four blocks as fp32, in both 128-bit lanes.
+inline __m256 four_f16(const uint8_t *const b[4], int at) {
+    const __m128i h = _mm_setr_epi16(short(load_u16(b[0] + at)), short(load_u16(b[1] + at)),
+                                     short(load_u16(b[2] + at)), short(load_u16(b[3] + at)), 0, 0, 0, 0);
+    const __m128 f = _mm_cvtph_ps(h);
+    return _mm256_set_m128(f, f);
+}
+
+template <int TYPE, int NT>
+void block32_rows4_tile(const Tile &t) {
+    constexpr bool with_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1;
+    const int64_t nb = t.n_cols / 32, i_end = t.c1 / 32, bytes = type_traits(TYPE)->block_bytes;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4nlValues)));
+    for (int64_t r = t.r0; r < t.r1; r += 4) {
+        const uint8_t *rows[4];
+        for (int j = 0; j < 4; ++j) rows[j] = t.w + (r + j < t.r1 ? r + j : t.r1 - 1) * t.row_bytes;
+        __m256 acc[NT];
+        __m128 offset[NT];  // Q4_1 / Q5_1: the rows' sums of m dx xsum
+        for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps(), offset[k] = _mm_setzero_ps();
+        for (int64_t i = t.c0 / 32; i < i_end; ++i) {
+            const uint8_t *b[4] = {rows[0] + i * bytes, rows[1] + i * bytes, rows[2] + i * bytes, rows[3] + i * bytes};
+            __m256i w[4], aw[4];
+            for (int j = 0; j < 4; ++j) {
+                w[j] = block32_weights<TYPE>(b[j], table);
+                aw[j] = with_m ? w[j] : _mm256_sign_epi8(w[j], w[j]);
+            }
+            const __m256 d = four_f16(b, 0);
+            for (int k = 0; k < NT; ++k) {
+                const int64_t tok = t.t0 + k;
+                const __m256i x = load256(t.a->q + tok * t.a->q_stride + i * 32);
+                __m256i s[4];
+                for (int j = 0; j < 4; ++j)
+                    s[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[j], with_m ? x : _mm256_sign_epi8(x, w[j])), ones);
+                const __m256i dots = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+                const float dx = t.a->d[tok * nb + i];
+                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(dots), acc[k]);
+                if constexpr (with_m) {
+                    const int16_t *sums = t.a->sums16 + tok * t.a->s_stride + 2 * i;
+                    const __m128 m = _mm256_castps256_ps128(four_f16(b, 2));
+                    offset[k] = _mm_fmadd_ps(m, _mm_set1_ps(dx * float(sums[0] + sums[1])), offset[k]);
+                }
+            }
+        }
+        for (int k = 0; k < NT; ++k) {
+            alignas(16) float out[4];
+            _mm_store_ps(out, _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(acc[k]), _mm256_extractf128_ps(acc[k], 1)),
+                                         offset[k]));
+            for (int j = 0; j < 4 && r + j < t.r1; ++j) put(t, k, r + j, out[j]);
+        }
+    }
+}
+
 template <int NT> void q4_0_tile(const Tile &t) { legacy32_tile<GGML_Q4_0, NT>(t); }
 template <int NT> void q4_1_tile(const Tile &t) { legacy32_tile<GGML_Q4_1, NT>(t); }
 template <int NT> void q5_0_tile(const Tile &t) { legacy32_tile<GGML_Q5_0, NT>(t); }
 template <int NT> void q5_1_tile(const Tile &t) { legacy32_tile<GGML_Q5_1, NT>(t); }
 template <int NT> void iq4_nl_tile(const Tile &t) { legacy32_tile<GGML_IQ4_NL, NT>(t); }
+template <int NT> void q8_0_rows4(const Tile &t) { block32_rows4_tile<GGML_Q8_0, NT>(t); }
+template <int NT> void q4_0_rows4(const Tile &t) { block32_rows4_tile<GGML_Q4_0, NT>(t); }
+template <int NT> void q4_1_rows4(const Tile &t) { block32_rows4_tile<GGML_Q4_1, NT>(t); }
+template <int NT> void q5_0_rows4(const Tile &t) { block32_rows4_tile<GGML_Q5_0, NT>(t); }
+template <int NT> void q5_1_rows4(const Tile &t) { block32_rows4_tile<GGML_Q5_1, NT>(t); }
+template <int NT> void iq4_nl_rows4(const Tile &t) { block32_rows4_tile<GGML_IQ4_NL, NT>(t); }
 
 // ---------------------------------------------------------------------------------------------
 // The 1-3-bit types (quants_lowbit.h): each 32-element unit decoded to int8 codes q with a small
@@ -705,6 +782,23 @@ const TileFn *tiles_for(int32_t type) {
     }
 }
 
+// Prompt prefill's kernels where they differ from tiles_for's (the 32-element types' four-row
+// kernels); null otherwise.
+const TileFn *prefill_tiles_for(int32_t type) {
+    static const TileFn q8_0[] = LUCE_TILES(q8_0_rows4), q4_0[] = LUCE_TILES(q4_0_rows4),
+                        q4_1[] = LUCE_TILES(q4_1_rows4), q5_0[] = LUCE_TILES(q5_0_rows4),
+                        q5_1[] = LUCE_TILES(q5_1_rows4), iq4_nl[] = LUCE_TILES(iq4_nl_rows4);
+    switch (type) {
+        case GGML_Q8_0: return q8_0;
+        case GGML_Q4_0: return q4_0;
+        case GGML_Q4_1: return q4_1;
+        case GGML_Q5_0: return q5_0;
+        case GGML_Q5_1: return q5_1;
+        case GGML_IQ4_NL: return iq4_nl;
+        default: return nullptr;
+    }
+}
+
 }  // namespace
 
 // The activation quantizer of quants_kernels.h, 32 values per step; bit-identical to
@@ -732,9 +826,10 @@ void quantize_block(const float *x, int64_t block, int8_t *q, float *d) {
 }
 
 bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
-                 const float *x, int64_t n_tok, float *y, int64_t ldy) {
+                 const float *x, int64_t n_tok, float *y, int64_t ldy, bool prefill) {
     const TileFn *fns = tiles_for(type);
     if (fns == nullptr) return false;
+    if (prefill && prefill_tiles_for(type) != nullptr) fns = prefill_tiles_for(type);
     QuantizedActs a;
     const int64_t block = act_block(type);
     if (block != 0) a = quantize_acts(x, n_cols, n_tok, block, quantize_block);
@@ -744,8 +839,21 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
         lowbit_all_tokens_for(type)(t, n_tok);
         return true;
     }
-    // Column passes, row blocks, token tiles, rows (reasons: quants_avx512.cpp).
-    const int64_t chunk = column_chunk(n_cols, n_tok < kMaxTile ? n_tok : kMaxTile, block != 0 ? 1 : 4);
+    // Column passes, row blocks, token tiles, rows (reasons: quants_avx512.cpp). The passes are
+    // those of a full tile whatever n_tok, so every row sums in the same order for every token
+    // count; a lone token runs them row by row (each row still read front to back).
+    const int64_t chunk = column_chunk(type, n_cols, kMaxTile);
+    if (n_tok == 1 && chunk < n_cols) {
+        for (t.r0 = row_begin; t.r0 < row_end; ++t.r0) {
+            t.r1 = t.r0 + 1;
+            for (t.c0 = 0; t.c0 < n_cols; t.c0 += chunk) {
+                t.c1 = t.c0 + chunk < n_cols ? t.c0 + chunk : n_cols;
+                t.accumulate = t.c0 > 0;
+                fns[0](t);
+            }
+        }
+        return true;
+    }
     const int64_t slice_bytes = row_bytes(type, chunk) > 0 ? row_bytes(type, chunk) : 1;
     int64_t row_block = n_tok <= kMaxTile ? row_end - row_begin : (int64_t(1) << 20) / slice_bytes;
     if (row_block < 1) row_block = 1;

@@ -396,7 +396,18 @@ bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
     // L1 while the rows of a block go by; a block's weight slice (<= 1 MiB) stays in L2 while
     // every tile uses it. (Tiles inside rows would read each weight row once, but the tiles'
     // activations then no longer fit L1 together: ~2x slower at 8 tokens.)
-    const int64_t chunk = column_chunk(n_cols, n_tok < kMaxTile ? n_tok : kMaxTile, block != 0 ? 1 : 4);
+    // The passes are those of a full tile whatever n_tok (column_chunk): a lone token runs them
+    // row by row.
+    const int64_t chunk = column_chunk(type, n_cols, kMaxTile);
+    if (n_tok == 1 && chunk < n_cols) {
+        for (t.r = row_begin; t.r < row_end; ++t.r)
+            for (t.c0 = 0; t.c0 < n_cols; t.c0 += chunk) {
+                t.c1 = t.c0 + chunk < n_cols ? t.c0 + chunk : n_cols;
+                t.accumulate = t.c0 > 0;
+                fns[0](t);
+            }
+        return true;
+    }
     const int64_t slice_bytes = row_bytes(type, chunk) > 0 ? row_bytes(type, chunk) : 1;
     int64_t row_block = n_tok <= kMaxTile ? row_end - row_begin : ((int64_t(1) << 20) / slice_bytes) / 2 * 2;
     if (row_block < 2) row_block = 2;

@@ -17,7 +17,7 @@ namespace luce {
 #if defined(__x86_64__)
 namespace avx2 {
 bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
-                 const float *x, int64_t n_tok, float *y, int64_t ldy);
+                 const float *x, int64_t n_tok, float *y, int64_t ldy, bool prefill);
 }
 namespace avx512 {
 bool matmul_rows(int32_t type, const void *w, int64_t n_cols, int64_t row_begin, int64_t row_end,
@@ -58,13 +58,13 @@ static KernelLevel kernel_level() {
 #endif
 
 bool matmul_rows_simd(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
-                      int64_t row_end, const float *x, int64_t n_tok, float *y, int64_t ldy) {
+                      int64_t row_end, const float *x, int64_t n_tok, float *y, int64_t ldy, bool prefill) {
 #if defined(__x86_64__)
     switch (kernel_level()) {
         case kAvx512:
             if (avx512::matmul_rows(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy)) return true;
             [[fallthrough]];  // a type with no AVX-512 kernel (the 1-3-bit ones) runs the AVX2 one
-        case kAvx2: return avx2::matmul_rows(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy);
+        case kAvx2: return avx2::matmul_rows(type, w, n_cols, row_begin, row_end, x, n_tok, y, ldy, prefill);
         case kScalar: break;
     }
 #endif

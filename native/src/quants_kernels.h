@@ -46,14 +46,17 @@ QuantizedActs quantize_acts(const float *x, int64_t n_cols, int64_t n_tok, int64
                             QuantizeBlockFn quantize_block = quantize_block_scalar);
 
 // Columns per pass of the SIMD matmuls: a multiple of 256 (every block size divides it) small
-// enough that the activations of the n_tok tokens of one tile for one pass (x_bytes per value:
-// 1 when quantized, 4 as fp32) stay in L1 while every weight row of the pass is applied to them.
-// n_cols itself when that already fits.
-int64_t column_chunk(int64_t n_cols, int64_t n_tok, int64_t x_bytes);
+// enough that the activations of a tile of tile_tokens tokens for one pass (1 byte per value
+// when quantized, 4 as fp32) stay in L1 while every weight row of the pass is applied to them;
+// n_cols itself when that already fits, and for the 1-3-bit types. A row's fp32 sum restarts at
+// each pass, so every token count runs the same passes (a lone token row by row: two passes
+// over a 5120x17408 Q4_K matrix, each over all rows, measured 2.7x slower than one, the
+// strided reads defeating the prefetchers).
+int64_t column_chunk(int32_t type, int64_t n_cols, int64_t tile_tokens);
 
 // Runs the fastest SIMD matmul the CPU supports for `type`; false if there is none (the
 // caller then runs matmul_rows_reference). Same contract as matmul_rows.
 bool matmul_rows_simd(int32_t type, const void *w, int64_t n_cols, int64_t row_begin,
-                      int64_t row_end, const float *x, int64_t n_tok, float *y, int64_t ldy);
+                      int64_t row_end, const float *x, int64_t n_tok, float *y, int64_t ldy, bool prefill);
 
 }  // namespace luce
