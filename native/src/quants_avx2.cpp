@@ -307,6 +307,18 @@ inline __m256i legacy_codes(const uint8_t *b) {
     return codes;
 }
 
+// The 32 weights of a block as maddubs takes them: signed values (Q8_0 as stored, Q4_0 / Q5_0
+// less their zero point, IQ4_NL looked up), or Q4_1 / Q5_1's unsigned codes.
+template <int TYPE>
+inline __m256i block32_weights(const uint8_t *b, __m256i iq4nl_table) {
+    constexpr bool with_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1;
+    if constexpr (TYPE == GGML_Q8_0) return load256(b + 2);
+    const __m256i codes = legacy_codes<TYPE>(b);
+    if constexpr (with_m) return codes;
+    if constexpr (TYPE == GGML_IQ4_NL) return _mm256_shuffle_epi8(iq4nl_table, codes);
+    return _mm256_sub_epi8(codes, _mm256_set1_epi8(TYPE == GGML_Q4_0 ? 8 : 16));
+}
+
 template <int TYPE, int NT>
 void legacy32_tile(const Tile &t) {
     constexpr bool with_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1;
@@ -321,13 +333,8 @@ void legacy32_tile(const Tile &t) {
         for (int64_t i = t.c0 / 32; i < i_end; ++i) {
             const uint8_t *b = row + i * bytes;
             const float d = f16(b);
-            const __m256i codes = legacy_codes<TYPE>(b);
-            __m256i w = codes, aw = codes;  // Q4_1 / Q5_1: unsigned codes, no signs to move
-            if constexpr (!with_m) {
-                if constexpr (TYPE == GGML_IQ4_NL) w = _mm256_shuffle_epi8(table, codes);
-                else w = _mm256_sub_epi8(codes, _mm256_set1_epi8(TYPE == GGML_Q4_0 ? 8 : 16));
-                aw = _mm256_sign_epi8(w, w);
-            }
+            const __m256i w = block32_weights<TYPE>(b, table);
+            const __m256i aw = with_m ? w : _mm256_sign_epi8(w, w);  // Q4_1 / Q5_1: no signs to move
             for (int k = 0; k < NT; ++k) {
                 const int64_t tok = t.t0 + k;
                 const __m256i x = load256(t.a->q + tok * t.a->q_stride + i * 32);
@@ -353,15 +360,6 @@ void legacy32_tile(const Tile &t) {
 // above (prefill rows need not match one-token steps); a group short of four rows repeats its
 // last row, so a row's bits do not depend on its neighbours. Not for decode: a lone token is
 // memory-bound, and four row streams at once measured slower there.
-template <int TYPE>
-inline __m256i block32_weights(const uint8_t *b, __m256i iq4nl_table) {
-    constexpr bool with_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1;
-    if constexpr (TYPE == GGML_Q8_0) return load256(b + 2);
-    const __m256i codes = legacy_codes<TYPE>(b);
-    if constexpr (with_m) return codes;
-    if constexpr (TYPE == GGML_IQ4_NL) return _mm256_shuffle_epi8(iq4nl_table, codes);
-    return _mm256_sub_epi8(codes, _mm256_set1_epi8(TYPE == GGML_Q4_0 ? 8 : 16));
-}
 
 // The f16 at byte `at` of four blocks as fp32, in both 128-bit lanes.
 inline __m256 four_f16(const uint8_t *const b[4], int at) {
