@@ -3,13 +3,18 @@
 // Positions are read from device memory (pos[t]), never passed as launch arguments, so a step's
 // launches stay valid from one step to the next (step graphs).
 //
-// attention: one block per (query head h, token t) with W warps, each over its rounds of keys with
-// an online softmax (attend_keys); the W partial results are merged at the end:
-//   out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M),  M = max_w m_w.
-// Scores are q.k / sqrt(D) in fp32, as the CPU backend computes them.
+// attention, three kernels (scores are q.k / sqrt(D) in fp32, as the CPU backend computes them):
+//   grouped decode (CUDA, steps of up to MAX_STEP tokens, head dims 64 / 128 / 256): a block per
+//     (KV head, token) scores all the query heads sharing that KV head against 32-key tiles
+//     staged once in shared memory (KeyTiles);
+//   prefill (CUDA, longer causal steps): the same tiles, the rows 16 tokens of one query head;
+//   one-query (HIP, other head dims, LUCE_GPU_ATTN_GROUPED=0): a block per (query head, token)
+//     with W warps, each over its rounds of keys with an online softmax (attend_keys); the W
+//     partial results merged at the end:
+//       out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M),  M = max_w m_w.
 //
-// With scratch, decode-sized steps take the split-KV path (attention_split_kernel + merge, see
-// there); LUCE_GPU_ATTN_SPLIT=0 (read by GpuBackend) passes no scratch and keeps the one-pass kernel.
+// With scratch, decode-sized steps also split the keys (flash-decoding: the grouped or one-query
+// split kernel + merge); LUCE_GPU_ATTN_SPLIT=0 (read by GpuBackend) passes no scratch.
 #include <algorithm>
 #include <type_traits>
 
@@ -82,29 +87,51 @@ struct RowCaches {
 
 __device__ __forceinline__ float f16_word(uint32_t bits) { return __half2float(__ushort_as_half(uint16_t(bits))); }
 
-// Values 4c .. 4c+3 of a row of D values of type t: one aligned load of quants and, for the block
+// Values 4c .. 4c+3 of a row of D values of type T: one aligned load of quants and, for the block
 // types, one scale.
-__device__ __forceinline__ float4 kv_load4(const uint8_t *row, KvType t, int c, int D) {
-    switch (t) {
-        case KvType::F16: {
-            const uint2 w = reinterpret_cast<const uint2 *>(row)[c];
-            return make_float4(f16_word(w.x & 0xffffu), f16_word(w.x >> 16), f16_word(w.y & 0xffffu), f16_word(w.y >> 16));
-        }
-        case KvType::Q8_0: {
-            const uint32_t w = reinterpret_cast<const uint32_t *>(row)[c];
-            const float d = f16_word(reinterpret_cast<const uint16_t *>(row + D)[c / 8]);
-            return make_float4(d * float(int8_t(w)), d * float(int8_t(w >> 8)), d * float(int8_t(w >> 16)),
-                               d * float(int8_t(w >> 24)));
-        }
-        case KvType::Q4_0: {
-            const uint32_t w = reinterpret_cast<const uint16_t *>(row)[c];
-            const float d = f16_word(reinterpret_cast<const uint16_t *>(row + D / 2)[c / 8]);
-            return make_float4(d * float(int(w & 0xfu) - 8), d * float(int((w >> 4) & 0xfu) - 8),
-                               d * float(int((w >> 8) & 0xfu) - 8), d * float(int((w >> 12) & 0xfu) - 8));
-        }
-        default: return reinterpret_cast<const float4 *>(row)[c];
+template <KvType T>
+__device__ __forceinline__ float4 kv_load4_as(const uint8_t *row, int c, int D) {
+    if constexpr (T == KvType::F16) {
+        const uint2 w = reinterpret_cast<const uint2 *>(row)[c];
+        return make_float4(f16_word(w.x & 0xffffu), f16_word(w.x >> 16), f16_word(w.y & 0xffffu), f16_word(w.y >> 16));
+    } else if constexpr (T == KvType::Q8_0) {
+        const uint32_t w = reinterpret_cast<const uint32_t *>(row)[c];
+        const float d = f16_word(reinterpret_cast<const uint16_t *>(row + D)[c / 8]);
+        return make_float4(d * float(int8_t(w)), d * float(int8_t(w >> 8)), d * float(int8_t(w >> 16)),
+                           d * float(int8_t(w >> 24)));
+    } else if constexpr (T == KvType::Q4_0) {
+        const uint32_t w = reinterpret_cast<const uint16_t *>(row)[c];
+        const float d = f16_word(reinterpret_cast<const uint16_t *>(row + D / 2)[c / 8]);
+        return make_float4(d * float(int(w & 0xfu) - 8), d * float(int((w >> 4) & 0xfu) - 8),
+                           d * float(int((w >> 8) & 0xfu) - 8), d * float(int((w >> 12) & 0xfu) - 8));
+    } else {
+        return reinterpret_cast<const float4 *>(row)[c];
     }
 }
+
+// As kv_load4_as, the type read at run time.
+__device__ __forceinline__ float4 kv_load4(const uint8_t *row, KvType t, int c, int D) {
+    switch (t) {
+        case KvType::F16: return kv_load4_as<KvType::F16>(row, c, D);
+        case KvType::Q8_0: return kv_load4_as<KvType::Q8_0>(row, c, D);
+        case KvType::Q4_0: return kv_load4_as<KvType::Q4_0>(row, c, D);
+        default: return kv_load4_as<KvType::F32>(row, c, D);
+    }
+}
+
+// The K and V row types of a kernel instance. The pairs caches mostly have (both f32, f16 or
+// q8_0) are compile-time types: a round's loads are then issued together, where a type switch at
+// each load serialises them (f16 decode at 32K ran at half f32's speed with the switch, H100,
+// 2026-12-07). Any other pair reads its types at run time.
+template <KvType K, KvType V>
+struct FixedTypes {
+    __device__ static float4 key(const KvRows &, const uint8_t *row, int c, int D) { return kv_load4_as<K>(row, c, D); }
+    __device__ static float4 value(const KvRows &, const uint8_t *row, int c, int D) { return kv_load4_as<V>(row, c, D); }
+};
+struct RuntimeTypes {
+    __device__ static float4 key(const KvRows &kv, const uint8_t *row, int c, int D) { return kv_load4(row, kv.tk, c, D); }
+    __device__ static float4 value(const KvRows &kv, const uint8_t *row, int c, int D) { return kv_load4(row, kv.tv, c, D); }
+};
 
 // x (D floats, visible to the whole block) as one cache row of type t at dst, by the block's
 // threads together; the block types by llama.cpp's math, as kv_encode_row (kv_cache.cpp) does.
@@ -237,9 +264,8 @@ __global__ void __launch_bounds__(1024) qk_norm_rope_store_kernel(const float *q
 // Leaves the warp's unnormalised output in acc_s[warp][D] and its m and l in sm, sl (shared).
 // The query is staged in shared memory (sq, D floats; read back as broadcasts), which leaves the
 // registers to the round's loads: 176 registers with it in registers, two blocks per SM.
-// Cache rows are read four values at a time (kv_load4); F32 = both types f32, the plain float4
-// loads without the type switch.
-template <int QC, bool F32>  // QC: 16-byte chunks of a row per lane: ceil(D / 32)
+// Cache rows are read four values at a time, as Types reads them.
+template <int QC, class Types>  // QC: 16-byte chunks of a row per lane: ceil(D / 32)
 __device__ __forceinline__ void attend_keys(const float *qh, float *sq, const KvRows &kv, int64_t row0, int D,
                                             const uint8_t *mrow, int j0, int j1, float scale, float *acc_s,
                                             float *sm, float *sl) {
@@ -265,11 +291,7 @@ __device__ __forceinline__ void attend_keys(const float *qh, float *sq, const Kv
             for (int c = 0; c < QC; ++c) {
                 const int ch = sub + KEY_LANES * c;
                 if (ch >= nc) continue;
-                if (F32) {
-                    k[c] = reinterpret_cast<const float4 *>(kr)[ch], v[c] = reinterpret_cast<const float4 *>(vr)[ch];
-                } else {
-                    k[c] = kv_load4(kr, kv.tk, ch, D), v[c] = kv_load4(vr, kv.tv, ch, D);
-                }
+                k[c] = Types::key(kv, kr, ch, D), v[c] = Types::value(kv, vr, ch, D);
             }
             float dot = 0.f;
 #pragma unroll
@@ -370,7 +392,7 @@ struct Partials {
 };
 
 // Dynamic shared memory: q[D] | acc[W][D] | m[W] | l[W].
-template <int QC, bool F32, class Caches>
+template <int QC, class Types, class Caches>
 __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     attention_kernel(const float *q, Caches caches, int n_ctx, const int32_t *pos, const uint8_t *mask, int n_head,
                      int group, int head_dim, float scale, float *out) {
@@ -381,7 +403,7 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     float *sq = smem, *acc = sq + D, *sm = acc + W * D, *sl = sm + W;
     const float *qh = q + (int64_t(t) * n_head + h) * D;
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    attend_keys<QC, F32>(qh, sq, kv, int64_t(h / group) * n_ctx, D, mrow, first_key(pos, t, kv.window),
+    attend_keys<QC, Types>(qh, sq, kv, int64_t(h / group) * n_ctx, D, mrow, first_key(pos, t, kv.window),
                          visible_keys(pos, mask, t, n_ctx), scale,
                          acc, sm, sl);
 
@@ -398,7 +420,7 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
 // part[((t * n_head + h) * n_split + split) * (D + 2)]. A few heads times one token cannot fill
 // the device; the splits over the KV length can.
 // Dynamic shared memory as attention_kernel.
-template <int QC, bool F32, class Caches>
+template <int QC, class Types, class Caches>
 __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     attention_split_kernel(const float *q, Caches caches, int n_ctx, const int32_t *pos, const uint8_t *mask,
                            int n_head, int group, int head_dim, float scale, float *part) {
@@ -415,7 +437,7 @@ __global__ void __launch_bounds__(ATTENTION_THREADS, ATTENTION_MIN_BLOCKS)
     const int j0 = lo + split * chunk, j1 = min(j0 + chunk, n_keys);
     if (j0 >= n_keys) return;  // past a short context: the merge does not read this split
     const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
-    attend_keys<QC, F32>(qh, sq, kv, int64_t(h / group) * n_ctx, D, mrow, j0, j1, scale, acc, sm, sl);
+    attend_keys<QC, Types>(qh, sq, kv, int64_t(h / group) * n_ctx, D, mrow, j0, j1, scale, acc, sm, sl);
 
     const Partials warps{sm, sl, acc, 1, D, W};
     const float M = warps.max();
@@ -458,84 +480,93 @@ constexpr int ELEMENT_THREADS = 256;
 unsigned blocks_for(int64_t n) { return unsigned((n + ELEMENT_THREADS - 1) / ELEMENT_THREADS); }
 
 #if !defined(LUCE_HIP)
-// Prefill attention (causal steps of more than MAX_STEP tokens, CUDA): one block per (query head
-// h, tile of PREFILL_ROWS tokens). The block stages the tile's queries, then walks the keys in
-// tiles of PREFILL_KEYS staged in shared memory, each used by all the tile's queries: the
-// one-query blocks above read every key of a query's prefix from L2 once per query (at 256
-// tokens a chunk of a 512-token prompt took 269 us a layer, H200, 2026-12-04). Per key tile:
-//   scores: warp w holds rows w R .. w R + R - 1 (R = PREFILL_ROWS / 4), lane j key j0 + j; the
-//           row's max and sum over the warp move its online softmax (m, l), and p and the
-//           correction go to shared memory;
+// Tiled attention (CUDA: 32-lane warps): R query rows over one KV head walk the keys in tiles of
+// TILE_KEYS staged in shared memory, each tile used by all R rows. Two kernels use it:
+//   prefill (causal steps of more than MAX_STEP tokens): the rows are 16 tokens of one query head
+//     (the one-query blocks read every key of a query's prefix from L2 once per query: at 256
+//     tokens a chunk of a 512-token prompt took 269 us a layer, H200, 2026-12-04);
+//   grouped decode (steps of up to MAX_STEP tokens): the rows are the query heads of one token
+//     that share a KV head (GQA: six on the 27B), over one split of the keys (the one-query
+//     blocks read each cache row once per query head).
+// Per key tile:
+//   stage:  the tile's K and V rows as floats (keys no row of the block sees: zeros, never read);
+//   scores: warp w holds rows w R/4 .. (w + 1) R/4 - 1, lane j key j0 + j; the row's max and sum
+//           over the warp move its online softmax (m, l), and p and the correction go to shared
+//           memory;
 //   values: thread (row group, 16-byte chunk c) scales its rows' accumulators by the correction
 //           and adds p V[j][c] over the tile's keys.
-// fp32 throughout, its own order of sums (prefill rows are held to the CPU within tolerance,
-// never bitwise to decode rows). Keys past the tile's last position are zeros in shared memory
-// and masked, so no unwritten cache row is read.
-constexpr int PREFILL_ROWS = 16, PREFILL_KEYS = 32, PREFILL_WARPS = ATTENTION_THREADS / 32;  // CUDA: 32 lanes
+// fp32 throughout, in an order of sums of the row's own (its keys, its tiles): the other rows of a
+// block never change a row's bits, so a verify row is the bits of the same one-token decode row.
+constexpr int TILE_KEYS = 32, TILE_WARPS = ATTENTION_THREADS / 32;  // CUDA: 32 lanes
+constexpr int PREFILL_ROWS = 16;                                    // tokens of a prefill block
+constexpr int GROUP_ROWS = 8;                                       // query heads of a decode block
 
-template <int D>
-struct PrefillSmem {
+template <int D, int R>
+struct TileSmem {
     static constexpr int line = D + 4;  // padded rows: lane j's float4 of row j spreads over banks
-    static constexpr int q = 0, k = q + PREFILL_ROWS * line, v = k + PREFILL_KEYS * line;
-    static constexpr int p = v + PREFILL_KEYS * D, corr = p + PREFILL_ROWS * PREFILL_KEYS, l = corr + PREFILL_ROWS;
-    static constexpr size_t bytes = size_t(l + PREFILL_ROWS) * sizeof(float);
+    static constexpr int q = 0, k = q + R * line, v = k + TILE_KEYS * line;
+    static constexpr int p = v + TILE_KEYS * D, corr = p + R * TILE_KEYS, m = corr + R, l = m + R;
+    static constexpr size_t bytes = size_t(l + R) * sizeof(float);
 };
 
-template <int D, bool F32>
-__global__ void __launch_bounds__(ATTENTION_THREADS)
-    attention_prefill_kernel(const float *q, KvRows kv, int n_ctx, const int32_t *pos, int T, int n_head, int group,
-                             float scale, float *out) {
-    wait_for_inputs();
-    using L = PrefillSmem<D>;
-    constexpr int NC = D / 4, ROW_GROUPS = ATTENTION_THREADS / NC, ROWS = PREFILL_ROWS / ROW_GROUPS;
-    constexpr int WARP_ROWS = PREFILL_ROWS / PREFILL_WARPS;
-    LUCE_DYNAMIC_SHARED(float, smem);
-    const int h = blockIdx.x, t0 = blockIdx.y * PREFILL_ROWS, n_rows = min(PREFILL_ROWS, T - t0);
-    const int lane = threadIdx.x % LUCE_WARP, warp = threadIdx.x / LUCE_WARP;
+// One thread's share of R rows' online softmaxes over key tiles.
+template <int D, int R, class Types>
+struct KeyTiles {
+    using L = TileSmem<D, R>;
+    static constexpr int NC = D / 4, ROW_GROUPS = ATTENTION_THREADS / NC, ROWS = R / ROW_GROUPS;
+    static constexpr int WARP_ROWS = R / TILE_WARPS, STAGE_STEPS = TILE_KEYS * NC / ATTENTION_THREADS;
+    static_assert(ROWS >= 1 && R % ROW_GROUPS == 0 && WARP_ROWS >= 1 && TILE_KEYS * NC % ATTENTION_THREADS == 0,
+                  "tile shape");
+
+    float *smem;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int rg = threadIdx.x / NC, c = threadIdx.x % NC;  // the value phase's rows and chunk
-    const int64_t row0 = int64_t(h / group) * n_ctx;
-    // Values 4 ch .. 4 ch + 3 of key j's K or V row.
-    auto key4 = [&](int j, int ch) {
-        const uint8_t *r = kv.k + (row0 + j) * kv.k_row;
-        return F32 ? reinterpret_cast<const float4 *>(r)[ch] : kv_load4(r, kv.tk, ch, D);
-    };
-    auto value4 = [&](int j, int ch) {
-        const uint8_t *r = kv.v + (row0 + j) * kv.v_row;
-        return F32 ? reinterpret_cast<const float4 *>(r)[ch] : kv_load4(r, kv.tv, ch, D);
-    };
-
-    int n_keys = 0, row_pos[WARP_ROWS];
-    for (int r = 0; r < n_rows; ++r) n_keys = max(n_keys, min(pos[t0 + r] + 1, n_ctx));
-#pragma unroll
-    for (int i = 0; i < WARP_ROWS; ++i) {
-        const int r = warp * WARP_ROWS + i;
-        row_pos[i] = r < n_rows ? pos[t0 + r] : -1;
-    }
-    for (int e = threadIdx.x; e < PREFILL_ROWS * NC; e += ATTENTION_THREADS) {
-        const int r = e / NC, ch = e % NC;
-        const float4 x = r < n_rows ? reinterpret_cast<const float4 *>(q + (int64_t(t0 + r) * n_head + h) * D)[ch]
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
-        *reinterpret_cast<float4 *>(smem + L::q + r * L::line + 4 * ch) = x;
-    }
     float m[WARP_ROWS], l[WARP_ROWS];
-#pragma unroll
-    for (int i = 0; i < WARP_ROWS; ++i) m[i] = -INFINITY, l[i] = 0.f;
     float4 acc[ROWS];
-#pragma unroll
-    for (int i = 0; i < ROWS; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 
-    // The tile's first row has its lowest position: keys before its window are no row's.
-    const int j_first = kv.window > 0 ? max(0, pos[t0] - kv.window + 1) / PREFILL_KEYS * PREFILL_KEYS : 0;
-    for (int j0 = j_first; j0 < n_keys; j0 += PREFILL_KEYS) {
-        __syncthreads();  // the last tile's keys, values and p are read
-        for (int e = threadIdx.x; e < PREFILL_KEYS * NC; e += ATTENTION_THREADS) {
-            const int j = e / NC, ch = e % NC;
-            const bool in = j0 + j < n_keys;
-            const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-            *reinterpret_cast<float4 *>(smem + L::k + j * L::line + 4 * ch) = in ? key4(j0 + j, ch) : zero;
-            *reinterpret_cast<float4 *>(smem + L::v + j * D + 4 * ch) = in ? value4(j0 + j, ch) : zero;
+    __device__ explicit KeyTiles(float *shared) : smem(shared) {
+#pragma unroll
+        for (int i = 0; i < WARP_ROWS; ++i) m[i] = -INFINITY, l[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+
+    // query(r): row r's D floats, or null for a row the block does not have (zeros).
+    template <class Query>
+    __device__ void stage_queries(Query query) {
+        for (int e = threadIdx.x; e < R * NC; e += ATTENTION_THREADS) {
+            const int r = e / NC, ch = e % NC;
+            const float *qr = query(r);
+            *reinterpret_cast<float4 *>(smem + L::q + r * L::line + 4 * ch) =
+                qr ? reinterpret_cast<const float4 *>(qr)[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        __syncthreads();
+    }
+
+    // Keys [j_begin, j_end) of the cache rows from row0 on: staged(j) whether some row may see key
+    // j (the others are not read), seen(i, j) whether warp row i does.
+    template <class Staged, class Seen>
+    __device__ void walk(const KvRows &kv, int64_t row0, int j_begin, int j_end, float scale, Staged staged, Seen seen) {
+        for (int j0 = j_begin; j0 < j_end; j0 += TILE_KEYS) {
+            __syncthreads();  // the last tile's keys, values and p are read
+#pragma unroll
+            for (int s = 0; s < STAGE_STEPS; ++s) {
+                const int e = threadIdx.x + s * ATTENTION_THREADS, j = e / NC, ch = e % NC, key = j0 + j;
+                const bool in = key < j_end && staged(key);
+                const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+                *reinterpret_cast<float4 *>(smem + L::k + j * L::line + 4 * ch) =
+                    in ? Types::key(kv, kv.k + (row0 + key) * kv.k_row, ch, D) : zero;
+                *reinterpret_cast<float4 *>(smem + L::v + j * D + 4 * ch) =
+                    in ? Types::value(kv, kv.v + (row0 + key) * kv.v_row, ch, D) : zero;
+            }
+            __syncthreads();
+            scores(j0, j_end, scale, seen);
+            __syncthreads();
+            values(min(TILE_KEYS, j_end - j0));
+        }
+    }
+
+    template <class Seen>
+    __device__ void scores(int j0, int j_end, float scale, Seen seen) {
         const int key = j0 + lane;
         float dot[WARP_ROWS] = {};
         const auto *k4 = reinterpret_cast<const float4 *>(smem + L::k + lane * L::line);
@@ -551,71 +582,185 @@ __global__ void __launch_bounds__(ATTENTION_THREADS)
 #pragma unroll
         for (int i = 0; i < WARP_ROWS; ++i) {
             const int r = warp * WARP_ROWS + i;
-            const bool seen = key <= row_pos[i] && key < n_keys && (kv.window == 0 || key > row_pos[i] - kv.window);
-            const float sc = seen ? dot[i] * scale : -INFINITY;
+            const float sc = key < j_end && seen(i, key) ? dot[i] * scale : -INFINITY;
             const float m_new = fmaxf(m[i], warp_max(sc));
             const float corr = m_new == -INFINITY ? 1.f : expf(m[i] - m_new);
             const float p = sc == -INFINITY ? 0.f : expf(sc - m_new);
             l[i] = l[i] * corr + warp_sum(p);
             m[i] = m_new;
-            smem[L::p + r * PREFILL_KEYS + lane] = p;
+            smem[L::p + r * TILE_KEYS + lane] = p;
             if (lane == 0) smem[L::corr + r] = corr;
         }
-        __syncthreads();
+    }
+
+    __device__ void values(int n_keys) {
         const auto *v4 = reinterpret_cast<const float4 *>(smem + L::v) + c;
 #pragma unroll
         for (int i = 0; i < ROWS; ++i) {
             const float corr = smem[L::corr + rg * ROWS + i];
             acc[i].x *= corr, acc[i].y *= corr, acc[i].z *= corr, acc[i].w *= corr;
         }
-        const int kmax = min(PREFILL_KEYS, n_keys - j0);
-        for (int j = 0; j < kmax; ++j) {
+        for (int j = 0; j < n_keys; ++j) {
             const float4 vv = v4[j * NC];
 #pragma unroll
             for (int i = 0; i < ROWS; ++i) {
-                const float p = smem[L::p + (rg * ROWS + i) * PREFILL_KEYS + j];
+                const float p = smem[L::p + (rg * ROWS + i) * TILE_KEYS + j];
                 acc[i].x += p * vv.x, acc[i].y += p * vv.y, acc[i].z += p * vv.z, acc[i].w += p * vv.w;
             }
         }
     }
-    if (lane == 0) {
+
+    // Each row's m and l into shared memory (L::m, L::l), where the value phase's threads read them.
+    __device__ void publish() {
+        if (lane == 0) {
 #pragma unroll
-        for (int i = 0; i < WARP_ROWS; ++i) smem[L::l + warp * WARP_ROWS + i] = l[i];
+            for (int i = 0; i < WARP_ROWS; ++i) smem[L::m + warp * WARP_ROWS + i] = m[i], smem[L::l + warp * WARP_ROWS + i] = l[i];
+        }
+        __syncthreads();
     }
-    __syncthreads();
+
+    // Thread's row i (of ROWS), normalised, to out (D floats; no visible key: zeros, as the CPU backend).
+    __device__ void store_row(int i, float *out) const {
+        const float den = smem[L::l + rg * ROWS + i];
+        reinterpret_cast<float4 *>(out)[c] = den > 0.f ? make_float4(acc[i].x / den, acc[i].y / den, acc[i].z / den,
+                                                                     acc[i].w / den)
+                                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+};
+
+// Prefill: block (query head h, tile of PREFILL_ROWS tokens).
+template <int D, class Types>
+__global__ void __launch_bounds__(ATTENTION_THREADS)
+    attention_prefill_kernel(const float *q, KvRows kv, int n_ctx, const int32_t *pos, int T, int n_head, int group,
+                             float scale, float *out) {
+    wait_for_inputs();
+    using Tiles = KeyTiles<D, PREFILL_ROWS, Types>;
+    LUCE_DYNAMIC_SHARED(float, smem);
+    Tiles tiles(smem);
+    const int h = blockIdx.x, t0 = blockIdx.y * PREFILL_ROWS, n_rows = min(PREFILL_ROWS, T - t0);
+    int n_keys = 0, row_pos[Tiles::WARP_ROWS];
+    for (int r = 0; r < n_rows; ++r) n_keys = max(n_keys, min(pos[t0 + r] + 1, n_ctx));
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) {
-        const int r = rg * ROWS + i;
-        if (r >= n_rows) continue;
-        const float den = smem[L::l + r];
-        reinterpret_cast<float4 *>(out + (int64_t(t0 + r) * n_head + h) * D)[c] =
-            den > 0.f ? make_float4(acc[i].x / den, acc[i].y / den, acc[i].z / den, acc[i].w / den)
-                      : make_float4(0.f, 0.f, 0.f, 0.f);  // no visible key: zeros, as the CPU backend
+    for (int i = 0; i < Tiles::WARP_ROWS; ++i) {
+        const int r = tiles.warp * Tiles::WARP_ROWS + i;
+        row_pos[i] = r < n_rows ? pos[t0 + r] : -1;
+    }
+    tiles.stage_queries([&](int r) { return r < n_rows ? q + (int64_t(t0 + r) * n_head + h) * D : nullptr; });
+    // The tile's first row has its lowest position: keys before its window are no row's.
+    const int j_first = kv.window > 0 ? max(0, pos[t0] - kv.window + 1) / TILE_KEYS * TILE_KEYS : 0;
+    tiles.walk(kv, int64_t(h / group) * n_ctx, j_first, n_keys, scale, [](int) { return true; },
+               [&](int i, int key) { return key <= row_pos[i] && (kv.window == 0 || key > row_pos[i] - kv.window); });
+    tiles.publish();
+#pragma unroll
+    for (int i = 0; i < Tiles::ROWS; ++i) {
+        const int r = tiles.rg * Tiles::ROWS + i;
+        if (r < n_rows) tiles.store_row(i, out + (int64_t(t0 + r) * n_head + h) * D);
     }
 }
 
-// The prefill kernel for D, its shared memory opted in once: more than 48 KB at D = 256 is an opt-in.
-template <int D, bool F32>
-auto prefill_kernel() {
-    static const cudaError_t opt_in = cudaFuncSetAttribute(
-        attention_prefill_kernel<D, F32>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(PrefillSmem<D>::bytes));
+// Grouped decode: block (KV head x chunk of GROUP_ROWS of its query heads, token t, split). With
+// part, the rows' partials (m, l, acc[D]) of this split go where attention_merge_kernel reads them
+// (as attention_split_kernel's); without, there is one split and the rows go to out normalised.
+template <int D, class Types, class Caches>
+__global__ void __launch_bounds__(ATTENTION_THREADS)
+    attention_group_kernel(const float *q, Caches caches, int n_ctx, const int32_t *pos, const uint8_t *mask,
+                           int n_head, int group, float scale, float *part, float *out) {
+    wait_for_inputs();
+    using Tiles = KeyTiles<D, GROUP_ROWS, Types>;
+    LUCE_DYNAMIC_SHARED(float, smem);
+    const int chunks = (group + GROUP_ROWS - 1) / GROUP_ROWS;
+    const int hk = blockIdx.x / chunks, g0 = blockIdx.x % chunks * GROUP_ROWS, n_rows = min(GROUP_ROWS, group - g0);
+    const int t = blockIdx.y, split = blockIdx.z, n_split = gridDim.z, h0 = hk * group + g0;
+    const KvRows kv = caches.at(t);
+    const int lo = first_key(pos, t, kv.window), n_keys = visible_keys(pos, mask, t, n_ctx);
+    int j0 = lo, j1 = n_keys;
+    if (part) {
+        const int chunk = split_chunk(n_keys - lo, n_split);
+        j0 = lo + split * chunk, j1 = min(j0 + chunk, n_keys);
+        if (j0 >= n_keys) return;  // past a short context: the merge does not read this split
+    }
+    const uint8_t *mrow = mask ? mask + int64_t(t) * n_ctx : nullptr;
+    const auto visible = [&](int key) { return !mrow || mrow[key]; };
+    Tiles tiles(smem);
+    tiles.stage_queries([&](int r) { return r < n_rows ? q + (int64_t(t) * n_head + h0 + r) * D : nullptr; });
+    tiles.walk(kv, int64_t(hk) * n_ctx, j0, j1, scale, visible, [&](int, int key) { return visible(key); });
+    tiles.publish();
+#pragma unroll
+    for (int i = 0; i < Tiles::ROWS; ++i) {
+        const int r = tiles.rg * Tiles::ROWS + i;
+        if (r >= n_rows) continue;
+        const int64_t th = int64_t(t) * n_head + h0 + r;
+        if (!part) {
+            tiles.store_row(i, out + th * D);
+            continue;
+        }
+        float *dst = part + (th * n_split + split) * (D + 2);
+        if (tiles.c == 0) dst[0] = smem[Tiles::L::m + r], dst[1] = smem[Tiles::L::l + r];
+        const float4 a = tiles.acc[i];
+        dst[2 + 4 * tiles.c] = a.x, dst[3 + 4 * tiles.c] = a.y, dst[4 + 4 * tiles.c] = a.z, dst[5 + 4 * tiles.c] = a.w;
+    }
+}
+
+// The kernel with its BYTES of dynamic shared memory opted in, once (more than 48 KB is an opt-in).
+template <auto Kernel, size_t BYTES>
+auto opted_in() {
+    static const cudaError_t opt_in =
+        cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(BYTES));
     LUCE_GPU_CHECK(opt_in);
-    return attention_prefill_kernel<D, F32>;
+    return Kernel;
+}
+
+// Calls f(Types) for a cache of K type k and V type v (FixedTypes where it has them).
+template <class F>
+void with_cache_types(KvType k, KvType v, F &&f) {
+    if (k == KvType::F32 && v == KvType::F32) f(FixedTypes<KvType::F32, KvType::F32>{});
+    else if (k == KvType::F16 && v == KvType::F16) f(FixedTypes<KvType::F16, KvType::F16>{});
+    else if (k == KvType::Q8_0 && v == KvType::Q8_0) f(FixedTypes<KvType::Q8_0, KvType::Q8_0>{});
+    else f(RuntimeTypes{});
 }
 
 // Launches the prefill kernel for a head dim it has (32, 64, 128, 256): false otherwise.
-bool attention_prefill(cudaStream_t stream, const float *q, const KvRows &kv, bool f32, int n_ctx,
-                       const int32_t *pos, int T, int n_head, int group, int head_dim, float scale, float *out) {
+bool attention_prefill(cudaStream_t stream, const float *q, const KvRows &kv, int n_ctx, const int32_t *pos, int T,
+                       int n_head, int group, int head_dim, float scale, float *out) {
     auto launch = [&](auto dim) {
         constexpr int D = decltype(dim)::value;
-        const auto kernel = f32 ? prefill_kernel<D, true>() : prefill_kernel<D, false>();
-        const dim3 grid(unsigned(n_head), unsigned((T + PREFILL_ROWS - 1) / PREFILL_ROWS));
-        launch_kernel(kernel, grid, ATTENTION_THREADS, PrefillSmem<D>::bytes, stream, q, kv, n_ctx, pos, T, n_head,
-                      group, scale, out);
+        with_cache_types(kv.tk, kv.tv, [&](auto types) {
+            constexpr size_t bytes = TileSmem<D, PREFILL_ROWS>::bytes;
+            const auto kernel = opted_in<attention_prefill_kernel<D, decltype(types)>, bytes>();
+            const dim3 grid(unsigned(n_head), unsigned((T + PREFILL_ROWS - 1) / PREFILL_ROWS));
+            launch_kernel(kernel, grid, ATTENTION_THREADS, bytes, stream, q, kv, n_ctx, pos, T, n_head, group, scale,
+                          out);
+        });
         return true;
     };
     switch (head_dim) {
         case 32: return launch(std::integral_constant<int, 32>{});
+        case 64: return launch(std::integral_constant<int, 64>{});
+        case 128: return launch(std::integral_constant<int, 128>{});
+        case 256: return launch(std::integral_constant<int, 256>{});
+        default: return false;
+    }
+}
+
+// Launches the grouped decode kernel for a head dim it has (64, 128, 256) over n_split splits
+// (part: their partials; null: one split, the rows to out): false otherwise.
+template <class Caches>
+bool attention_grouped(cudaStream_t stream, const float *q, const KvRows &kv, const Caches &caches, int n_ctx,
+                       const int32_t *pos, const uint8_t *mask, int T, int n_head, int group, int head_dim,
+                       float scale, float *part, int n_split, float *out) {
+    auto launch = [&](auto dim) {
+        constexpr int D = decltype(dim)::value;
+        with_cache_types(kv.tk, kv.tv, [&](auto types) {
+            constexpr size_t bytes = TileSmem<D, GROUP_ROWS>::bytes;
+            const auto kernel = opted_in<attention_group_kernel<D, decltype(types), Caches>, bytes>();
+            const int chunks = (group + GROUP_ROWS - 1) / GROUP_ROWS;
+            const dim3 grid(unsigned(n_head / group * chunks), unsigned(T), unsigned(n_split));
+            launch_kernel(kernel, grid, ATTENTION_THREADS, bytes, stream, q, caches, n_ctx, pos, mask, n_head, group,
+                          scale, part, out);
+        });
+        return true;
+    };
+    switch (head_dim) {
         case 64: return launch(std::integral_constant<int, 64>{});
         case 128: return launch(std::integral_constant<int, 128>{});
         case 256: return launch(std::integral_constant<int, 256>{});
@@ -700,7 +845,10 @@ void with_head_chunks(int head_dim, F &&f) {
     else f(std::integral_constant<int, 8>{});
 }
 
-// The one-query kernels (split-KV and merge where the scratch holds the splits) over T rows.
+// Steps of up to MAX_STEP rows: the grouped decode kernel where it serves the shape (CUDA), else
+// the one-query kernels; split-KV and merge where the scratch holds the splits. The one-query
+// kernels have compile-time loads for f32 caches only (the others: HIP, and head dims the grouped
+// kernel lacks, read their types at run time).
 template <class Caches>
 void launch_attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv, const Caches &caches,
                       const int32_t *pos, const uint8_t *mask, int T, int n_head, int n_head_kv, int head_dim,
@@ -712,19 +860,30 @@ void launch_attention(cudaStream_t stream, int warp, const float *q, const KvLay
     const float scale = 1.0f / sqrtf(float(head_dim));
     const int n_split = scratch ? attention_splits(T, n_head, kv.n_ctx) : 1;
     const bool split = n_split > 1 && attention_scratch_bytes(T, n_head, head_dim, kv.n_ctx) <= scratch_bytes;
+    auto *part = split ? static_cast<float *>(scratch) : nullptr;
+    auto merge = [&] {
+        launch_kernel(attention_merge_kernel, dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, 0, stream, part,
+                      pos, mask, kv.n_ctx, kv.window, n_split, n_head, head_dim, out);
+    };
+#if !defined(LUCE_HIP)
+    if (warp == 32 && grouped_attention && attention_grouped(stream, q, caches.kv, caches, kv.n_ctx, pos, mask, T, n_head, group,
+                                        head_dim, scale, part, split ? n_split : 1, out)) {
+        if (split) merge();
+        return;
+    }
+#endif
     with_head_chunks(head_dim, [&](auto qc) {
         constexpr int QC = decltype(qc)::value;
+        using F32 = FixedTypes<KvType::F32, KvType::F32>;
         if (split) {
-            auto *part = static_cast<float *>(scratch);
             const dim3 grid{unsigned(n_head), unsigned(T), unsigned(n_split)};
-            launch_kernel(f32 ? attention_split_kernel<QC, true, Caches> : attention_split_kernel<QC, false, Caches>,
+            launch_kernel(f32 ? attention_split_kernel<QC, F32, Caches> : attention_split_kernel<QC, RuntimeTypes, Caches>,
                           grid, ATTENTION_THREADS, shared, stream, q, caches, kv.n_ctx, pos, mask, n_head, group, head_dim,
                           scale, part);
-            launch_kernel(attention_merge_kernel, dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, 0, stream,
-                          part, pos, mask, kv.n_ctx, kv.window, n_split, n_head, head_dim, out);
+            merge();
             return;
         }
-        launch_kernel(f32 ? attention_kernel<QC, true, Caches> : attention_kernel<QC, false, Caches>,
+        launch_kernel(f32 ? attention_kernel<QC, F32, Caches> : attention_kernel<QC, RuntimeTypes, Caches>,
                       dim3{unsigned(n_head), unsigned(T)}, ATTENTION_THREADS, shared, stream, q, caches, kv.n_ctx, pos,
                       mask, n_head, group, head_dim, scale, out);
     });
@@ -739,9 +898,8 @@ void attention(cudaStream_t stream, int warp, const float *q, const KvLayer &kv,
              head_dim, kv.n_ctx);
     const KvRows rows = kv_rows(kv, head_dim);
 #if !defined(LUCE_HIP)
-    const bool f32 = rows.tk == KvType::F32 && rows.tv == KvType::F32;
     if (!mask && T > MAX_STEP && warp == 32 &&
-        attention_prefill(stream, q, rows, f32, kv.n_ctx, pos, T, n_head, n_head / n_head_kv, head_dim,
+        attention_prefill(stream, q, rows, kv.n_ctx, pos, T, n_head, n_head / n_head_kv, head_dim,
                           1.0f / sqrtf(float(head_dim)), out))
         return;
 #endif

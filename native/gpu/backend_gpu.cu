@@ -114,6 +114,7 @@ void GpuBackend::read_switches(const cudaDeviceProp &prop) {
     choose_matmul_kernels(prop);
     attn_split_ = !env_is("LUCE_GPU_ATTN_SPLIT", "0");
     fused_attn_ = !env_is("LUCE_GPU_FUSED_ATTN", "0");
+    gpu::grouped_attention = !env_is("LUCE_GPU_ATTN_GROUPED", "0");
     // Programmatic dependent launch (gpu_compat.h): Hopper and later, unless LUCE_GPU_PDL=0.
 #if !defined(LUCE_HIP)
     gpu::dependent_launch = prop.major >= 9 && !env_is("LUCE_GPU_PDL", "0");
@@ -708,6 +709,25 @@ extern "C" luce_status luce_gpu_device_info(int32_t device_index, char *name, si
     }
 }
 
+namespace {
+// Microseconds a call of call(i), i = 0 .. reps - 1, queued back to back on stream.
+template <class Call>
+float time_calls(cudaStream_t stream, int reps, Call call) {
+    cudaEvent_t start, stop;
+    LUCE_GPU_CHECK(cudaEventCreate(&start));
+    LUCE_GPU_CHECK(cudaEventCreate(&stop));
+    LUCE_GPU_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < reps; ++i) call(i);
+    LUCE_GPU_CHECK(cudaEventRecord(stop, stream));
+    LUCE_GPU_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    LUCE_GPU_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(stop);
+    return 1000.f * ms / float(reps);
+}
+}  // namespace
+
 // Each call reads its own copy of the weights, the copies together at least four times the L2
 // (H200: 50 MB, which holds most of a 47 MB FFN matrix): timed back to back on one copy, a
 // matmul reads its weights from the L2 and looks faster than in a model step, where every matrix
@@ -722,18 +742,7 @@ float luce::GpuBackend::time_matmul(const luce::Weight &w, size_t w_bytes, const
         copies[i].data = p;
     }
     matmul(copies[n_copies - 1], x, T, y, w.n_out);  // warm-up: quantizes x, loads the kernel
-    cudaEvent_t start, stop;
-    LUCE_GPU_CHECK(cudaEventCreate(&start));
-    LUCE_GPU_CHECK(cudaEventCreate(&stop));
-    LUCE_GPU_CHECK(cudaEventRecord(start, stream_));
-    for (int i = 0; i < reps; ++i) matmul(copies[size_t(i) % n_copies], x, T, y, w.n_out);
-    LUCE_GPU_CHECK(cudaEventRecord(stop, stream_));
-    LUCE_GPU_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.f;
-    LUCE_GPU_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    (void)cudaEventDestroy(start);
-    (void)cudaEventDestroy(stop);
-    return 1000.f * ms / float(reps);
+    return time_calls(stream_, reps, [&](int i) { matmul(copies[size_t(i) % n_copies], x, T, y, w.n_out); });
 }
 
 // Test hook for tools/gpu_check.py: one matmul on the device, y[t][r] = sum_c W[r][c] x[t][c]
@@ -770,16 +779,23 @@ extern "C" luce_status luce_gpu_matmul(int32_t device_index, int32_t type, const
 }
 
 // Test hook for tools/gpu_check.py: one attention call on the device, host buffers in and out:
-// q [T][H][D], k and v caches [Hkv][n_ctx][D] f32, pos [T], mask [T][n_ctx] or null, out [T][H][D].
-// split != 0 takes the split-KV path where the shape has one, 0 the one-pass kernel, so both can be
-// checked against an independent reference (float64 numpy) on random inputs.
+// q [T][H][D], k and v [Hkv][n_ctx][D] f32, stored as cache rows of types k_type and v_type (f32
+// rows as given; the others through the cache store kernel), pos [T], mask [T][n_ctx] or null,
+// out [T][H][D]. split != 0 takes the split-KV path where the shape has one, 0 the one-pass kernel,
+// so both can be checked against an independent reference (float64 numpy) on random inputs.
 extern "C" luce_status luce_gpu_attention(int32_t device_index, const float *q, const float *k, const float *v,
                                           const int32_t *pos, const uint8_t *mask, int32_t T, int32_t n_head,
                                           int32_t n_head_kv, int32_t head_dim, int32_t n_ctx, int32_t split,
+                                          int32_t k_type, int32_t v_type, int32_t timing_reps, float *us_per_call,
                                           float *out, char *err, size_t err_len) {
     try {
+        const auto known = [](int32_t t) { return t >= int32_t(luce::KvType::F32) && t <= int32_t(luce::KvType::Q4_0); };
         if (T < 1 || T > 4096 || n_head < 1 || n_head_kv < 1 || n_head % n_head_kv != 0 || head_dim < 1 ||
-            head_dim > 1024 || n_ctx < 1 || !q || !k || !v || !pos || !out)
+            head_dim > 1024 || n_ctx < 1 || n_ctx > (1 << 20) || !q || !k || !v || !pos || !out || !known(k_type) ||
+            !known(v_type) || timing_reps < 0 || (timing_reps > 0 && !us_per_call))
+            luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_attention: bad shape");
+        const luce::KvType tk = luce::KvType(k_type), tv = luce::KvType(v_type);
+        if ((luce::kv_quantized(tk) || luce::kv_quantized(tv)) && head_dim % luce::KV_BLOCK != 0)
             luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_attention: bad shape");
         for (int t = 0; t < T; ++t)
             if (pos[t] < 0 || pos[t] >= n_ctx) luce::fail(LUCE_ERR_INVALID_ARGUMENT, "luce_gpu_attention: bad pos");
@@ -788,21 +804,46 @@ extern "C" luce_status luce_gpu_attention(int32_t device_index, const float *q, 
         auto *qd = static_cast<float *>(be.alloc(qn * sizeof(float)));
         auto *od = static_cast<float *>(be.alloc(qn * sizeof(float)));
         luce::KvLayer kv;
-        kv.k = be.alloc(kvn * sizeof(float));
-        kv.v = be.alloc(kvn * sizeof(float));
+        kv.format.k = tk, kv.format.v = tv;
+        kv.k = be.alloc(size_t(n_head_kv) * n_ctx * luce::kv_row_bytes(tk, head_dim));
+        kv.v = be.alloc(size_t(n_head_kv) * n_ctx * luce::kv_row_bytes(tv, head_dim));
         kv.n_ctx = n_ctx;
+        if (tk == luce::KvType::F32 && tv == luce::KvType::F32) {  // as given: NaN rows stay NaN
+            be.upload(kv.k, k, kvn * sizeof(float));
+            be.upload(kv.v, v, kvn * sizeof(float));
+        } else {  // the store kernel takes rows [position][Hkv][D]
+            std::vector<float> kt(kvn), vt(kvn);
+            std::vector<int32_t> all(static_cast<size_t>(n_ctx));
+            for (int j = 0; j < n_ctx; ++j) {
+                all[size_t(j)] = j;
+                for (int h = 0; h < n_head_kv; ++h) {
+                    const size_t src = (size_t(h) * n_ctx + j) * head_dim, dst = (size_t(j) * n_head_kv + h) * head_dim;
+                    std::copy(k + src, k + src + head_dim, kt.begin() + std::ptrdiff_t(dst));
+                    std::copy(v + src, v + src + head_dim, vt.begin() + std::ptrdiff_t(dst));
+                }
+            }
+            auto *kf = static_cast<float *>(be.alloc(kvn * sizeof(float)));
+            auto *vf = static_cast<float *>(be.alloc(kvn * sizeof(float)));
+            auto *pa = static_cast<int32_t *>(be.alloc(size_t(n_ctx) * sizeof(int32_t)));
+            be.upload(kf, kt.data(), kvn * sizeof(float));
+            be.upload(vf, vt.data(), kvn * sizeof(float));
+            be.upload(pa, all.data(), size_t(n_ctx) * sizeof(int32_t));
+            luce::gpu::kv_store(be.stream(), kv, kf, vf, pa, n_ctx, n_head_kv, head_dim);
+        }
         auto *pd = static_cast<int32_t *>(be.alloc(size_t(T) * sizeof(int32_t)));
         uint8_t *md = mask ? static_cast<uint8_t *>(be.alloc(size_t(T) * n_ctx)) : nullptr;
         be.upload(qd, q, qn * sizeof(float));
-        be.upload(kv.k, k, kvn * sizeof(float));
-        be.upload(kv.v, v, kvn * sizeof(float));
         be.upload(pd, pos, size_t(T) * sizeof(int32_t));
         if (md) be.upload(md, mask, size_t(T) * n_ctx);
         const int64_t scratch_bytes = split ? luce::gpu::attention_scratch_bytes(T, n_head, head_dim, n_ctx) : 0;
         void *scratch = scratch_bytes ? be.alloc(size_t(scratch_bytes)) : nullptr;
-        luce::gpu::attention(be.stream(), be.warp_size(), qd, kv, pd, md, T, n_head, n_head_kv, head_dim, od, scratch,
-                             scratch_bytes);
+        const auto call = [&](int) {
+            luce::gpu::attention(be.stream(), be.warp_size(), qd, kv, pd, md, T, n_head, n_head_kv, head_dim, od,
+                                 scratch, scratch_bytes);
+        };
+        call(0);
         be.download(out, od, qn * sizeof(float));
+        if (timing_reps > 0) *us_per_call = time_calls(be.stream(), timing_reps, call);
         return LUCE_OK;
     } catch (const luce::Error &e) {
         if (err && err_len) std::snprintf(err, err_len, "%s", e.what());

@@ -184,12 +184,15 @@ luce_gpu_matmul(int32_t device_index, int32_t type, const void *weights, size_t 
                 int64_t n_cols, const float *x, int64_t n_tok, float *y, int32_t timing_reps, float *us_per_call,
                 char *err, size_t err_len);
 
-// Test hook (tools/gpu_check.py): one attention call on GPU `device_index`, host buffers in and out;
-// split selects the split-KV path (where the shape has one) or the one-pass kernel.
+// Test hook (tools/gpu_check.py): one attention call on GPU `device_index`, host buffers in and out,
+// over a cache of K type k_type and V type v_type (KvType); split selects the split-KV path (where
+// the shape has one) or the one-pass kernel; timing_reps > 0 also times that many more calls
+// (*us_per_call, microseconds each).
 extern "C" __attribute__((visibility("default"))) luce_status
 luce_gpu_attention(int32_t device_index, const float *q, const float *k, const float *v, const int32_t *pos,
                    const uint8_t *mask, int32_t T, int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t n_ctx,
-                   int32_t split, float *out, char *err, size_t err_len);
+                   int32_t split, int32_t k_type, int32_t v_type, int32_t timing_reps, float *us_per_call, float *out,
+                   char *err, size_t err_len);
 
 // Test hook (tools/gpu_check.py): argmax_rows (k == 0) or topk_rows (k >= 1) on GPU `device_index`,
 // host buffers in and out.

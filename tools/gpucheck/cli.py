@@ -120,7 +120,7 @@ def run(args, out: Path, build_info: dict | None) -> int:
         write_report(out, report)
         return 0 if report["ok"] else 1
     if "attention" in wanted:
-        _stage(report, "attention", "attention kernels vs float64", lambda: check_attention(args.dut),
+        _stage(report, "attention", "attention kernels vs float64", lambda: check_attention(args.dut, timed=args.bench_shape != "none"),
                _failed_cases("case"))
     if "select" in wanted:
         _stage(report, "select", "argmax / top-k selection vs numpy", lambda: check_select(args.dut),

@@ -12,9 +12,10 @@ ATTN_TOL = 1e-4  # max |gpu - ref| / max |ref|, fp32 kernel vs float64 numpy
 # (T, n_head, n_head_kv, head_dim, n_ctx, pos0, mask), pos[t] = pos0 + t: decode deep in a long cache (many
 # splits), decode at position 0 (one key, all but one split empty), a verify block, a DFlash 2 verify
 # (8 tokens over ~100 keys), head dim 48 (partial chunks), a random tree mask, and a drafter-like
-# mask (each row a window ending past the context, most of the cache unseen); then prefill chunks
-# longer than MAX_STEP (attention_prefill_kernel: tiles of 16 queries and 32 keys, partial ones at
-# both ends, one from position 0), and head dim 48 past MAX_STEP (the one-query kernel's fallback).
+# mask (each row a window ending past the context, most of the cache unseen), 16 query heads a KV
+# head (two blocks of the grouped kernel); then prefill chunks longer than MAX_STEP
+# (attention_prefill_kernel: tiles of 16 queries and 32 keys, partial ones at both ends, one from
+# position 0), and head dim 48 past MAX_STEP (the one-query kernel's fallback). Over f32 caches.
 ATTN_CASES = (
     (1, 24, 4, 256, 4096, 3000, None),
     (1, 24, 4, 256, 4096, 0, None),
@@ -24,12 +25,31 @@ ATTN_CASES = (
     (3, 4, 2, 48, 300, 100, None),
     (5, 8, 2, 64, 512, 300, "random"),
     (8, 32, 8, 128, 2048, 1500, "window"),
+    (3, 32, 2, 128, 1024, 900, None),
     (100, 24, 4, 256, 2048, 900, None),
     (130, 8, 2, 128, 512, 0, None),
     (75, 4, 2, 64, 256, 20, None),
     (66, 4, 4, 32, 128, 1, None),
     (70, 4, 2, 48, 300, 10, None),
 )
+# The other cache types (K type, V type), each case as above: the kernels' compile-time pairs
+# (f16, q8_0) and run-time ones (q4_0, mixed), at decode, verify and prefill widths. The reference
+# reads the rows as gguf.quants dequantizes its own quantization of them (numpy's float16 for f16).
+ATTN_TYPED_CASES = (
+    (1, 24, 4, 256, 4096, 3000, None, "f16", "f16"),
+    (8, 24, 4, 256, 4096, 1000, None, "q8_0", "q8_0"),
+    (3, 8, 2, 128, 700, 600, None, "q4_0", "q4_0"),
+    (5, 8, 2, 64, 512, 300, "random", "q8_0", "f16"),
+    (100, 24, 4, 256, 2048, 900, None, "f16", "f16"),
+    (70, 8, 2, 128, 512, 10, None, "q8_0", "q8_0"),
+    (66, 4, 2, 64, 128, 1, None, "q4_0", "f16"),
+)
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 3}  # KvType (kv_cache.h)
+# Timed with --bench-shape (GPU): the 27B's full-attention layer (24 query heads over 4 KV heads of
+# 256) deciding one token, and verifying 16, at these depths for each cache type.
+ATTN_TIMED_DEPTHS = (8192, 32768, 131072)
+ATTN_TIMED_TYPES = ("f32", "f16", "q8_0")
+ATTN_TIMING_REPS = 50
 
 
 def _attention_mask(rng, kind: str | None, T: int, n_ctx: int, pos0: int):
@@ -69,44 +89,73 @@ def _attention_ref(q, k, v, pos, mask):
     return out
 
 
-def check_attention(dut: str) -> list[dict]:
-    """Split-KV and one-pass GPU attention vs float64 numpy on random inputs (libluce_gpu's
-    luce_gpu_attention hook; GPU only)."""
+def _as_cache_rows(x, kv_type: str):
+    """x's values as a cache of kv_type holds them: gguf.quants' round trip for the block types."""
+    import numpy as np
+
+    if kv_type == "f32":
+        return x
+    if kv_type == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    from gguf import GGMLQuantizationType, quants
+
+    qt = GGMLQuantizationType.Q8_0 if kv_type == "q8_0" else GGMLQuantizationType.Q4_0
+    return quants.dequantize(quants.quantize(x, qt), qt).reshape(x.shape).astype(np.float32)
+
+
+def _call_attention(fn, q, k, v, pos, mask, n_head_kv: int, split: int, types=("f32", "f32"), reps: int = 0):
+    """The hook on host arrays: (out, microseconds a call or None)."""
     import ctypes
 
     import numpy as np
 
+    ptr = _ptr
+
+    T, H, D = q.shape
+    out = np.zeros(q.shape, dtype=np.float32)
+    us = ctypes.c_float(0.0)
+    err = ctypes.create_string_buffer(512)
+    st = fn(ctypes.c_int32(0), ptr(q), ptr(k), ptr(v), ptr(pos), ptr(mask), T, H, n_head_kv, D, k.shape[1],
+            ctypes.c_int32(split), ctypes.c_int32(KV_TYPES[types[0]]), ctypes.c_int32(KV_TYPES[types[1]]),
+            ctypes.c_int32(reps), ctypes.byref(us), ptr(out), err, ctypes.c_size_t(len(err)))
+    if st != 0:
+        raise RuntimeError(err.value.decode())
+    return out, (us.value if reps else None)
+
+
+def check_attention(dut: str, timed: bool = False) -> list[dict]:
+    """Split-KV and one-pass GPU attention vs float64 numpy on random inputs, over every cache type
+    (libluce_gpu's luce_gpu_attention hook; GPU only); timed: also the ATTN_TIMED shapes' times."""
+    import numpy as np
+
     if dut != "gpu":
         return [{"case": "all", "skipped": "luce_gpu_attention is a GPU test hook", "ok": True}]
-    fn, ptr = _hook("libluce_gpu.so", "luce_gpu_attention"), _ptr
+    fn = _hook("libluce_gpu.so", "luce_gpu_attention")
     rng = np.random.default_rng(11)
     rows = []
-    for T, H, Hkv, D, n_ctx, pos0, kind in ATTN_CASES:
+    for T, H, Hkv, D, n_ctx, pos0, kind, *types in ATTN_CASES + ATTN_TYPED_CASES:
+        types = tuple(types) or ("f32", "f32")
         pos = np.arange(pos0, pos0 + T, dtype=np.int32)
         q = rng.standard_normal((T, H, D), dtype=np.float32)
         k = rng.standard_normal((Hkv, n_ctx, D), dtype=np.float32)
         v = rng.standard_normal((Hkv, n_ctx, D), dtype=np.float32)
         mask = _attention_mask(rng, kind, T, n_ctx, pos0)
-        # Keys no query sees stand for cache rows never written: NaN, so touching one shows.
-        unseen = ~mask.any(axis=0).astype(bool) if mask is not None else np.arange(n_ctx) > pos[-1]
-        k[:, unseen] = np.nan
-        v[:, unseen] = np.nan
-        ref = _attention_ref(q, k, v, pos, mask)
+        # Keys no query sees stand for cache rows never written: NaN, so touching one shows
+        # (f32 caches: the hook stores the others through the cache's encoder).
+        if types == ("f32", "f32"):
+            unseen = ~mask.any(axis=0).astype(bool) if mask is not None else np.arange(n_ctx) > pos[-1]
+            k[:, unseen] = np.nan
+            v[:, unseen] = np.nan
+        ref = _attention_ref(q, _as_cache_rows(k, types[0]), _as_cache_rows(v, types[1]), pos, mask)
 
         def run(split: int, rows_at: slice = slice(None)):
-            qq, pp = np.ascontiguousarray(q[rows_at]), np.ascontiguousarray(pos[rows_at])
             mm = np.ascontiguousarray(mask[rows_at]) if mask is not None else None
-            out = np.zeros(qq.shape, dtype=np.float32)
-            err = ctypes.create_string_buffer(512)
-            st = fn(ctypes.c_int32(0), ptr(qq), ptr(k), ptr(v), ptr(pp), ptr(mm), len(pp), H, Hkv, D, n_ctx,
-                    ctypes.c_int32(split), ptr(out), err, ctypes.c_size_t(len(err)))
-            if st != 0:
-                raise RuntimeError(err.value.decode())
-            return out
+            return _call_attention(fn, np.ascontiguousarray(q[rows_at]), k, v, np.ascontiguousarray(pos[rows_at]), mm,
+                                   Hkv, split, types)[0]
 
         for split in (1, 0):
             case = f"T={T} H={H}/{Hkv} D={D} ctx={n_ctx} pos0={pos0}{f' {kind} mask' if kind else ''} " \
-                   f"{'split' if split else 'one-pass'}"
+                   f"{'split' if split else 'one-pass'}{'' if types == ('f32', 'f32') else ' %s/%s' % types}"
             try:
                 out = run(split)
                 # Verify rows must be the bits of one-token decode rows (speculative == plain);
@@ -123,6 +172,32 @@ def check_attention(dut: str) -> list[dict]:
             rows.append({"case": case + ("" if same else ", rows != one-token rows"), "max_abs": float(diff.max()),
                          "rel_err": rel, "first_bad": bad[0].tolist() if len(bad) else None,
                          "ok": rel <= ATTN_TOL and same})
+    return rows + (_time_attention(fn, rng) if timed else [])
+
+
+def _time_attention(fn, rng) -> list[dict]:
+    """ATTN_TIMED_DEPTHS x ATTN_TIMED_TYPES, decode (1 token) and verify (16): microseconds a call
+    and the cache bytes it reads a microsecond (GB/s: each K and V row once)."""
+    import numpy as np
+
+    H, Hkv, D = 24, 4, 256
+    row_bytes = {"f32": 4 * D, "f16": 2 * D, "q8_0": D + D // 16}
+    rows = []
+    for n_ctx in ATTN_TIMED_DEPTHS:
+        k = rng.standard_normal((Hkv, n_ctx, D), dtype=np.float32)
+        v = rng.standard_normal((Hkv, n_ctx, D), dtype=np.float32)
+        for kv_type in ATTN_TIMED_TYPES:
+            for T in (1, 16):
+                pos = np.arange(n_ctx - T, n_ctx, dtype=np.int32)
+                q = rng.standard_normal((T, H, D), dtype=np.float32)
+                case = f"timed: T={T} H={H}/{Hkv} D={D} depth={n_ctx} {kv_type}"
+                try:
+                    _, us = _call_attention(fn, q, k, v, pos, None, Hkv, 1, (kv_type, kv_type), ATTN_TIMING_REPS)
+                except RuntimeError as e:
+                    rows.append({"case": case, "error": str(e), "ok": False})
+                    continue
+                gb_s = 2 * Hkv * n_ctx * row_bytes[kv_type] / (us * 1e3)
+                rows.append({"case": case, "us": round(us, 1), "cache_GB_s": round(gb_s, 1), "ok": True})
     return rows
 
 
