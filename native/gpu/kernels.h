@@ -121,8 +121,9 @@ void kv_store(cudaStream_t stream, KvLayer &kv, const float *k, const float *v, 
 void qk_norm_rope_store(cudaStream_t stream, const float *qg, const float *q_norm, float *q, float *k,
                         const float *k_norm, const float *v, KvLayer &kv, const int32_t *pos, const int32_t *slot,
                         int T, int n_head, int n_head_kv, int head_dim, int n_rot, float theta, float eps);
-// Whether decode-sized steps take the grouped kernel (one block reads a cache row for all the query
-// heads that share it) where it serves the shape; off: LUCE_GPU_ATTN_GROUPED=0, for A/B runs.
+// Whether decode-sized steps over f16 / q8_0 / q4_0 caches take the grouped kernel (one block reads
+// a cache row for all the query heads that share it) where it serves the shape; off:
+// LUCE_GPU_ATTN_GROUPED=0, for A/B runs.
 inline bool grouped_attention = true;
 // Split-KV scratch the attention of this shape uses (0: it runs in one pass). Without enough
 // scratch (null / smaller) attention runs the one-pass kernel.

@@ -12,10 +12,10 @@ ATTN_TOL = 1e-4  # max |gpu - ref| / max |ref|, fp32 kernel vs float64 numpy
 # (T, n_head, n_head_kv, head_dim, n_ctx, pos0, mask), pos[t] = pos0 + t: decode deep in a long cache (many
 # splits), decode at position 0 (one key, all but one split empty), a verify block, a DFlash 2 verify
 # (8 tokens over ~100 keys), head dim 48 (partial chunks), a random tree mask, and a drafter-like
-# mask (each row a window ending past the context, most of the cache unseen), 16 query heads a KV
-# head (two blocks of the grouped kernel); then prefill chunks longer than MAX_STEP
-# (attention_prefill_kernel: tiles of 16 queries and 32 keys, partial ones at both ends, one from
-# position 0), and head dim 48 past MAX_STEP (the one-query kernel's fallback). Over f32 caches.
+# mask (each row a window ending past the context, most of the cache unseen); then prefill chunks
+# longer than MAX_STEP (attention_prefill_kernel: tiles of 16 queries and 32 keys, partial ones at
+# both ends, one from position 0), and head dim 48 past MAX_STEP (the one-query kernel's
+# fallback). Over f32 caches.
 ATTN_CASES = (
     (1, 24, 4, 256, 4096, 3000, None),
     (1, 24, 4, 256, 4096, 0, None),
@@ -25,7 +25,6 @@ ATTN_CASES = (
     (3, 4, 2, 48, 300, 100, None),
     (5, 8, 2, 64, 512, 300, "random"),
     (8, 32, 8, 128, 2048, 1500, "window"),
-    (3, 32, 2, 128, 1024, 900, None),
     (100, 24, 4, 256, 2048, 900, None),
     (130, 8, 2, 128, 512, 0, None),
     (75, 4, 2, 64, 256, 20, None),
@@ -33,8 +32,10 @@ ATTN_CASES = (
     (70, 4, 2, 48, 300, 10, None),
 )
 # The other cache types (K type, V type), each case as above: the kernels' compile-time pairs
-# (f16, q8_0) and run-time ones (q4_0, mixed), at decode, verify and prefill widths. The reference
-# reads the rows as gguf.quants dequantizes its own quantization of them (numpy's float16 for f16).
+# (f16, q8_0) and run-time ones (q4_0, mixed), at decode, verify and prefill widths, 16 query
+# heads to a KV head (two blocks of the grouped kernel, which f32 caches do not take) and the
+# drafter-like mask. The reference reads the rows as gguf.quants dequantizes its own quantization
+# of them (numpy's float16 for f16).
 ATTN_TYPED_CASES = (
     (1, 24, 4, 256, 4096, 3000, None, "f16", "f16"),
     (8, 24, 4, 256, 4096, 1000, None, "q8_0", "q8_0"),
@@ -43,6 +44,8 @@ ATTN_TYPED_CASES = (
     (100, 24, 4, 256, 2048, 900, None, "f16", "f16"),
     (70, 8, 2, 128, 512, 10, None, "q8_0", "q8_0"),
     (66, 4, 2, 64, 128, 1, None, "q4_0", "f16"),
+    (3, 32, 2, 128, 1024, 900, None, "f16", "f16"),
+    (8, 32, 8, 128, 2048, 1500, "window", "f16", "f16"),
 )
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 3}  # KvType (kv_cache.h)
 # Timed with --bench-shape (GPU): the 27B's full-attention layer (24 query heads over 4 KV heads of
