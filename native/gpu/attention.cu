@@ -4,11 +4,11 @@
 // launches stay valid from one step to the next (step graphs).
 //
 // attention, three kernels (scores are q.k / sqrt(D) in fp32, as the CPU backend computes them):
-//   grouped decode (CUDA, steps of up to MAX_STEP tokens, head dims 64 / 128 / 256): a block per
-//     (KV head, token) scores all the query heads sharing that KV head against 32-key tiles
-//     staged once in shared memory (KeyTiles);
+//   grouped decode (CUDA, steps of up to MAX_STEP tokens over caches other than f32, head dims
+//     64 / 128 / 256): a block per (KV head, token) scores all the query heads sharing that KV
+//     head against 32-key tiles staged once in shared memory (KeyTiles);
 //   prefill (CUDA, longer causal steps): the same tiles, the rows 16 tokens of one query head;
-//   one-query (HIP, other head dims, LUCE_GPU_ATTN_GROUPED=0): a block per (query head, token)
+//   one-query (HIP, f32 caches, other head dims, LUCE_GPU_ATTN_GROUPED=0): a block per (query head, token)
 //     with W warps, each over its rounds of keys with an online softmax (attend_keys); the W
 //     partial results merged at the end:
 //       out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M),  M = max_w m_w.
