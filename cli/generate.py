@@ -126,7 +126,7 @@ def print_stats(stats: dict) -> None:
     table.add_row("generated tokens", str(stats["generated_tokens"]), f"decode  {stats['decode_tok_s']:9.1f} tok/s")
     if "prompt_cached_tokens" in stats:  # prompt tokens above: those prefilled after the cache's part
         table.add_row("prompt cache", f"{stats['prompt_cached_tokens']} loaded",
-                      f"load + head + store {stats['prompt_cache_seconds']:.3f}s")
+                      f"load + head + state copy {stats['prompt_cache_seconds']:.3f}s")
     if "tau" in stats:  # speculative run
         table.add_row("draft steps", f"{stats['spec_steps']} (+{stats['plain_steps']} plain)",
                       f"tau {stats['tau']:.2f}, block {stats['block_size']}"

@@ -5,12 +5,14 @@ head is the state its own prefill leaves: tests/test_session_state.py holds that
 Hand-counted: which head a prompt stores (its last whole 256-token block before the last token)
 and which one a later prompt loads. Settings that change the state (another model, cache type,
 rotation) never share entries; a damaged entry is dropped and the prompt prefilled in full.
+Entries are written on a background thread; a prompt that can use the head in flight waits for it.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import run_luce
@@ -70,12 +72,14 @@ def test_settings_that_change_the_state_do_not_share_entries(tmp_path, plain):
 def test_a_damaged_entry_is_dropped_and_the_prompt_prefilled(tmp_path, plain):
     with Engine(TARGET, threads=2, ctx_size=2048, prompt_cache=tmp_path) as eng:
         eng.generate(PROMPT, **RUN)
+        eng.flush_prompt_cache()  # the head is written in the background
         [tokens_file] = _entries(tmp_path)
         state = tokens_file.with_suffix(".state")
         whole = state.stat().st_size
         state.write_bytes(state.read_bytes()[:-8])
         again = eng.generate(PROMPT, **RUN)
         assert again.tokens == plain[PROMPT][0] and again.stats["prompt_cached_tokens"] == 0
+        eng.flush_prompt_cache()
         assert _entries(tmp_path) == [tokens_file] and state.stat().st_size == whole  # stored afresh
         assert eng.generate(PROMPT, **RUN).stats["prompt_cached_tokens"] == 768
 
@@ -86,9 +90,26 @@ def test_a_head_that_cannot_be_stored_costs_the_cache_not_the_answer(tmp_path, p
     with Engine(TARGET, threads=2, ctx_size=2048, prompt_cache=tmp_path / "cache") as eng:
         for entry in (tmp_path / "cache").iterdir():  # the identity folder gone: nowhere to write
             entry.rmdir()
-        with pytest.warns(PromptCacheWarning, match="could not store this prompt's head"):
+        with pytest.warns(PromptCacheWarning, match="could not store a prompt's head: No such file"):
             g = eng.generate(PROMPT, **RUN)
+            eng.flush_prompt_cache()  # the write, on its thread, fails; the wait reports it
     assert g.tokens == plain[PROMPT][0]
+
+
+def test_an_entry_is_the_state_file_the_runtime_writes(tmp_path, plain):
+    """The background write stores luce_session_state_image's bytes: the file
+    luce_session_state_save writes for the same head and identity, byte for byte."""
+    with Engine(TARGET, threads=2, ctx_size=2048, prompt_cache=tmp_path / "cache") as eng:
+        eng.generate(PROMPT, **RUN)
+        eng.flush_prompt_cache()
+        [tokens_file] = _entries(tmp_path / "cache")
+        entry = tokens_file.with_suffix(".state").read_bytes()
+        # StateHeader (session_file.cpp): magic[8], version, identity_len (u32), identity[64].
+        identity = entry[16:16 + int.from_bytes(entry[12:16], "little")]
+        assert len(identity) == 32
+        head = np.fromfile(tokens_file, dtype="<i4").tolist()
+        eng.save_state(head, tmp_path / "saved.state", identity=identity)
+    assert entry == (tmp_path / "saved.state").read_bytes()
 
 
 def test_a_prompt_cache_with_a_drafter_is_refused():

@@ -168,6 +168,11 @@ luce_status luce_session_state_save(const luce_session *session, const char *pat
                                     int32_t identity_len);
 luce_status luce_session_state_load(luce_session *session, const char *path, const uint8_t *identity,
                                     int32_t identity_len);
+/* The bytes luce_session_state_save would write, copied into out (capacity bytes) for the caller
+   to write later (the prompt cache writes them on a background thread): *n_bytes gets their
+   count. With out NULL only the count; a capacity below it is LUCE_ERR_INVALID_ARGUMENT. */
+luce_status luce_session_state_image(const luce_session *session, const uint8_t *identity, int32_t identity_len,
+                                     void *out, uint64_t capacity, uint64_t *n_bytes);
 
 /* ---- drafter -------------------------------------------------------------------------- */
 

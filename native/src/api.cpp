@@ -162,6 +162,16 @@ LUCE_API luce_status luce_session_state_load(luce_session *session, const char *
     });
 }
 
+LUCE_API luce_status luce_session_state_image(const luce_session *session, const uint8_t *identity,
+                                              int32_t identity_len, void *out, uint64_t capacity,
+                                              uint64_t *n_bytes) {
+    return guard([&] {
+        require(session, "session");
+        require(n_bytes, "n_bytes");
+        *n_bytes = luce::session_state_image(*session->s, identity, identity_len, out, capacity);
+    });
+}
+
 LUCE_API luce_status luce_session_eval(luce_session *session, const int32_t *tokens, int32_t n_tokens,
                                        float *logits, int32_t n_logit_rows) {
     return guard([&] {

@@ -143,6 +143,10 @@ void state_sizes(const Hparams &hp, size_t &n_conv, size_t &n_ssm);
 // A session's state in a file (session_file.cpp; luce.h luce_session_state_save / _load).
 void save_session_state(const Session &s, const char *path, const uint8_t *identity, int identity_len);
 void load_session_state(Session &s, const char *path, const uint8_t *identity, int identity_len);
+// The bytes save_session_state writes, into out (capacity bytes); returns their count (with out
+// null: only the count).
+uint64_t session_state_image(const Session &s, const uint8_t *identity, int identity_len, void *out,
+                             uint64_t capacity);
 
 // PREFILL_STEP, or LUCE_PREFILL_STEP when set (an integer in MAX_STEP..MAX_PREFILL_STEP).
 int prefill_step_setting();

@@ -1,5 +1,5 @@
 // session_file.cpp — a session's state in a file: what the disk prefix cache keeps of a prompt
-// (luce.h luce_session_state_save / luce_session_state_load).
+// (luce.h luce_session_state_save / luce_session_state_load / luce_session_state_image).
 //
 // Layout (little-endian): StateHeader, then for each attention layer in layer order and each of
 // its KV heads the K rows of positions 0 .. n_past-1 followed by their V rows, in the cache's own
@@ -100,9 +100,8 @@ private:
     std::FILE *f_;
 };
 
-}  // namespace
-
-void save_session_state(const Session &s, const char *path, const uint8_t *identity, int identity_len) {
+// The header of s's state file and, in pieces, the state it is followed by.
+StateHeader state_header(const Session &s, const uint8_t *identity, int identity_len, std::vector<Piece> &pieces) {
     check_identity(identity_len, identity);
     StateHeader h{};
     std::memcpy(h.magic, STATE_MAGIC, sizeof(h.magic));
@@ -111,7 +110,15 @@ void save_session_state(const Session &s, const char *path, const uint8_t *ident
     if (identity_len > 0) std::memcpy(h.identity, identity, size_t(identity_len));
     h.k_type = uint32_t(s.kv_format.k), h.v_type = uint32_t(s.kv_format.v), h.rotate = s.kv_format.rotate;
     h.n_past = s.n_past;
-    const std::vector<Piece> pieces = state_pieces(s, s.n_past, h.kv_bytes, h.state_bytes);
+    pieces = state_pieces(s, s.n_past, h.kv_bytes, h.state_bytes);
+    return h;
+}
+
+}  // namespace
+
+void save_session_state(const Session &s, const char *path, const uint8_t *identity, int identity_len) {
+    std::vector<Piece> pieces;
+    const StateHeader h = state_header(s, identity, identity_len, pieces);
 
     // Written beside the target and renamed over it: a reader sees the whole file or none, and
     // two writers of one path never interleave.
@@ -135,6 +142,25 @@ void save_session_state(const Session &s, const char *path, const uint8_t *ident
         std::remove(tmp.c_str());
         throw;
     }
+}
+
+uint64_t session_state_image(const Session &s, const uint8_t *identity, int identity_len, void *out,
+                             uint64_t capacity) {
+    std::vector<Piece> pieces;
+    const StateHeader h = state_header(s, identity, identity_len, pieces);
+    const uint64_t total = sizeof(h) + h.kv_bytes + h.state_bytes;
+    if (!out) return total;
+    if (capacity < total)
+        fail(LUCE_ERR_INVALID_ARGUMENT, "session state image: %llu bytes of room for %llu",
+             static_cast<unsigned long long>(capacity), static_cast<unsigned long long>(total));
+    auto *dst = static_cast<uint8_t *>(out);
+    std::memcpy(dst, &h, sizeof(h));
+    dst += sizeof(h);
+    for (const Piece &p : pieces) {
+        if (p.bytes) s.model->backend->download(dst, p.at, p.bytes);
+        dst += p.bytes;
+    }
+    return total;
 }
 
 void load_session_state(Session &s, const char *path, const uint8_t *identity, int identity_len) {

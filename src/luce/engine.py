@@ -304,6 +304,7 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
+        self.flush_prompt_cache()
         if self._drafter is not None:
             lib().luce_drafter_free(self._drafter)
             self._drafter = None
@@ -313,6 +314,12 @@ class Engine:
         if self._model is not None:
             lib().luce_model_free(self._model)
             self._model = None
+
+    def flush_prompt_cache(self) -> None:
+        """Waits for the prompt cache's write in flight (close() does too): a prompt's head is
+        written on a background thread while its answer is generated."""
+        if getattr(self, "_prompt_cache", None) is not None:
+            _warn_store_failed(self._prompt_cache.wait())
 
     def __enter__(self) -> "Engine":
         return self
@@ -551,6 +558,7 @@ class Engine:
         from luce.prompt_cache import BLOCK
 
         cache, n = self._prompt_cache, 0
+        _warn_store_failed(cache.failures())
         hit = cache.lookup(ids[:-1])
         if hit is not None:
             try:
@@ -564,11 +572,9 @@ class Engine:
             rest = np.ascontiguousarray(ids[n:head], dtype=np.int32)
             check(lib().luce_session_eval(session, ffi.from_buffer("int32_t[]", rest), len(rest), ffi.NULL, 0))
             try:
-                cache.store(ids[:head], lambda path: check(lib().luce_session_state_save(
-                    session, os.fsencode(path), cache.tag, len(cache.tag))))
-            except (LuceError, OSError) as e:  # a full disk costs the cache, not the answer
-                warnings.warn(PromptCacheWarning(f"the prompt cache could not store this prompt's head: "
-                                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"))
+                cache.store(ids[:head], _state_image(session, cache.tag))
+            except (LuceError, MemoryError) as e:  # the cache's loss, not the answer's
+                _warn_store_failed([str(e).splitlines()[0] if str(e) else type(e).__name__])
             return ids[head:], n
         return ids[n:], n
 
@@ -700,6 +706,20 @@ SPEC_STATS = ("spec_steps", "plain_steps", "n_drafted", "n_accepted", "full_acce
               "verify_seconds", "rollback_seconds", "plain_step_seconds", "spec_step_seconds",
               "step_cost_ratio", "expected_speedup", "achieved_speedup")
 WIDTH_STATS = ("width_seconds", "width_model_seconds", "width_tokens")  # by block rows 0..32
+
+
+def _state_image(session, tag: bytes) -> np.ndarray:
+    """The session's state as luce_session_state_save would write it, in host memory."""
+    n = ffi.new("uint64_t *")
+    check(lib().luce_session_state_image(session, tag, len(tag), ffi.NULL, 0, n))
+    image = np.empty(n[0], dtype=np.uint8)
+    check(lib().luce_session_state_image(session, tag, len(tag), ffi.from_buffer(image), len(image), n))
+    return image
+
+
+def _warn_store_failed(reasons: list[str]) -> None:
+    for reason in reasons:
+        warnings.warn(PromptCacheWarning(f"the prompt cache could not store a prompt's head: {reason}"))
 
 
 def _read_draft_log(buf, capacity: int) -> list[list[int]]:
